@@ -1,0 +1,12 @@
+"""a2a-grpc-server: an A2A (lf.a2a.v1) gRPC server whose streams always end with the outcome.
+
+Embed it in an existing ``grpc.aio`` server with ``A2AService``, or run the
+standalone ``A2AServer`` (``a2a-grpc-server serve``).
+"""
+
+from __future__ import annotations
+
+from .app import A2AServer, A2AService
+from .config import ServerConfig
+
+__all__ = ["A2AServer", "A2AService", "ServerConfig"]

@@ -1,0 +1,194 @@
+"""ActiveTask: one live task's state, its channel, and the only code that writes it.
+
+Who runs what: ``commit`` is called by the task's consumer for every event
+the executor enqueues; ``finalize`` by the consumer (executor failed or ended
+without an outcome), by CancelTask (the executor did not cancel in time, or
+its ``cancel()`` ended without a final state) and by shutdown. Both hold the
+task's lock from reading the current version to broadcasting, so the store,
+the channel snapshot and the frames subscribers see never disagree:
+persist, then broadcast. Once the task is final nothing more is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from a2a.types.a2a_pb2 import Message, StreamResponse, Task, TaskState
+from a2a.utils.errors import InvalidAgentResponseError
+
+from . import taskops
+from .channel import TaskChannel
+from .store import StoreError, TaskStore
+from .taskops import Event
+
+if TYPE_CHECKING:
+    from .supervisor import Run
+
+logger = logging.getLogger(__name__)
+
+
+class ActiveTask:
+    """A task that has not ended yet, on the instance that runs it.
+
+    Args:
+        task_id: The task's id.
+        context_id: The task's context id.
+        store: Where the task is persisted.
+        channel: The task's broadcast.
+        task: The stored task, or None for a task the executor has not
+            created yet.
+        version: The stored version of ``task``.
+        first_message: The user message that starts a new task.
+    """
+
+    def __init__(
+        self,
+        task_id: str,
+        context_id: str,
+        store: TaskStore,
+        channel: TaskChannel,
+        task: Task | None = None,
+        version: int = 0,
+        first_message: Message | None = None,
+    ) -> None:
+        self.task_id = task_id
+        self.context_id = context_id
+        self.channel = channel
+        self.lock = asyncio.Lock()
+        self.answer: Message | None = None
+        """The executor's message-only answer, when it gave one."""
+        self._store = store
+        self._task = task
+        self._version = version
+        self._first_message = first_message
+        self.dropped_events = 0
+        self.run: Run | None = None
+        """The execution currently feeding this task, if any."""
+
+    @property
+    def task(self) -> Task | None:
+        """The task as last persisted (do not mutate), or None before it exists."""
+        return self._task
+
+    @property
+    def state(self) -> TaskState.ValueType:
+        """The task's current state (UNSPECIFIED before it exists)."""
+        return self._task.status.state if self._task is not None else TaskState.TASK_STATE_UNSPECIFIED
+
+    async def commit(self, event: Event) -> None:
+        """Persist ``event``'s effect on the task, then broadcast its frame.
+
+        An event that arrives after the task ended is dropped and logged.
+
+        Raises:
+            InvalidAgentResponseError: The event does not fit this task.
+            StoreError: The store refused the write.
+        """
+        async with self.lock:
+            if self.channel.closed:
+                self._drop(event)
+                return
+            if self._task is None:
+                if isinstance(event, Message):
+                    self._answer(event)
+                    return
+                await self._create(event if isinstance(event, Task) else None)
+                if isinstance(event, Task):
+                    return
+            assert self._task is not None
+            updated = Task()
+            updated.CopyFrom(self._task)
+            frame = taskops.apply(updated, event)
+            await self._persist(updated)
+            final = taskops.is_final(updated)
+            self.channel.publish(frame, updated, final=final)
+            if final:
+                self.channel.close()
+
+    async def add_user_message(self, message: Message) -> None:
+        """Record a follow-up user message in the task's history (no frame is sent)."""
+        async with self.lock:
+            assert self._task is not None
+            updated = Task()
+            updated.CopyFrom(self._task)
+            if updated.status.HasField("message"):
+                updated.history.append(updated.status.message)
+                updated.status.ClearField("message")
+            updated.history.append(message)
+            await self._persist(updated)
+            self.channel.set_snapshot(updated)
+
+    async def finalize(self, state: TaskState.ValueType, text: str) -> None:
+        """End the task in ``state`` unless it already ended; every subscriber gets the frame.
+
+        Args:
+            state: A terminal state.
+            text: The status message, for a person to read.
+        """
+        async with self.lock:
+            if self.channel.closed:
+                return
+            if self._task is None:
+                await self._create(None)
+            assert self._task is not None
+            if taskops.is_final(self._task):
+                self.channel.close()
+                return
+            updated = Task()
+            updated.CopyFrom(self._task)
+            frame = taskops.apply(updated, taskops.status_event(updated, state, text))
+            try:
+                await self._persist(updated)
+            except StoreError:
+                # The close below must still happen: subscribers get the frame
+                # even if the store is unreachable. The store is logged as stale.
+                logger.exception("could not persist the final state of task %s", self.task_id)
+            self.channel.close(frame, updated)
+
+    async def _create(self, given: Task | None) -> None:
+        if given is not None:
+            if given.id and given.id != self.task_id:
+                raise InvalidAgentResponseError(
+                    f"agent created task {given.id!r} while serving task {self.task_id!r}"
+                )
+            task = Task()
+            task.CopyFrom(given)
+            task.id, task.context_id = self.task_id, task.context_id or self.context_id
+            if task.context_id != self.context_id:
+                raise InvalidAgentResponseError(
+                    f"agent created a task in context {task.context_id!r}, not {self.context_id!r}"
+                )
+            if task.status.state == TaskState.TASK_STATE_UNSPECIFIED:
+                task.status.state = TaskState.TASK_STATE_SUBMITTED
+            if not task.status.HasField("timestamp"):
+                task.status.timestamp.CopyFrom(taskops.now())
+            first = self._first_message
+            if first is not None and all(m.message_id != first.message_id for m in task.history):
+                task.history.insert(0, first)
+        else:
+            task = taskops.new_task(self.task_id, self.context_id, self._first_message)
+        self._version = await self._store.create(task)
+        self._task = task
+        self.channel.publish(StreamResponse(task=task), task, final=taskops.is_final(task))
+        if taskops.is_final(task):
+            self.channel.close()
+
+    async def _persist(self, updated: Task) -> None:
+        self._version = await self._store.update(updated, self._version)
+        self._task = updated
+
+    def _answer(self, message: Message) -> None:
+        self.answer = message
+        self.channel.publish(StreamResponse(message=message), None, final=True)
+        self.channel.close()
+
+    def _drop(self, event: Event) -> None:
+        self.dropped_events += 1
+        logger.warning(
+            "dropped a %s for task %s: the task already ended %s",
+            type(event).__name__,
+            self.task_id,
+            TaskState.Name(self.state),
+        )

@@ -1,0 +1,1 @@
+"""Agents bundled with the server (the default ``serve`` agent lives here)."""

@@ -1,0 +1,171 @@
+"""Lifecycle: the embeddable service, and the standalone server around it.
+
+``A2AService`` is what a team adds to its own ``grpc.aio`` server: the
+servicer plus the task manager, with ``shutdown(grace)`` to end its tasks
+with a final frame. ``A2AServer`` is the whole process: gRPC (A2A, health,
+reflection) and the HTTP agent card, with ``start()`` / ``stop(grace)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import TracebackType
+
+import grpc
+from a2a.server.agent_execution import AgentExecutor
+from a2a.types import a2a_pb2, a2a_pb2_grpc
+from a2a.types.a2a_pb2 import AgentCard
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from .card import CardServer, default_card, with_grpc_endpoint
+from .config import ServerConfig
+from .manager import TaskManager
+from .service import A2AServicer
+from .store import TaskStore
+from .store.memory import InMemoryTaskStore
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = a2a_pb2.DESCRIPTOR.services_by_name["A2AService"].full_name
+
+
+class A2AService:
+    """The A2A service for an existing ``grpc.aio`` server.
+
+    Args:
+        executor: The agent (an a2a-sdk ``AgentExecutor``).
+        card: The agent card; a default one if None.
+        config: Limits.
+        store: The task store; in-memory with ``config``'s retention if None.
+        extended_card: Card for GetExtendedAgentCard, if any.
+    """
+
+    def __init__(
+        self,
+        executor: AgentExecutor,
+        card: AgentCard | None = None,
+        *,
+        config: ServerConfig | None = None,
+        store: TaskStore | None = None,
+        extended_card: AgentCard | None = None,
+    ) -> None:
+        self.config = config or ServerConfig()
+        self.card = card or default_card()
+        self.store: TaskStore = store or InMemoryTaskStore(
+            self.config.max_final_tasks, self.config.final_task_ttl
+        )
+        self.manager = TaskManager(executor, self.store, self.config)
+        self.servicer = A2AServicer(self.manager, self.config, extended_card)
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        """Register the A2A servicer on ``server``."""
+        a2a_pb2_grpc.add_A2AServiceServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
+
+    async def shutdown(self, grace: float | None = None) -> None:
+        """Refuse new work, give running tasks ``grace`` seconds, then end them FAILED.
+
+        Every open stream receives its final frame before this returns.
+        """
+        await self.manager.shutdown(self.config.shutdown_grace if grace is None else grace)
+
+
+class A2AServer:
+    """A standalone server: A2A + health + reflection over gRPC, the card over HTTP.
+
+    Args:
+        executor: The agent.
+        card: The agent card (its gRPC interface is filled in at start).
+        host: Address to bind both servers to.
+        port: gRPC port (0 for any free port).
+        http_port: Agent-card HTTP port (0 for any free port, None for none).
+        config: Limits.
+        store: The task store (in-memory if None).
+    """
+
+    def __init__(
+        self,
+        executor: AgentExecutor,
+        card: AgentCard | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 50051,
+        http_port: int | None = 8080,
+        config: ServerConfig | None = None,
+        store: TaskStore | None = None,
+    ) -> None:
+        self.service = A2AService(executor, card, config=config, store=store)
+        self._host, self._port, self._http_port = host, port, http_port
+        self._grpc: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._card_server: CardServer | None = None
+        self.grpc_port = 0
+        self.http_port: int | None = None
+
+    @property
+    def grpc_address(self) -> str:
+        """``host:port`` of the gRPC server (after ``start``)."""
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"{host}:{self.grpc_port}"
+
+    async def start(self) -> None:
+        """Bind and serve; logs one line with both addresses when ready.
+
+        Raises:
+            RuntimeError: The gRPC port could not be bound.
+        """
+        limit = self.service.config.max_message_bytes
+        # gRPC's own limit sits above ours so oversized requests reach our
+        # validation and get INVALID_ARGUMENT with an explanation.
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 2 * limit),
+                ("grpc.max_send_message_length", 2 * limit),
+            ]
+        )
+        self.service.add_to_server(server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        self.grpc_port = server.add_insecure_port(f"{host}:{self._port}")
+        if self.grpc_port == 0:
+            raise RuntimeError(f"could not bind gRPC to {host}:{self._port}")
+        await server.start()
+        self._grpc = server
+        card = with_grpc_endpoint(self.service.card, self.grpc_address)
+        if self._http_port is not None:
+            self._card_server = CardServer(card, self._host, self._http_port)
+            await self._card_server.start()
+            self.http_port = self._card_server.port
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        http = f"http://{host}:{self.http_port}" if self.http_port is not None else "off"
+        logger.info("a2a-grpc-server ready: grpc %s, agent card %s", self.grpc_address, http)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop accepting, let tasks finish for ``grace`` s, end the rest FAILED, close.
+
+        Every open stream gets its final frame before the gRPC server closes.
+        """
+        await self._health.enter_graceful_shutdown()
+        await self.service.shutdown(grace)
+        if self._card_server is not None:
+            await self._card_server.stop()
+        if self._grpc is not None:
+            # Streams have their final frames already; this only flushes them.
+            await self._grpc.stop(grace=1.0)
+            self._grpc = None
+
+    async def __aenter__(self) -> A2AServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

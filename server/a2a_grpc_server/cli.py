@@ -1,0 +1,134 @@
+"""``a2a-grpc-server serve``: run an agent as a standalone A2A gRPC server.
+
+Signals: the first SIGTERM/SIGINT drains (stop accepting, grace period, end
+the remaining tasks FAILED with a final frame); a second one exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import inspect
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from a2a.server.agent_execution import AgentExecutor
+from a2a.types.a2a_pb2 import AgentCard
+
+from .app import A2AServer
+from .config import ServerConfig
+
+logger = logging.getLogger("a2a_grpc_server")
+
+DEFAULT_AGENT = "a2a_grpc_server.agents.echo:EchoAgent"
+_DEFAULTS = ServerConfig()
+
+
+class AgentLoadError(Exception):
+    """The ``--agent`` reference does not name a usable executor."""
+
+
+def load_agent(ref: str) -> tuple[AgentExecutor, AgentCard | None]:
+    """Resolve ``module:attr`` to an executor and the module's card, if it has one.
+
+    ``attr`` may be an ``AgentExecutor`` instance, a subclass, or a
+    zero-argument factory. The module may define ``agent_card`` (an
+    ``AgentCard`` or a zero-argument function returning one). Modules are
+    imported from the current directory as well as installed packages.
+
+    Raises:
+        AgentLoadError: The reference is malformed or names something else.
+    """
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise AgentLoadError(f"--agent {ref!r}: expected module:attr, e.g. my_agent:MyExecutor")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AgentLoadError(f"--agent {ref!r}: cannot import {module_name!r}: {exc}") from exc
+    target = getattr(module, attr, None)
+    if target is None:
+        raise AgentLoadError(f"--agent {ref!r}: module {module_name!r} has no {attr!r}")
+    executor = target() if inspect.isclass(target) or not isinstance(target, AgentExecutor) and callable(target) else target
+    if not isinstance(executor, AgentExecutor):
+        raise AgentLoadError(
+            f"--agent {ref!r}: {attr!r} is not an AgentExecutor, a subclass, or a factory of one"
+        )
+    card = getattr(module, "agent_card", None)
+    if callable(card):
+        card = card()
+    return executor, card if isinstance(card, AgentCard) else None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
+    parser = argparse.ArgumentParser(prog="a2a-grpc-server", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve an agent over gRPC")
+    serve.add_argument("--agent", default=DEFAULT_AGENT, help="module:attr of the AgentExecutor")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051)")
+    serve.add_argument("--http-port", type=int, default=8080, help="agent card HTTP port (default 8080)")
+    serve.add_argument("--cancel-timeout", type=float, default=_DEFAULTS.cancel_timeout)
+    serve.add_argument("--shutdown-grace", type=float, default=_DEFAULTS.shutdown_grace)
+    serve.add_argument("--max-final-tasks", type=int, default=_DEFAULTS.max_final_tasks)
+    serve.add_argument("--final-task-ttl", type=float, default=_DEFAULTS.final_task_ttl)
+    serve.add_argument("--log-level", default="INFO")
+    return parser
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """Run the server until a signal asks it to stop."""
+    executor, card = load_agent(args.agent)
+    config = ServerConfig(
+        cancel_timeout=args.cancel_timeout,
+        shutdown_grace=args.shutdown_grace,
+        max_final_tasks=args.max_final_tasks,
+        final_task_ttl=args.final_task_ttl,
+    )
+    server = A2AServer(
+        executor, card, host=args.host, port=args.port, http_port=args.http_port, config=config
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            logger.warning("second signal: exiting now")
+            os._exit(1)
+        logger.info("signal received: draining (send it again to exit at once)")
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    await server.start()
+    await stop.wait()
+    await server.stop()
+    logger.info("stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``a2a-grpc-server`` command."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        asyncio.run(serve(args))
+    except (AgentLoadError, ValueError) as exc:
+        print(f"a2a-grpc-server: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"a2a-grpc-server: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

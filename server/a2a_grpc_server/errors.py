@@ -1,0 +1,142 @@
+"""Errors, and the one place that maps them to gRPC status.
+
+Error tree (domain errors are a2a-sdk's ``A2AError`` subclasses, so an
+executor raising one of them is reported faithfully):
+
+* ``A2AError`` (a2a-sdk)
+    * ``TaskNotFoundError`` -> NOT_FOUND
+    * ``TaskNotCancelableError``, ``UnsupportedOperationError``,
+      ``PushNotificationNotSupportedError``,
+      ``ExtendedAgentCardNotConfiguredError``, ``ExtensionSupportRequiredError``,
+      ``VersionNotSupportedError`` -> FAILED_PRECONDITION
+    * ``ContentTypeNotSupportedError``, ``InvalidParamsError``,
+      ``InvalidRequestError`` -> INVALID_ARGUMENT
+    * ``InvalidAgentResponseError``, ``InternalError`` -> INTERNAL
+* ``SlowSubscriberError`` (ours) -> RESOURCE_EXHAUSTED
+* ``ServerShuttingDownError`` (ours) -> UNAVAILABLE
+* anything else -> INTERNAL with a generic message; the traceback is logged.
+
+Every status carries a ``google.rpc.Status`` in ``grpc-status-details-bin``
+with a ``google.rpc.ErrorInfo`` (spec v1.0.1 §5.4): domain
+``a2a-protocol.org`` for protocol errors, ``a2a-grpc-server`` for ours, reason
+UPPER_SNAKE without "Error". Invalid parameters also carry a
+``google.rpc.BadRequest`` naming the offending field.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NoReturn
+
+import grpc
+from a2a.utils.errors import (
+    A2A_ERROR_MAPPING,
+    A2AError,
+    InvalidParamsError,
+)
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+logger = logging.getLogger(__name__)
+
+A2A_DOMAIN = "a2a-protocol.org"
+SERVER_DOMAIN = "a2a-grpc-server"
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+
+class ServerError(Exception):
+    """An error of this server (not of the A2A protocol) with its own status."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    reason: str = "INTERNAL"
+
+
+class SlowSubscriberError(ServerError):
+    """The stream fell behind by a whole buffer and was evicted."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "SLOW_SUBSCRIBER"
+
+
+class ServerShuttingDownError(ServerError):
+    """The server is draining and accepts no new work."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "SHUTTING_DOWN"
+
+
+class InvalidFieldError(InvalidParamsError):
+    """A request field is missing or malformed.
+
+    Args:
+        field: The field path, e.g. ``message.parts``.
+        problem: What is wrong and how to fix it, for a person to read.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(message=f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str, status_pb2.Status]:
+    """Map an exception to its gRPC code, message and rich status.
+
+    Args:
+        exc: The error raised while serving a call.
+
+    Returns:
+        The status code, the human-readable message, and the
+        ``google.rpc.Status`` to send in the trailing metadata.
+    """
+    details: list[any_pb2.Any] = []
+    if isinstance(exc, A2AError):
+        mapping = A2A_ERROR_MAPPING[_mapped_class(exc)]
+        code = getattr(grpc.StatusCode, mapping.grpc_status)
+        message, domain, reason = exc.message, A2A_DOMAIN, mapping.reason
+        if isinstance(exc, InvalidFieldError):
+            bad = error_details_pb2.BadRequest()
+            bad.field_violations.add(field=exc.field, description=exc.problem)
+            details.append(_pack(bad))
+    elif isinstance(exc, ServerError):
+        code, message, domain, reason = exc.code, str(exc), SERVER_DOMAIN, exc.reason
+    else:
+        logger.error("internal error while serving a call", exc_info=exc)
+        code, domain, reason = grpc.StatusCode.INTERNAL, SERVER_DOMAIN, "INTERNAL"
+        message = "internal server error; the server log has the details"
+    info = error_details_pb2.ErrorInfo(domain=domain, reason=reason)
+    status = status_pb2.Status(code=code.value[0], message=message)
+    status.details.extend([_pack(info), *details])
+    return code, message, status
+
+
+async def abort(context: grpc.aio.ServicerContext[object, object], exc: BaseException) -> NoReturn:
+    """End the call with the status that ``exc`` maps to.
+
+    Args:
+        context: The servicer context of the call.
+        exc: The error to report.
+
+    Raises:
+        grpc.aio.AbortError: Always; grpc.aio ends the call with it.
+    """
+    code, message, status = to_status(exc)
+    await context.abort(code, message, trailing_metadata=((STATUS_DETAILS_KEY, status.SerializeToString()),))
+    raise AssertionError("unreachable: context.abort always raises")  # pragma: no cover
+
+
+def _mapped_class(exc: A2AError) -> type[A2AError]:
+    for cls in type(exc).__mro__:
+        if cls in _A2A_CODES:
+            return cls  # type: ignore[no-any-return]
+    return _INTERNAL
+
+
+def _pack(message: error_details_pb2.ErrorInfo | error_details_pb2.BadRequest) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+_A2A_CODES = frozenset(A2A_ERROR_MAPPING)
+_INTERNAL = next(cls for cls, m in A2A_ERROR_MAPPING.items() if m.reason == "INTERNAL_ERROR")

@@ -1,0 +1,270 @@
+"""TaskManager: which tasks are live on this instance, and the operations on them.
+
+Who runs what: gRPC handlers call ``send``, ``cancel`` and ``subscribe``;
+each ``send`` that starts work spawns one ``Run`` (see ``supervisor``) as an
+asyncio task the manager keeps until it ends. A task is "active" from its
+first message until its channel closes; interrupted tasks stay active
+without a run, waiting for a follow-up. ``shutdown`` ends every active task
+with a final frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
+from a2a.types.a2a_pb2 import SendMessageRequest, Task, TaskState
+from a2a.utils.errors import (
+    InvalidParamsError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
+
+from . import taskops
+from .active import ActiveTask
+from .channel import ChannelClosedError, Subscription, TaskChannel
+from .config import ServerConfig
+from .errors import ServerShuttingDownError
+from .store import TaskStore
+from .supervisor import TASK_PREFIX, Run
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Started:
+    """What ``TaskManager.send`` hands back once the execution is running.
+
+    Attributes:
+        active: The task being executed.
+        snapshot: The task before this message's events (None for a new task).
+        subscription: The caller's subscription, made before the executor
+            started (None when the caller did not ask for one).
+        start_seq: The channel's frame count before the executor started.
+        run: The execution started for this message.
+    """
+
+    active: ActiveTask
+    snapshot: Task | None
+    subscription: Subscription | None
+    start_seq: int
+    run: Run
+
+
+class TaskManager:
+    """Owns the live tasks of this instance.
+
+    Args:
+        executor: The agent.
+        store: Where tasks are persisted.
+        config: Limits.
+    """
+
+    def __init__(self, executor: AgentExecutor, store: TaskStore, config: ServerConfig) -> None:
+        self._executor = executor
+        self._store = store
+        self._config = config
+        self._active: dict[str, ActiveTask] = {}
+        self._runs: dict[asyncio.Task[None], Run] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._accepting = True
+
+    @property
+    def store(self) -> TaskStore:
+        """The task store."""
+        return self._store
+
+    @property
+    def active_count(self) -> int:
+        """Tasks that have not ended on this instance."""
+        return len(self._active)
+
+    async def send(
+        self, request: SendMessageRequest, call: ServerCallContext, *, subscribe: bool
+    ) -> Started:
+        """Start executing a message: a new task, or a follow-up to an interrupted one.
+
+        Raises:
+            TaskNotFoundError: The message names a task the store does not have.
+            UnsupportedOperationError: That task has ended or is still working.
+            InvalidParamsError: The message's context does not match the task's.
+            ServerShuttingDownError: The server is draining.
+        """
+        if not self._accepting:
+            raise ServerShuttingDownError("server is shutting down; retry on another instance")
+        message = request.message
+        if message.task_id:
+            active = await self._continue(message.task_id, message.context_id)
+            await active.add_user_message(message)
+        else:
+            task_id = str(uuid.uuid4())
+            context_id = message.context_id or str(uuid.uuid4())
+            message.task_id, message.context_id = task_id, context_id
+            channel = TaskChannel(task_id, self._config.subscriber_buffer)
+            active = ActiveTask(task_id, context_id, self._store, channel, first_message=message)
+            self._register(active)
+        snapshot, sub = active.channel.subscribe() if subscribe else (None, None)
+        context = RequestContext(
+            call_context=call,
+            request=request,
+            task_id=active.task_id,
+            context_id=active.context_id,
+            task=_copy(active.task),
+        )
+        start_seq = active.channel.seq
+        run = self._spawn(Run(active, self._executor, context, self._config.event_queue_size))
+        return Started(active, snapshot, sub, start_seq, run)
+
+    async def cancel(self, task_id: str, call: ServerCallContext) -> Task:
+        """Cancel a task; every stream of it ends with CANCELED.
+
+        The executor's ``cancel()`` gets ``cancel_timeout`` seconds to end the
+        task; if it does not (no-op, raised, hung), the server ends it
+        CANCELED itself and cancels the executor.
+
+        Raises:
+            TaskNotFoundError: No such task.
+            TaskNotCancelableError: The task already ended.
+        """
+        stored = await self._store.get(task_id)
+        if stored is None:
+            raise TaskNotFoundError(f"task {task_id!r} not found")
+        active = self._active.get(task_id)
+        if taskops.is_final(stored.task) or active is None:
+            raise TaskNotCancelableError(
+                f"task {task_id!r} is {TaskState.Name(stored.task.status.state)} and cannot be canceled"
+            )
+        run = active.run
+        if run is None or not run.request_cancel():
+            context = RequestContext(
+                call_context=call, task_id=task_id, context_id=active.context_id, task=_copy(active.task)
+            )
+            self._spawn(
+                Run(
+                    active,
+                    self._executor,
+                    context,
+                    self._config.event_queue_size,
+                    execute=False,
+                    cancel=True,
+                )
+            )
+        try:
+            async with asyncio.timeout(self._config.cancel_timeout):
+                while not active.channel.closed:
+                    await active.channel.wait_changed()
+        except TimeoutError:
+            logger.warning("task %s: cancel() did not end it in %.1fs", task_id, self._config.cancel_timeout)
+            await active.finalize(
+                TaskState.TASK_STATE_CANCELED, "task canceled by request (the agent did not stop in time)"
+            )
+        final = await self._store.get(task_id)
+        assert final is not None
+        if final.task.status.state != TaskState.TASK_STATE_CANCELED:
+            raise TaskNotCancelableError(
+                f"task {task_id!r} ended {TaskState.Name(final.task.status.state)} before it could be canceled"
+            )
+        return final.task
+
+    async def subscribe(self, task_id: str) -> tuple[Task, Subscription]:
+        """Join a live task's broadcast.
+
+        Returns:
+            The task snapshot and a subscription to every frame after it.
+
+        Raises:
+            TaskNotFoundError: No such task.
+            UnsupportedOperationError: The task already ended.
+        """
+        stored = await self._store.get(task_id)
+        if stored is None:
+            raise TaskNotFoundError(f"task {task_id!r} not found")
+        active = self._active.get(task_id)
+        try:
+            if active is None:
+                raise ChannelClosedError(task_id)
+            snapshot, sub = active.channel.subscribe()
+        except ChannelClosedError:
+            raise UnsupportedOperationError(
+                f"task {task_id!r} is {TaskState.Name(stored.task.status.state)}; "
+                "a terminal task cannot be subscribed to (use GetTask)"
+            ) from None
+        return snapshot or stored.task, sub
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop accepting work, let runs finish for ``grace`` seconds, then end the rest FAILED."""
+        self._accepting = False
+        try:
+            async with asyncio.timeout(grace):
+                await self._wait_runs_interrupted()
+        except TimeoutError:
+            pass
+        for active in list(self._active.values()):
+            await active.finalize(TaskState.TASK_STATE_FAILED, "server shutting down")
+        await self.wait_idle()
+
+    async def wait_idle(self) -> None:
+        """Wait until no run of this manager is alive."""
+        await self._idle.wait()
+
+    async def _continue(self, task_id: str, context_id: str) -> ActiveTask:
+        stored = await self._store.get(task_id)
+        if stored is None:
+            raise TaskNotFoundError(f"task {task_id!r} not found")
+        if context_id and context_id != stored.task.context_id:
+            raise InvalidParamsError(
+                f"message.context_id {context_id!r} does not match task {task_id!r}'s "
+                f"context {stored.task.context_id!r}; omit it or send the task's own"
+            )
+        state = stored.task.status.state
+        active = self._active.get(task_id)
+        if taskops.is_final(stored.task) or active is None:
+            raise UnsupportedOperationError(
+                f"task {task_id!r} is {TaskState.Name(state)} and accepts no more messages; "
+                "start a new task (omit message.task_id)"
+            )
+        if active.run is not None and not active.run.finished.is_set():
+            raise UnsupportedOperationError(
+                f"task {task_id!r} is still {TaskState.Name(state)}; send follow-ups only "
+                "when it asks for input, or cancel it"
+            )
+        return active
+
+    def _register(self, active: ActiveTask) -> None:
+        self._active[active.task_id] = active
+        active.channel.on_close(lambda: self._active.pop(active.task_id, None))
+
+    def _spawn(self, run: Run) -> Run:
+        run.active.run = run
+        task = asyncio.create_task(run.run(), name=f"{TASK_PREFIX}:run:{run.active.task_id}")
+        self._runs[task] = run
+        self._idle.clear()
+        task.add_done_callback(self._run_done)
+        return run
+
+    def _run_done(self, task: asyncio.Task[None]) -> None:
+        run = self._runs.pop(task)
+        if run.active.run is run:
+            run.active.run = None
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("run of task %s crashed", run.active.task_id, exc_info=task.exception())
+        if not self._runs:
+            self._idle.set()
+
+    async def _wait_runs_interrupted(self) -> None:
+        while self._runs:
+            await asyncio.wait(list(self._runs), return_when=asyncio.FIRST_COMPLETED)
+
+
+def _copy(task: Task | None) -> Task | None:
+    if task is None:
+        return None
+    copy = Task()
+    copy.CopyFrom(task)
+    return copy

@@ -1,0 +1,293 @@
+"""The gRPC servicer of ``lf.a2a.v1.A2AService``.
+
+Who runs what: grpc.aio runs each call in its own asyncio task. Unary calls
+ask the ``TaskManager`` and return; stream calls own one ``Subscription``
+and write its frames until the channel ends it. A subscriber evicted while
+its write is blocked on a client that stopped reading has its handler
+cancelled, so no coroutine waits on a peer that will never read; the call
+then ends RESOURCE_EXHAUSTED. Errors of every call go through ``errors``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from a2a.types import a2a_pb2_grpc
+from a2a.types.a2a_pb2 import (
+    AgentCard,
+    CancelTaskRequest,
+    DeleteTaskPushNotificationConfigRequest,
+    GetExtendedAgentCardRequest,
+    GetTaskPushNotificationConfigRequest,
+    GetTaskRequest,
+    ListTaskPushNotificationConfigsRequest,
+    ListTaskPushNotificationConfigsResponse,
+    ListTasksRequest,
+    ListTasksResponse,
+    SendMessageRequest,
+    SendMessageResponse,
+    StreamResponse,
+    SubscribeToTaskRequest,
+    Task,
+    TaskPushNotificationConfig,
+)
+from a2a.utils.errors import (
+    ExtendedAgentCardNotConfiguredError,
+    PushNotificationNotSupportedError,
+    TaskNotFoundError,
+)
+from google.protobuf.empty_pb2 import Empty
+
+from . import errors, taskops, validation
+from .callmeta import call_context
+from .channel import EndReason, Subscription
+from .config import ServerConfig
+from .errors import InvalidFieldError, SlowSubscriberError
+from .manager import TaskManager
+from .store import InvalidPageTokenError, TaskQuery
+
+logger = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+R = TypeVar("R")
+
+
+def _handled(
+    fn: Callable[[Any, Any, Context], Awaitable[R]],
+) -> Callable[[Any, Any, Context], Awaitable[R]]:
+    """Route every error of an RPC through ``errors.abort``."""
+
+    @functools.wraps(fn)
+    async def call(self: Any, request: Any, context: Context) -> R:
+        try:
+            return await fn(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await errors.abort(context, exc)
+
+    return call
+
+
+class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
+    """Serves every A2A RPC over the task manager.
+
+    Args:
+        manager: The live tasks of this instance.
+        config: Limits.
+        extended_card: The card for authenticated clients, if configured.
+    """
+
+    def __init__(
+        self,
+        manager: TaskManager,
+        config: ServerConfig,
+        extended_card: AgentCard | None = None,
+    ) -> None:
+        self._manager = manager
+        self._extended_card = extended_card
+        self._config = config
+        self._streams = 0
+        self._streams_idle = asyncio.Event()
+        self._streams_idle.set()
+
+    @property
+    def open_streams(self) -> int:
+        """Stream calls currently being served."""
+        return self._streams
+
+    async def wait_streams_closed(self) -> None:
+        """Wait until no stream call is being served."""
+        await self._streams_idle.wait()
+
+    @_handled
+    async def SendMessage(self, request: SendMessageRequest, context: Context) -> SendMessageResponse:
+        """Send a message; wait for a terminal or interrupted state unless asked not to."""
+        call = call_context(context, "SendMessage")
+        validation.check_send(request, self._config)
+        started = await self._manager.send(request, call, subscribe=False)
+        active, channel = started.active, started.active.channel
+        immediately = request.configuration.return_immediately
+        while not channel.closed and not started.run.finished.is_set():
+            if immediately and active.task is not None:
+                break
+            if channel.seq > started.start_seq and active.state in taskops.INTERRUPTED:
+                break
+            await channel.wait_changed()
+        if active.answer is not None and active.task is None:
+            return SendMessageResponse(message=active.answer)
+        task = await self._load(active.task_id)
+        _trim(task, request.configuration.history_length, request.configuration.HasField("history_length"))
+        return SendMessageResponse(task=task)
+
+    @_handled
+    async def SendStreamingMessage(self, request: SendMessageRequest, context: Context) -> None:
+        """Send a message and stream the task's frames until it ends or needs input."""
+        call = call_context(context, "SendStreamingMessage")
+        validation.check_send(request, self._config)
+        started = await self._manager.send(request, call, subscribe=True)
+        assert started.subscription is not None
+        await self._pump(started.subscription, started.snapshot, context, stop_at_interrupt=True)
+
+    @_handled
+    async def SubscribeToTask(self, request: SubscribeToTaskRequest, context: Context) -> None:
+        """Stream a live task: its snapshot first, then every frame until it ends."""
+        call_context(context, "SubscribeToTask")
+        validation.check_task_id(request.id)
+        snapshot, sub = await self._manager.subscribe(request.id)
+        await self._pump(sub, snapshot, context, stop_at_interrupt=False)
+
+    @_handled
+    async def GetTask(self, request: GetTaskRequest, context: Context) -> Task:
+        """Return a task, its history trimmed to ``history_length``."""
+        call_context(context, "GetTask")
+        validation.check_task_id(request.id)
+        validation.check_history_length(request.history_length, request.HasField("history_length"))
+        task = await self._load(request.id)
+        _trim(task, request.history_length, request.HasField("history_length"))
+        return task
+
+    @_handled
+    async def ListTasks(self, request: ListTasksRequest, context: Context) -> ListTasksResponse:
+        """List tasks, most recently updated first, with cursor pagination."""
+        call_context(context, "ListTasks")
+        page_size = validation.check_list(request)
+        after = request.status_timestamp_after
+        query = TaskQuery(
+            context_id=request.context_id,
+            state=request.status,
+            status_after_ns=after.seconds * 1_000_000_000 + after.nanos,
+            page_size=page_size,
+            page_token=request.page_token,
+        )
+        try:
+            page = await self._manager.store.list(query)
+        except InvalidPageTokenError as exc:
+            raise InvalidFieldError("page_token", str(exc)) from None
+        for task in page.tasks:
+            _trim(task, request.history_length, request.HasField("history_length"))
+            if not request.include_artifacts:
+                del task.artifacts[:]
+        return ListTasksResponse(
+            tasks=page.tasks,
+            next_page_token=page.next_page_token,
+            page_size=page_size,
+            total_size=page.total_size,
+        )
+
+    @_handled
+    async def CancelTask(self, request: CancelTaskRequest, context: Context) -> Task:
+        """Cancel a task; returns it CANCELED once every stream has the frame."""
+        call = call_context(context, "CancelTask")
+        validation.check_task_id(request.id)
+        return await self._manager.cancel(request.id, call)
+
+    @_handled
+    async def GetExtendedAgentCard(
+        self, request: GetExtendedAgentCardRequest, context: Context
+    ) -> AgentCard:
+        """Return the extended agent card, if one is configured."""
+        call_context(context, "GetExtendedAgentCard")
+        if self._extended_card is None:
+            raise ExtendedAgentCardNotConfiguredError(
+                "this agent has no extended agent card; use the public card"
+            )
+        return self._extended_card
+
+    @_handled
+    async def CreateTaskPushNotificationConfig(
+        self, request: TaskPushNotificationConfig, context: Context
+    ) -> TaskPushNotificationConfig:
+        """Push notifications are not supported yet."""
+        return await self._no_push(context, "CreateTaskPushNotificationConfig")
+
+    @_handled
+    async def GetTaskPushNotificationConfig(
+        self, request: GetTaskPushNotificationConfigRequest, context: Context
+    ) -> TaskPushNotificationConfig:
+        """Push notifications are not supported yet."""
+        return await self._no_push(context, "GetTaskPushNotificationConfig")
+
+    @_handled
+    async def ListTaskPushNotificationConfigs(
+        self, request: ListTaskPushNotificationConfigsRequest, context: Context
+    ) -> ListTaskPushNotificationConfigsResponse:
+        """Push notifications are not supported yet."""
+        return await self._no_push(context, "ListTaskPushNotificationConfigs")
+
+    @_handled
+    async def DeleteTaskPushNotificationConfig(
+        self, request: DeleteTaskPushNotificationConfigRequest, context: Context
+    ) -> Empty:
+        """Push notifications are not supported yet."""
+        return await self._no_push(context, "DeleteTaskPushNotificationConfig")
+
+    async def _no_push(self, context: Context, method: str) -> Any:
+        call_context(context, method)
+        raise PushNotificationNotSupportedError(
+            "this agent does not send push notifications (capabilities.pushNotifications is "
+            "false); use SendStreamingMessage or SubscribeToTask"
+        )
+
+    async def _load(self, task_id: str) -> Task:
+        stored = await self._manager.store.get(task_id)
+        if stored is None:
+            raise TaskNotFoundError(f"task {task_id!r} not found")
+        return stored.task
+
+    async def _pump(
+        self, sub: Subscription, first: Task | None, context: Context, *, stop_at_interrupt: bool
+    ) -> None:
+        """Write the snapshot, then every frame of ``sub``, until the stream ends."""
+        handler = asyncio.current_task()
+        assert handler is not None
+        writing = False
+
+        def on_evict() -> None:
+            if writing:
+                handler.cancel()
+
+        sub.on_evict = on_evict
+        self._streams += 1
+        self._streams_idle.clear()
+        try:
+            if first is not None:
+                await context.write(StreamResponse(task=first))
+            async for frame in sub:
+                writing = True
+                await context.write(frame)
+                writing = False
+                if stop_at_interrupt and _interrupts(frame):
+                    return
+        except asyncio.CancelledError:
+            # Our own cancellation of a handler blocked on a client that stopped
+            # reading: report the eviction instead. Any other cancel propagates.
+            if sub.end_reason is EndReason.EVICTED and handler.uncancel() == 0:
+                raise SlowSubscriberError(sub.eviction_message()) from None
+            raise
+        finally:
+            sub.close()
+            self._streams -= 1
+            if self._streams == 0:
+                self._streams_idle.set()
+
+
+def _interrupts(frame: StreamResponse) -> bool:
+    return (
+        frame.WhichOneof("payload") == "status_update"
+        and frame.status_update.status.state in taskops.INTERRUPTED
+    )
+
+
+def _trim(task: Task, history_length: int, present: bool) -> None:
+    if not present:
+        return
+    if history_length == 0:
+        del task.history[:]
+    elif len(task.history) > history_length:
+        del task.history[: len(task.history) - history_length]

@@ -1,0 +1,113 @@
+"""Task store: the durable record of every task.
+
+``TaskStore`` is the contract every backend implements; the contract tests in
+``tests/store`` run against each implementation. The in-memory backend lives
+in ``store.memory``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from a2a.types.a2a_pb2 import Task, TaskState
+
+
+class StoreError(Exception):
+    """Base of the errors a task store raises."""
+
+
+class TaskExistsError(StoreError):
+    """``create`` was called for a task id the store already holds."""
+
+
+class VersionConflictError(StoreError):
+    """``update`` was given a version that is not the stored one."""
+
+
+class FinalTaskError(StoreError):
+    """``update`` tried to change a task that is already final."""
+
+
+class UnknownTaskError(StoreError):
+    """``update`` named a task the store does not hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTask:
+    """A task and the version it was stored at."""
+
+    task: Task
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskQuery:
+    """Filters and paging of ``TaskStore.list``.
+
+    Attributes:
+        context_id: Only tasks of this context ("" for any).
+        state: Only tasks in this state (UNSPECIFIED for any).
+        status_after_ns: Only tasks whose status timestamp is at or after this
+            many nanoseconds since the epoch (0 for any).
+        page_size: Most tasks to return.
+        page_token: The ``next_page_token`` of the previous page ("" for the first).
+    """
+
+    context_id: str = ""
+    state: TaskState.ValueType = TaskState.TASK_STATE_UNSPECIFIED
+    status_after_ns: int = 0
+    page_size: int = 50
+    page_token: str = ""
+
+
+@dataclass(slots=True)
+class TaskPage:
+    """One page of ``TaskStore.list``, newest update first."""
+
+    tasks: list[Task] = field(default_factory=list)
+    next_page_token: str = ""
+    total_size: int = 0
+
+
+class InvalidPageTokenError(StoreError):
+    """The page token was not issued by this store."""
+
+
+class TaskStore(Protocol):
+    """Where tasks live. Every write is a compare-and-set on the version.
+
+    Implementations MUST return copies (a caller mutating a returned task does
+    not change the store), MUST keep a final task unchanged once written, and
+    MUST be safe to call from concurrent coroutines of one event loop.
+    """
+
+    async def get(self, task_id: str) -> StoredTask | None:
+        """Return the task and its version, or None if the store has no such task."""
+        ...
+
+    async def create(self, task: Task) -> int:
+        """Store a new task and return its version (1).
+
+        Raises:
+            TaskExistsError: A task with this id is already stored.
+        """
+        ...
+
+    async def update(self, task: Task, expected_version: int) -> int:
+        """Replace the task if it is still at ``expected_version``; return the new version.
+
+        Raises:
+            UnknownTaskError: No task with this id is stored.
+            FinalTaskError: The stored task is final; it is never overwritten.
+            VersionConflictError: The stored version is not ``expected_version``.
+        """
+        ...
+
+    async def list(self, query: TaskQuery) -> TaskPage:
+        """Return one page of tasks matching ``query``, most recently updated first.
+
+        Raises:
+            InvalidPageTokenError: ``query.page_token`` is not one this store issued.
+        """
+        ...

@@ -1,0 +1,165 @@
+"""In-memory task store with bounded retention of final tasks.
+
+Non-final tasks are kept until they end. Final tasks are kept for at most
+``final_task_ttl`` seconds and at most ``max_final_tasks`` of them (the oldest
+final task goes first), so memory stays flat under sustained load. Tasks are
+held serialized, which keeps copies honest and memory small.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from a2a.types.a2a_pb2 import Task, TaskState
+
+from ..taskops import TERMINAL
+from . import (
+    FinalTaskError,
+    InvalidPageTokenError,
+    StoredTask,
+    TaskExistsError,
+    TaskPage,
+    TaskQuery,
+    UnknownTaskError,
+    VersionConflictError,
+)
+
+
+@dataclass(slots=True)
+class _Entry:
+    blob: bytes
+    version: int
+    rev: int
+    context_id: str
+    state: TaskState.ValueType
+    status_ns: int
+
+
+class InMemoryTaskStore:
+    """A ``TaskStore`` in this process's memory.
+
+    Args:
+        max_final_tasks: Most final tasks kept.
+        final_task_ttl: Seconds a final task is kept after it ended.
+        clock: Monotonic clock, replaceable in tests.
+    """
+
+    def __init__(
+        self,
+        max_final_tasks: int = 10_000,
+        final_task_ttl: float = 3600.0,
+        clock: type[time.monotonic] | None = None,
+    ) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self._final: OrderedDict[str, float] = OrderedDict()
+        self._max_final = max_final_tasks
+        self._ttl = final_task_ttl
+        self._clock = clock or time.monotonic
+        self._rev = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def get(self, task_id: str) -> StoredTask | None:
+        """Return the task and its version, or None."""
+        self._prune()
+        entry = self._entries.get(task_id)
+        if entry is None:
+            return None
+        return StoredTask(Task.FromString(entry.blob), entry.version)
+
+    async def create(self, task: Task) -> int:
+        """Store a new task at version 1.
+
+        Raises:
+            TaskExistsError: The id is taken.
+        """
+        if task.id in self._entries:
+            raise TaskExistsError(task.id)
+        self._put(task, 1)
+        self._prune()
+        return 1
+
+    async def update(self, task: Task, expected_version: int) -> int:
+        """Compare-and-set the task on its version.
+
+        Raises:
+            UnknownTaskError: No such task.
+            FinalTaskError: The stored task is final.
+            VersionConflictError: The version moved on.
+        """
+        entry = self._entries.get(task.id)
+        if entry is None:
+            raise UnknownTaskError(task.id)
+        if entry.state in TERMINAL:
+            raise FinalTaskError(task.id)
+        if entry.version != expected_version:
+            raise VersionConflictError(f"{task.id}: at {entry.version}, expected {expected_version}")
+        self._put(task, expected_version + 1)
+        self._prune()
+        return expected_version + 1
+
+    async def list(self, query: TaskQuery) -> TaskPage:
+        """Return one page, most recently updated first.
+
+        Raises:
+            InvalidPageTokenError: The token is malformed.
+        """
+        self._prune()
+        before = _decode_token(query.page_token) if query.page_token else None
+        matches = [
+            e
+            for e in self._entries.values()
+            if (not query.context_id or e.context_id == query.context_id)
+            and (query.state == TaskState.TASK_STATE_UNSPECIFIED or e.state == query.state)
+            and e.status_ns >= query.status_after_ns
+        ]
+        matches.sort(key=lambda e: e.rev, reverse=True)
+        page = [e for e in matches if before is None or e.rev < before][: query.page_size]
+        remaining = page and any(e.rev < page[-1].rev for e in matches)
+        return TaskPage(
+            tasks=[Task.FromString(e.blob) for e in page],
+            next_page_token=_encode_token(page[-1].rev) if remaining else "",
+            total_size=len(matches),
+        )
+
+    def _put(self, task: Task, version: int) -> None:
+        self._rev += 1
+        ts = task.status.timestamp
+        self._entries[task.id] = _Entry(
+            blob=task.SerializeToString(),
+            version=version,
+            rev=self._rev,
+            context_id=task.context_id,
+            state=task.status.state,
+            status_ns=ts.seconds * 1_000_000_000 + ts.nanos,
+        )
+        if task.status.state in TERMINAL:
+            self._final[task.id] = self._clock()
+
+    def _prune(self) -> None:
+        horizon = self._clock() - self._ttl
+        while self._final:
+            task_id, ended = next(iter(self._final.items()))
+            if len(self._final) <= self._max_final and ended >= horizon:
+                break
+            del self._final[task_id]
+            self._entries.pop(task_id, None)
+
+
+def _encode_token(rev: int) -> str:
+    return base64.urlsafe_b64encode(f"r{rev}".encode()).decode()
+
+
+def _decode_token(token: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(token.encode()).decode()
+        if not raw.startswith("r"):
+            raise ValueError(raw)
+        return int(raw[1:])
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise InvalidPageTokenError(f"page_token {token!r} was not issued by this server") from exc

@@ -1,0 +1,211 @@
+"""Run: one execution of an executor for one task, under one TaskGroup.
+
+Who runs what: the manager starts ``Run.run()`` as an asyncio task. Inside it
+one ``asyncio.TaskGroup`` owns every coroutine of the execution:
+
+* the producer, ``executor.execute(context, queue)``;
+* a canceller, ``executor.cancel(context, queue)``, once CancelTask asks;
+* the consumer, which takes events off the run's queue in order and hands
+  each to ``ActiveTask.commit`` (validate, persist, broadcast).
+
+Producer and canceller never write the task themselves: they enqueue, and
+when they end they enqueue a marker saying how. The consumer turns markers
+into outcomes: ``execute()`` raised -> FAILED naming the error class;
+``execute()`` returned with the task neither final nor interrupted -> FAILED;
+``cancel()`` ended with the task not final -> CANCELED. When the task's
+channel closes it cancels the producer, the canceller and the consumer
+(``Run.stop``); the group then exits, which is the only way they end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.types.a2a_pb2 import TaskState
+from a2a.utils.errors import InvalidAgentResponseError
+
+from . import taskops
+from .active import ActiveTask
+from .taskops import Event
+
+logger = logging.getLogger(__name__)
+
+TASK_PREFIX = "a2a-grpc-server"
+"""Every asyncio task this package creates is named with this prefix."""
+
+
+@dataclass(frozen=True, slots=True)
+class _SourceDone:
+    kind: Literal["execute", "cancel"]
+    error: Exception | None
+
+
+class RunQueue(EventQueue):
+    """The ``EventQueue`` an executor writes to; bounded, so a fast executor waits."""
+
+    def __init__(self, run: Run, maxsize: int) -> None:
+        self._run = run
+        self._queue: asyncio.Queue[Event | _SourceDone] = asyncio.Queue(maxsize)
+
+    async def enqueue_event(self, event: Event) -> None:
+        """Queue ``event`` for the consumer; after the task ended, drop it.
+
+        An executor still emitting after its task ended has ignored its
+        cancellation: the event is dropped and logged, and the calling
+        coroutine is cancelled again so it stops.
+        """
+        if self._run.active.channel.closed:
+            self._run.active._drop(event)
+            current = asyncio.current_task()
+            if current is not None and current in self._run.sources:
+                current.cancel()
+            return
+        await self._queue.put(event)
+
+
+class Run:
+    """One execution (or cancellation) of the executor for one task.
+
+    Args:
+        active: The task being executed.
+        executor: The agent.
+        context: The request context handed to the executor.
+        queue_size: Bound of the event queue.
+        execute: Whether to call ``execute()``; False for a run that only
+            cancels an idle interrupted task.
+        cancel: Whether to call ``cancel()`` as soon as the run starts.
+    """
+
+    def __init__(
+        self,
+        active: ActiveTask,
+        executor: AgentExecutor,
+        context: RequestContext,
+        queue_size: int,
+        *,
+        execute: bool = True,
+        cancel: bool = False,
+    ) -> None:
+        self.active = active
+        self._executor = executor
+        self._context = context
+        self._queue = RunQueue(self, queue_size)
+        self._execute = execute
+        self._group: asyncio.TaskGroup | None = None
+        self._pending = 0
+        self._cancel_requested = cancel
+        self.sources: set[asyncio.Task[None]] = set()
+        self._consumer: asyncio.Task[None] | None = None
+        self.finished = asyncio.Event()
+
+    async def run(self) -> None:
+        """Execute under the run's TaskGroup until the task ends or is interrupted."""
+        channel = self.active.channel
+        channel.on_close(self.stop)
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                if self._execute:
+                    self._start_source("execute", self._executor.execute)
+                if self._cancel_requested:
+                    self._start_source("cancel", self._executor.cancel)
+                self._consumer = group.create_task(
+                    self._consume(), name=f"{TASK_PREFIX}:consumer:{self.active.task_id}"
+                )
+        finally:
+            self._group = None
+            self.finished.set()
+            channel.notify()
+
+    def request_cancel(self) -> bool:
+        """Start the executor's ``cancel()`` inside this run.
+
+        Returns:
+            False if the run has already ended (the caller starts a new one).
+        """
+        if self._group is None or self.finished.is_set() or self.active.channel.closed:
+            return False
+        if not self._cancel_requested:
+            self._cancel_requested = True
+            self._start_source("cancel", self._executor.cancel)
+        return True
+
+    def stop(self) -> None:
+        """Cancel every coroutine of the run except the caller (the channel closed)."""
+        current = asyncio.current_task()
+        for task in (*self.sources, self._consumer):
+            if task is not None and task is not current and not task.done():
+                task.cancel()
+
+    def _start_source(
+        self,
+        kind: Literal["execute", "cancel"],
+        call: Callable[[RequestContext, EventQueue], Awaitable[None]],
+    ) -> None:
+        assert self._group is not None
+        self._pending += 1
+        task = self._group.create_task(
+            self._source(kind, call), name=f"{TASK_PREFIX}:{kind}:{self.active.task_id}"
+        )
+        self.sources.add(task)
+        task.add_done_callback(self.sources.discard)
+
+    async def _source(
+        self,
+        kind: Literal["execute", "cancel"],
+        call: Callable[[RequestContext, EventQueue], Awaitable[None]],
+    ) -> None:
+        error: Exception | None = None
+        try:
+            await call(self._context, self._queue)
+        except Exception as exc:  # the executor's failure becomes the task's outcome
+            error = exc
+            logger.warning(
+                "executor %s() of task %s raised %s",
+                kind,
+                self.active.task_id,
+                type(exc).__name__,
+                exc_info=exc,
+            )
+        await self._queue._queue.put(_SourceDone(kind, error))
+
+    async def _consume(self) -> None:
+        queue = self._queue._queue
+        while not self.active.channel.closed:
+            item = await queue.get()
+            if isinstance(item, _SourceDone):
+                self._pending -= 1
+                await self._settle(item)
+            else:
+                try:
+                    await self.active.commit(item)
+                except InvalidAgentResponseError as exc:
+                    logger.warning("task %s: %s", self.active.task_id, exc.message)
+                    await self.active.finalize(
+                        TaskState.TASK_STATE_FAILED,
+                        f"agent sent an invalid event: {exc.message}",
+                    )
+            if self._pending == 0 and queue.empty():
+                return
+
+    async def _settle(self, done: _SourceDone) -> None:
+        active = self.active
+        if active.channel.closed or taskops.is_final_state(active.state):
+            return
+        if done.kind == "cancel":
+            await active.finalize(TaskState.TASK_STATE_CANCELED, "task canceled by request")
+        elif done.error is not None:
+            await active.finalize(
+                TaskState.TASK_STATE_FAILED,
+                f"agent failed with {type(done.error).__name__}",
+            )
+        elif active.state not in taskops.INTERRUPTED and not self._cancel_requested:
+            await active.finalize(
+                TaskState.TASK_STATE_FAILED, "agent ended without an outcome"
+            )

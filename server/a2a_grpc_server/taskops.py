@@ -1,0 +1,190 @@
+"""Pure functions over ``Task``: create one, apply an executor event to it.
+
+No I/O and no concurrency here; the consumer calls these under the task's
+lock, on a copy, before it persists and broadcasts (see ``supervisor``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from a2a.types.a2a_pb2 import (
+    Artifact,
+    Message,
+    Role,
+    StreamResponse,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
+from a2a.utils.errors import InvalidAgentResponseError
+from google.protobuf.timestamp_pb2 import Timestamp
+
+Event = Message | Task | TaskStatusUpdateEvent | TaskArtifactUpdateEvent
+
+TERMINAL = frozenset(
+    {
+        TaskState.TASK_STATE_COMPLETED,
+        TaskState.TASK_STATE_FAILED,
+        TaskState.TASK_STATE_CANCELED,
+        TaskState.TASK_STATE_REJECTED,
+    }
+)
+INTERRUPTED = frozenset({TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED})
+
+
+def is_final(task: Task) -> bool:
+    """Return whether ``task`` is in a terminal state."""
+    return task.status.state in TERMINAL
+
+
+def is_final_state(state: TaskState.ValueType) -> bool:
+    """Return whether ``state`` is terminal."""
+    return state in TERMINAL
+
+
+def now() -> Timestamp:
+    """Return the current time as a protobuf ``Timestamp``."""
+    ts = Timestamp()
+    ts.FromDatetime(datetime.now(UTC))
+    return ts
+
+
+def new_task(task_id: str, context_id: str, message: Message | None) -> Task:
+    """Create a task in SUBMITTED whose history holds the user's message."""
+    task = Task(id=task_id, context_id=context_id)
+    task.status.state = TaskState.TASK_STATE_SUBMITTED
+    task.status.timestamp.CopyFrom(now())
+    if message is not None:
+        task.history.append(message)
+    return task
+
+
+def agent_message(task: Task, text: str) -> Message:
+    """Build an agent message bound to ``task``, for statuses the server writes."""
+    msg = Message(
+        message_id=str(uuid.uuid4()),
+        role=Role.ROLE_AGENT,
+        task_id=task.id,
+        context_id=task.context_id,
+    )
+    msg.parts.add(text=text)
+    return msg
+
+
+def status_event(task: Task, state: TaskState.ValueType, text: str | None) -> TaskStatusUpdateEvent:
+    """Build the status update the server itself emits (cancel, failure, shutdown)."""
+    status = TaskStatus(state=state)
+    status.timestamp.CopyFrom(now())
+    if text is not None:
+        status.message.CopyFrom(agent_message(task, text))
+    return TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=status)
+
+
+def apply(task: Task, event: Event) -> StreamResponse:
+    """Apply ``event`` to ``task`` in place and return the frame to broadcast.
+
+    Args:
+        task: The task to update (a copy the caller owns).
+        event: An event the executor enqueued for this task.
+
+    Returns:
+        The ``StreamResponse`` subscribers receive for this event.
+
+    Raises:
+        InvalidAgentResponseError: The event names another task or context,
+            carries no state, or appends to an artifact that does not exist.
+    """
+    if isinstance(event, Message):
+        _check_ids(task, event.task_id, event.context_id, "message")
+        task.history.append(event)
+        return StreamResponse(message=event)
+    if isinstance(event, Task):
+        _check_ids(task, event.id, event.context_id, "task")
+        _merge_task(task, event)
+        return StreamResponse(task=task)
+    if isinstance(event, TaskStatusUpdateEvent):
+        _check_ids(task, event.task_id, event.context_id, "status update")
+        _apply_status(task, event)
+        return StreamResponse(status_update=event)
+    _check_ids(task, event.task_id, event.context_id, "artifact update")
+    _apply_artifact(task, event)
+    return StreamResponse(artifact_update=event)
+
+
+def _check_ids(task: Task, task_id: str, context_id: str, what: str) -> None:
+    if task_id and task_id != task.id:
+        raise InvalidAgentResponseError(f"agent sent a {what} for task {task_id!r} to task {task.id!r}")
+    if context_id and context_id != task.context_id:
+        raise InvalidAgentResponseError(
+            f"agent sent a {what} for context {context_id!r} to a task of context {task.context_id!r}"
+        )
+
+
+def _merge_task(task: Task, event: Task) -> None:
+    if event.HasField("status"):
+        if event.status.state == TaskState.TASK_STATE_UNSPECIFIED:
+            raise InvalidAgentResponseError("agent sent a task without a state")
+        task.status.CopyFrom(event.status)
+    for artifact in event.artifacts:
+        _upsert_artifact(task, artifact)
+    known = {m.message_id for m in task.history}
+    task.history.extend(m for m in event.history if m.message_id not in known)
+    if event.HasField("metadata"):
+        task.metadata.MergeFrom(event.metadata)
+
+
+def _apply_status(task: Task, event: TaskStatusUpdateEvent) -> None:
+    if event.status.state == TaskState.TASK_STATE_UNSPECIFIED:
+        raise InvalidAgentResponseError("agent sent a status update without a state")
+    if not event.task_id:
+        event.task_id = task.id
+    if not event.context_id:
+        event.context_id = task.context_id
+    if not event.status.HasField("timestamp"):
+        event.status.timestamp.CopyFrom(now())
+    if task.status.HasField("message"):
+        task.history.append(task.status.message)
+    if event.HasField("metadata"):
+        task.metadata.MergeFrom(event.metadata)
+    task.status.CopyFrom(event.status)
+
+
+def _apply_artifact(task: Task, event: TaskArtifactUpdateEvent) -> None:
+    if not event.task_id:
+        event.task_id = task.id
+    if not event.context_id:
+        event.context_id = task.context_id
+    if not event.append:
+        _upsert_artifact(task, event.artifact)
+        return
+    for existing in task.artifacts:
+        if existing.artifact_id == event.artifact.artifact_id:
+            existing.parts.extend(event.artifact.parts)
+            if event.artifact.HasField("metadata"):
+                existing.metadata.MergeFrom(event.artifact.metadata)
+            return
+    raise InvalidAgentResponseError(
+        f"agent appended to artifact {event.artifact.artifact_id!r}, which it never created"
+    )
+
+
+def _upsert_artifact(task: Task, artifact: Artifact) -> None:
+    for existing in task.artifacts:
+        if existing.artifact_id == artifact.artifact_id:
+            existing.CopyFrom(artifact)
+            return
+    task.artifacts.append(artifact)
+
+
+def frame_state(frame: StreamResponse) -> TaskState.ValueType | None:
+    """Return the task state a frame announces, if it announces one."""
+    kind = frame.WhichOneof("payload")
+    if kind == "status_update":
+        return frame.status_update.status.state
+    if kind == "task":
+        return frame.task.status.state
+    return None

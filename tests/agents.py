@@ -1,0 +1,202 @@
+"""Executors for tests: each one plays one row of the outcome table, on cue."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Literal
+
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.tasks import TaskUpdater
+from a2a.types.a2a_pb2 import Message, Part, Role, Task, TaskState, TaskStatus
+
+CancelMode = Literal["cooperative", "noop", "raises", "hangs"]
+
+
+def _updater(context: RequestContext, queue: EventQueue) -> TaskUpdater:
+    assert context.task_id is not None and context.context_id is not None
+    return TaskUpdater(queue, context.task_id, context.context_id)
+
+
+class GatedAgent(AgentExecutor):
+    """Emits WORKING, waits for ``release``, then one artifact and COMPLETED.
+
+    Its ``cancel()`` behaves as ``cancel_mode`` says. ``working`` is set once
+    WORKING has been enqueued; ``cancel_called`` once ``cancel()`` runs;
+    ``execute_cancelled`` once ``execute()`` saw its cancellation.
+    """
+
+    def __init__(self, cancel_mode: CancelMode = "cooperative") -> None:
+        self.cancel_mode = cancel_mode
+        self.release = asyncio.Event()
+        self.working = asyncio.Event()
+        self.cancel_called = asyncio.Event()
+        self.execute_cancelled = asyncio.Event()
+        self.finish_state: TaskState.ValueType = TaskState.TASK_STATE_COMPLETED
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = _updater(context, event_queue)
+        await updater.start_work()
+        self.working.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.execute_cancelled.set()
+            raise
+        await updater.add_artifact([Part(text="result")], artifact_id="a1")
+        await updater.update_status(self.finish_state)
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        self.cancel_called.set()
+        if self.cancel_mode == "cooperative":
+            await _updater(context, event_queue).cancel()
+        elif self.cancel_mode == "raises":
+            raise RuntimeError("cancel exploded")
+        elif self.cancel_mode == "hangs":
+            await asyncio.Event().wait()
+
+
+class CrashingAgent(AgentExecutor):
+    """Emits WORKING, waits for ``release``, then raises with a secret in the text."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.working = asyncio.Event()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).start_work()
+        self.working.set()
+        await self.release.wait()
+        raise ValueError("db password is hunter2")
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).cancel()
+
+
+class QuitterAgent(AgentExecutor):
+    """Emits WORKING, waits for ``release``, then returns without an outcome."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.working = asyncio.Event()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).start_work()
+        self.working.set()
+        await self.release.wait()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).cancel()
+
+
+class StubbornAgent(AgentExecutor):
+    """Ignores cancellation: keeps emitting WORKING and COMPLETED after being cancelled."""
+
+    def __init__(self) -> None:
+        self.working = asyncio.Event()
+        self.emitted_late = asyncio.Event()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = _updater(context, event_queue)
+        await updater.start_work()
+        self.working.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # deliberately swallowed: this agent misbehaves on purpose
+        for _ in range(3):
+            await event_queue.enqueue_event(
+                _status(context, TaskState.TASK_STATE_WORKING)
+            )
+        self.emitted_late.set()
+        await event_queue.enqueue_event(_status(context, TaskState.TASK_STATE_COMPLETED))
+        await asyncio.Event().wait()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        return None
+
+
+class MessageAgent(AgentExecutor):
+    """Answers with a single Message: no task is created."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await event_queue.enqueue_event(
+            Message(
+                message_id="answer-1",
+                role=Role.ROLE_AGENT,
+                context_id=context.context_id or "",
+                parts=[Part(text=f"you said {context.get_user_input()}")],
+            )
+        )
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        return None
+
+
+class TaskFirstAgent(AgentExecutor):
+    """Enqueues the Task object first, then completes it."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.task_id is not None and context.context_id is not None
+        task = Task(
+            id=context.task_id,
+            context_id=context.context_id,
+            status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+        )
+        if context.message is not None:
+            task.history.append(context.message)
+        await event_queue.enqueue_event(task)
+        updater = _updater(context, event_queue)
+        await updater.add_artifact([Part(text="done")], artifact_id="x")
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).cancel()
+
+
+class InputAgent(AgentExecutor):
+    """Asks for input on the first message; completes on the follow-up."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = _updater(context, event_queue)
+        if context.current_task is None:
+            await updater.start_work()
+            await updater.requires_input(updater.new_agent_message([Part(text="your name?")]))
+            return
+        await updater.start_work()
+        await updater.complete(
+            updater.new_agent_message([Part(text=f"hello {context.get_user_input()}")])
+        )
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).cancel()
+
+
+class FloodAgent(AgentExecutor):
+    """Emits ``count`` artifact updates of ``size`` bytes once released, then completes."""
+
+    def __init__(self, count: int, size: int) -> None:
+        self.count, self.size = count, size
+        self.release = asyncio.Event()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = _updater(context, event_queue)
+        await updater.start_work()
+        await self.release.wait()
+        payload = "x" * self.size
+        for i in range(self.count):
+            await updater.add_artifact([Part(text=payload)], artifact_id=f"chunk-{i}")
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).cancel()
+
+
+def _status(context: RequestContext, state: TaskState.ValueType) -> object:
+    from a2a.types.a2a_pb2 import TaskStatusUpdateEvent
+
+    return TaskStatusUpdateEvent(
+        task_id=context.task_id or "",
+        context_id=context.context_id or "",
+        status=TaskStatus(state=state),
+    )

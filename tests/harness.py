@@ -1,0 +1,144 @@
+"""A real server on 127.0.0.1:0 in this process, with real clients, and a leak check."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import types
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+
+import grpc
+from a2a.client.transports.grpc import GrpcTransport
+from a2a.server.agent_execution import AgentExecutor
+from a2a.types import a2a_pb2_grpc
+from a2a.types.a2a_pb2 import (
+    Message,
+    Part,
+    Role,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    StreamResponse,
+)
+from google.rpc import error_details_pb2, status_pb2
+
+from a2a_grpc_server import A2AService, ServerConfig
+
+PACKAGE_DIR = "a2a_grpc_server"
+V1 = (("a2a-version", "1.0"),)
+
+
+@dataclass
+class Harness:
+    """One server and its clients."""
+
+    service: A2AService
+    server: grpc.aio.Server
+    address: str
+    channel: grpc.aio.Channel
+    stub: a2a_pb2_grpc.A2AServiceStub
+    client: GrpcTransport
+
+    async def settle(self, timeout: float = 0.3) -> None:
+        """Wait (at most ``timeout`` s) until no run and no stream of ours is alive, then
+        assert that no coroutine of this package is left on the loop."""
+        async with asyncio.timeout(timeout):
+            await self.service.servicer.wait_streams_closed()
+            await self.service.manager.wait_idle()
+        left = our_tasks()
+        assert not left, f"coroutines of ours still alive: {left}"
+
+
+def our_tasks() -> list[str]:
+    """Names of live asyncio tasks that have a frame of this package in their await chain."""
+    found = []
+    current = asyncio.current_task()
+    for task in asyncio.all_tasks():
+        if task is current or task.done():
+            continue
+        if task.get_name().startswith("a2a-grpc-server") or _runs_our_code(task.get_coro()):
+            found.append(task.get_name())
+    return found
+
+
+def _runs_our_code(coro: object) -> bool:
+    seen = 0
+    while coro is not None and seen < 100:
+        seen += 1
+        code = getattr(coro, "cr_code", None) or getattr(coro, "ag_code", None) or getattr(coro, "gi_code", None)
+        if isinstance(code, types.CodeType) and f"/{PACKAGE_DIR}/" in code.co_filename:
+            return True
+        coro = (
+            getattr(coro, "cr_await", None)
+            or getattr(coro, "ag_await", None)
+            or getattr(coro, "gi_yieldfrom", None)
+        )
+    return False
+
+
+@contextlib.asynccontextmanager
+async def serve(executor: AgentExecutor, config: ServerConfig | None = None) -> AsyncIterator[Harness]:
+    """Start the service on a real grpc.aio server on port 0; leak-check on exit."""
+    service = A2AService(executor, config=config or ServerConfig(cancel_timeout=1.0))
+    server = grpc.aio.server()
+    service.add_to_server(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    address = f"127.0.0.1:{port}"
+    channel = grpc.aio.insecure_channel(address)
+    client = GrpcTransport(grpc.aio.insecure_channel(address), None)
+    harness = Harness(service, server, address, channel, a2a_pb2_grpc.A2AServiceStub(channel), client)
+    try:
+        yield harness
+    finally:
+        await service.shutdown(grace=0)
+        await client.close()
+        await channel.close()
+        await server.stop(grace=None)
+
+
+def user_message(text: str = "hello", *, task_id: str = "", context_id: str = "", msg_id: str = "") -> Message:
+    """A user message with one text part."""
+    import uuid
+
+    return Message(
+        message_id=msg_id or str(uuid.uuid4()),
+        role=Role.ROLE_USER,
+        task_id=task_id,
+        context_id=context_id,
+        parts=[Part(text=text)],
+    )
+
+
+def send_request(text: str = "hello", *, immediately: bool = False, **ids: str) -> SendMessageRequest:
+    """A SendMessageRequest for ``user_message(text)``."""
+    return SendMessageRequest(
+        message=user_message(text, **ids),
+        configuration=SendMessageConfiguration(return_immediately=immediately),
+    )
+
+
+def rich_status(err: grpc.aio.AioRpcError) -> tuple[status_pb2.Status, error_details_pb2.ErrorInfo]:
+    """The google.rpc.Status and its ErrorInfo from a failed call."""
+    for key, value in err.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    return status, info
+    raise AssertionError(f"no ErrorInfo in {err!r}")
+
+
+def kinds(frames: Iterable[StreamResponse]) -> list[str]:
+    """A readable summary of frames: payload kind and state."""
+    out = []
+    for f in frames:
+        kind = f.WhichOneof("payload")
+        if kind == "task":
+            out.append(f"task:{f.task.status.state}")
+        elif kind == "status_update":
+            out.append(f"status:{f.status_update.status.state}")
+        else:
+            out.append(str(kind))
+    return out

@@ -1,0 +1,159 @@
+"""Every row of the outcome table: what each of 1 sender + 3 subscribers sees last."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from a2a.server.agent_execution import AgentExecutor
+from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    StreamResponse,
+    SubscribeToTaskRequest,
+    TaskState,
+)
+
+from a2a_grpc_server import ServerConfig
+
+from .agents import CrashingAgent, GatedAgent, QuitterAgent, StubbornAgent
+from .harness import Harness, send_request, serve
+
+S = TaskState
+Trigger = Callable[[Harness, str], Awaitable[None]]
+
+
+async def collect(stream: AsyncIterator[StreamResponse]) -> list[StreamResponse]:
+    return [frame async for frame in stream]
+
+
+async def fan_out(h: Harness, working: asyncio.Event, trigger: Trigger) -> tuple[list[StreamResponse], list[list[StreamResponse]], str]:
+    """Start a streaming send, attach 3 subscribers once WORKING, fire ``trigger``,
+    and return every stream's frames after the point all four were attached."""
+    sender = h.client.send_message_streaming(send_request("go"))
+    first = await anext(sender)
+    assert first.WhichOneof("payload") == "task"
+    task_id = first.task.id
+    working_frame = await anext(sender)
+    assert working_frame.status_update.status.state == S.TASK_STATE_WORKING
+    await working.wait()
+    subs = [h.client.subscribe(SubscribeToTaskRequest(id=task_id)) for _ in range(3)]
+    snapshots = [await anext(s) for s in subs]
+    for snap in snapshots:
+        assert snap.WhichOneof("payload") == "task", "SubscribeToTask starts with the Task snapshot"
+        assert snap.task.id == task_id
+        assert snap.task.status.state == S.TASK_STATE_WORKING
+    rest = asyncio.gather(collect(sender), *(collect(s) for s in subs))
+    await trigger(h, task_id)
+    sender_tail, *sub_tails = await rest
+    return sender_tail, sub_tails, task_id
+
+
+def final_state(frames: list[StreamResponse]) -> TaskState.ValueType:
+    assert frames, "stream ended without any frame"
+    last = frames[-1]
+    assert last.WhichOneof("payload") == "status_update", f"last frame is {last}"
+    return last.status_update.status.state
+
+
+def final_text(frames: list[StreamResponse]) -> str:
+    return " ".join(p.text for p in frames[-1].status_update.status.message.parts)
+
+
+async def release(agent: GatedAgent | CrashingAgent | QuitterAgent) -> None:
+    agent.release.set()
+
+
+def cancel_trigger(expect_canceled: bool = True) -> Trigger:
+    async def trigger(h: Harness, task_id: str) -> None:
+        task = await h.client.cancel_task(CancelTaskRequest(id=task_id))
+        if expect_canceled:
+            assert task.status.state == S.TASK_STATE_CANCELED
+
+    return trigger
+
+
+async def run_row(
+    agent: AgentExecutor,
+    working: asyncio.Event,
+    trigger: Trigger,
+    config: ServerConfig | None = None,
+) -> tuple[list[list[StreamResponse]], TaskState.ValueType, str]:
+    async with asyncio.timeout(10), serve(agent, config) as h:
+        sender, subs, task_id = await fan_out(h, working, trigger)
+        streams = [sender, *subs]
+        first = streams[0]
+        for other in streams[1:]:
+            assert other == first, "every stream sees the same frames in the same order"
+        stored = await h.client.get_task(GetTaskRequest(id=task_id))
+        await h.settle()
+        return streams, stored.status.state, final_text(first)
+
+
+async def test_executor_reaching_a_terminal_state_ends_every_stream_with_it() -> None:
+    agent = GatedAgent()
+    streams, stored, _ = await run_row(agent, agent.working, lambda h, t: release(agent))
+    assert [f.WhichOneof("payload") for f in streams[0]] == ["artifact_update", "status_update"]
+    assert final_state(streams[0]) == S.TASK_STATE_COMPLETED
+    assert stored == S.TASK_STATE_COMPLETED
+
+
+@pytest.mark.parametrize("mode", ["cooperative", "noop", "raises", "hangs"])
+async def test_cancel_ends_every_stream_canceled_whatever_the_executor_cancel_does(mode: str) -> None:
+    agent = GatedAgent(cancel_mode=mode)  # type: ignore[arg-type]
+    config = ServerConfig(cancel_timeout=0.5)
+    streams, stored, _ = await run_row(agent, agent.working, cancel_trigger(), config)
+    for frames in streams:
+        assert final_state(frames) == S.TASK_STATE_CANCELED
+        assert sum(f.WhichOneof("payload") == "status_update" for f in frames) == 1
+    assert stored == S.TASK_STATE_CANCELED
+    assert agent.cancel_called.is_set()
+    assert agent.execute_cancelled.is_set(), "the producer is cancelled once the task is final"
+
+
+async def test_executor_crash_ends_every_stream_failed_naming_only_the_error_class() -> None:
+    agent = CrashingAgent()
+    streams, stored, text = await run_row(agent, agent.working, lambda h, t: release(agent))
+    for frames in streams:
+        assert final_state(frames) == S.TASK_STATE_FAILED
+    assert "ValueError" in text
+    assert "hunter2" not in text
+    assert stored == S.TASK_STATE_FAILED
+
+
+async def test_executor_returning_without_outcome_ends_every_stream_failed() -> None:
+    agent = QuitterAgent()
+    streams, stored, text = await run_row(agent, agent.working, lambda h, t: release(agent))
+    for frames in streams:
+        assert final_state(frames) == S.TASK_STATE_FAILED
+    assert "without an outcome" in text
+    assert stored == S.TASK_STATE_FAILED
+
+
+async def test_shutdown_ends_every_stream_failed_after_the_grace_period() -> None:
+    agent = GatedAgent()
+
+    async def shutdown(h: Harness, task_id: str) -> None:
+        await h.service.shutdown(grace=0.05)
+        stored = await h.service.store.get(task_id)
+        assert stored is not None and stored.task.status.state == S.TASK_STATE_FAILED
+
+    streams, _, text = await run_row(agent, agent.working, shutdown)
+    for frames in streams:
+        assert final_state(frames) == S.TASK_STATE_FAILED
+    assert "shutting down" in text
+
+
+async def test_executor_ignoring_cancellation_cannot_reopen_a_canceled_task() -> None:
+    agent = StubbornAgent()
+    async with asyncio.timeout(10), serve(agent, ServerConfig(cancel_timeout=0.2)) as h:
+        sender, subs, task_id = await fan_out(h, agent.working, cancel_trigger())
+        for frames in (sender, *subs):
+            assert final_state(frames) == S.TASK_STATE_CANCELED
+        await agent.emitted_late.wait()
+        stored = await h.client.get_task(GetTaskRequest(id=task_id))
+        assert stored.status.state == S.TASK_STATE_CANCELED
+        active_drops = h.service.manager
+        assert active_drops.active_count == 0
+        await h.settle()
