@@ -173,11 +173,17 @@ class InputAgent(AgentExecutor):
 
 
 class FloodAgent(AgentExecutor):
-    """Emits ``count`` artifact updates of ``size`` bytes once released, then completes."""
+    """Emits ``count`` artifact updates of ``size`` bytes once released, then completes.
 
-    def __init__(self, count: int, size: int) -> None:
+    Each update first takes a credit from ``credits``: the test hands credits
+    back as its reading streams receive frames, so the agent runs as fast as
+    healthy readers read, and no faster.
+    """
+
+    def __init__(self, count: int, size: int, window: int) -> None:
         self.count, self.size = count, size
         self.release = asyncio.Event()
+        self.credits = asyncio.Semaphore(window)
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         updater = _updater(context, event_queue)
@@ -185,6 +191,7 @@ class FloodAgent(AgentExecutor):
         await self.release.wait()
         payload = "x" * self.size
         for i in range(self.count):
+            await self.credits.acquire()
             await updater.add_artifact([Part(text=payload)], artifact_id=f"chunk-{i}")
         await updater.complete()
 

@@ -72,6 +72,11 @@ class Subscription:
         """Called once, synchronously, when the subscriber is evicted."""
 
     @property
+    def task_id(self) -> str:
+        """The task this subscription follows."""
+        return self._channel.task_id
+
+    @property
     def end_reason(self) -> EndReason | None:
         """Why the subscription ended, or None while it is live."""
         return self._end

@@ -2,10 +2,12 @@
 
 Who runs what: grpc.aio runs each call in its own asyncio task. Unary calls
 ask the ``TaskManager`` and return; stream calls own one ``Subscription``
-and write its frames until the channel ends it. A subscriber evicted while
-its write is blocked on a client that stopped reading has its handler
-cancelled, so no coroutine waits on a peer that will never read; the call
-then ends RESOURCE_EXHAUSTED. Errors of every call go through ``errors``.
+and write its frames until the channel ends it. An evicted subscriber's
+buffer is dropped at once; if its handler is blocked writing to a client
+that stopped reading, that one write completes when the client reads (or the
+call ends by deadline, disconnect or server stop), and the call then ends
+RESOURCE_EXHAUSTED. grpc.aio offers no way to end a call while a write is in
+flight. Errors of every call go through ``errors``.
 """
 
 from __future__ import annotations
@@ -93,17 +95,17 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         self._extended_card = extended_card
         self._config = config
         self._streams = 0
-        self._streams_idle = asyncio.Event()
-        self._streams_idle.set()
+        self._streams_changed = asyncio.Condition()
 
     @property
     def open_streams(self) -> int:
         """Stream calls currently being served."""
         return self._streams
 
-    async def wait_streams_closed(self) -> None:
-        """Wait until no stream call is being served."""
-        await self._streams_idle.wait()
+    async def wait_streams_closed(self, at_most: int = 0) -> None:
+        """Wait until no more than ``at_most`` stream calls are being served."""
+        async with self._streams_changed:
+            await self._streams_changed.wait_for(lambda: self._streams <= at_most)
 
     @_handled
     async def SendMessage(self, request: SendMessageRequest, context: Context) -> SendMessageResponse:
@@ -244,37 +246,19 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         self, sub: Subscription, first: Task | None, context: Context, *, stop_at_interrupt: bool
     ) -> None:
         """Write the snapshot, then every frame of ``sub``, until the stream ends."""
-        handler = asyncio.current_task()
-        assert handler is not None
-        writing = False
-
-        def on_evict() -> None:
-            if writing:
-                handler.cancel()
-
-        sub.on_evict = on_evict
         self._streams += 1
-        self._streams_idle.clear()
         try:
             if first is not None:
                 await context.write(StreamResponse(task=first))
             async for frame in sub:
-                writing = True
                 await context.write(frame)
-                writing = False
                 if stop_at_interrupt and _interrupts(frame):
                     return
-        except asyncio.CancelledError:
-            # Our own cancellation of a handler blocked on a client that stopped
-            # reading: report the eviction instead. Any other cancel propagates.
-            if sub.end_reason is EndReason.EVICTED and handler.uncancel() == 0:
-                raise SlowSubscriberError(sub.eviction_message()) from None
-            raise
         finally:
             sub.close()
             self._streams -= 1
-            if self._streams == 0:
-                self._streams_idle.set()
+            async with self._streams_changed:
+                self._streams_changed.notify_all()
 
 
 def _interrupts(frame: StreamResponse) -> bool:

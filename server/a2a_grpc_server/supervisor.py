@@ -191,8 +191,13 @@ class Run:
                         TaskState.TASK_STATE_FAILED,
                         f"agent sent an invalid event: {exc.message}",
                     )
-            if self._pending == 0 and queue.empty():
-                return
+            if queue.empty():
+                if self._pending == 0:
+                    return
+            else:
+                # A producer that never waits would otherwise have the consumer
+                # publish its whole burst before any stream writer runs.
+                await asyncio.sleep(0)
 
     async def _settle(self, done: _SourceDone) -> None:
         active = self.active
