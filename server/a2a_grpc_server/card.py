@@ -25,8 +25,8 @@ PROTOCOL_VERSION = "1.0"
 MAX_REQUEST_HEAD = 16 * 1024
 
 
-def default_card(name: str = "a2a-grpc-server echo agent") -> AgentCard:
-    """A card for an agent that gave none: streaming, no push, one skill."""
+def default_card(name: str = "A2A agent") -> AgentCard:
+    """A card for an agent whose module gave none: streaming, no push, one skill."""
     return AgentCard(
         name=name,
         description="An A2A agent served over gRPC by a2a-grpc-server.",
@@ -36,10 +36,10 @@ def default_card(name: str = "a2a-grpc-server echo agent") -> AgentCard:
         default_output_modes=["text/plain"],
         skills=[
             AgentSkill(
-                id="echo",
-                name="Echo",
-                description="Answers with the text it was sent.",
-                tags=["echo"],
+                id="default",
+                name="Default",
+                description="Whatever the agent does with a text message.",
+                tags=["general"],
             )
         ],
     )

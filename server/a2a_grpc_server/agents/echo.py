@@ -1,11 +1,24 @@
-"""The echo agent: answers every message with its text, as a completed task."""
+"""The echo agent (the default of ``serve``): answers every message with its text."""
 
 from __future__ import annotations
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskUpdater
-from a2a.types.a2a_pb2 import Part
+from a2a.types.a2a_pb2 import AgentCapabilities, AgentCard, AgentSkill, Part
+
+
+def agent_card() -> AgentCard:
+    """The card ``serve`` publishes (it fills in the gRPC endpoint)."""
+    return AgentCard(
+        name="Echo",
+        description="Answers with the text it was sent.",
+        version="1.0.0",
+        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        default_input_modes=["text/plain"],
+        default_output_modes=["text/plain"],
+        skills=[AgentSkill(id="echo", name="Echo", description="Echoes text.", tags=["echo"])],
+    )
 
 
 class EchoAgent(AgentExecutor):
