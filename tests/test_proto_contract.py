@@ -1,0 +1,97 @@
+"""proto/ is wire-identical to a2a-sdk's lf.a2a.v1: every message, field, enum value and RPC."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from google.api import annotations_pb2
+import grpc_tools
+from a2a.types import a2a_pb2
+from google.protobuf import descriptor_pb2
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTO = "lf/a2a/v1/a2a.proto"
+
+
+def compiled(tmp_path: Path) -> descriptor_pb2.FileDescriptorProto:
+    out = tmp_path / "a2a.pb"
+    includes = [
+        ROOT / "proto",
+        Path(os.path.dirname(grpc_tools.__file__)) / "_proto",
+        Path(os.path.dirname(annotations_pb2.__file__)).parent.parent,
+    ]
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", *(f"-I{p}" for p in includes),
+         f"--descriptor_set_out={out}", PROTO],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file
+    (ours,) = [f for f in files if f.name == PROTO]
+    return ours
+
+
+def reference() -> descriptor_pb2.FileDescriptorProto:
+    ref = descriptor_pb2.FileDescriptorProto()
+    a2a_pb2.DESCRIPTOR.CopyToProto(ref)
+    return ref
+
+
+def _fields(m: descriptor_pb2.DescriptorProto, prefix: str = "") -> dict[str, tuple[object, ...]]:
+    out: dict[str, tuple[object, ...]] = {}
+    name = prefix + m.name
+    for f in m.field:
+        oneof = m.oneof_decl[f.oneof_index].name if f.HasField("oneof_index") else ""
+        out[f"{name}.{f.name}"] = (f.number, f.type, f.type_name, f.label, oneof, f.proto3_optional)
+    out[name] = (tuple(n.name for n in m.nested_type), m.options.map_entry)
+    for n in m.nested_type:
+        out.update(_fields(n, name + "."))
+    return out
+
+
+def test_every_message_field_number_and_type_matches(tmp_path: Path) -> None:
+    ours, ref = compiled(tmp_path), reference()
+    assert ours.package == ref.package == "lf.a2a.v1"
+    mine = {k: v for m in ours.message_type for k, v in _fields(m).items()}
+    theirs = {k: v for m in ref.message_type for k, v in _fields(m).items()}
+    assert mine.keys() == theirs.keys()
+    for key in theirs:
+        assert mine[key] == theirs[key], key
+
+
+def test_every_enum_value_matches(tmp_path: Path) -> None:
+    ours, ref = compiled(tmp_path), reference()
+    as_dict = lambda f: {e.name: [(v.name, v.number) for v in e.value] for e in f.enum_type}  # noqa: E731
+    assert as_dict(ours) == as_dict(ref)
+
+
+def test_every_rpc_signature_and_http_binding_matches(tmp_path: Path) -> None:
+    ours, ref = compiled(tmp_path), reference()
+    sig = lambda f: {  # noqa: E731
+        (s.name, r.name): (r.input_type, r.output_type, r.client_streaming, r.server_streaming,
+                          r.options.SerializeToString(deterministic=True))
+        for s in f.service
+        for r in s.method
+    }
+    assert sig(ours) == sig(ref)
+
+
+def test_whole_descriptor_is_identical_but_for_file_name_and_comments(tmp_path: Path) -> None:
+    ours, ref = compiled(tmp_path), reference()
+    for f in (ours, ref):
+        f.name = ""
+        f.ClearField("source_code_info")
+        for m in f.message_type:
+            _drop_json_names(m)
+    assert ours == ref
+
+
+def _drop_json_names(m: descriptor_pb2.DescriptorProto) -> None:
+    for f in m.field:
+        f.ClearField("json_name")
+    for n in m.nested_type:
+        _drop_json_names(n)
