@@ -1,0 +1,1 @@
+"""Runnable example agents (see README)."""

@@ -30,9 +30,7 @@ def agent_card() -> AgentCard:
         default_input_modes=["text/plain"],
         default_output_modes=["text/plain"],
         skills=[
-            AgentSkill(
-                id="countdown", name="Countdown", description="Streams N..0.", tags=["demo"]
-            )
+            AgentSkill(id="countdown", name="Countdown", description="Streams N..0.", tags=["demo"])
         ],
     )
 

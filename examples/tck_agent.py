@@ -56,7 +56,9 @@ def _artifact_then_complete(*parts: Part, working: bool) -> Step:
 async def _chunked(u: TaskUpdater, q: EventQueue) -> None:
     await u.start_work()
     await u.add_artifact([Part(text="chunk-1 ")], artifact_id="chunked")
-    await u.add_artifact([Part(text="chunk-2")], artifact_id="chunked", append=True, last_chunk=True)
+    await u.add_artifact(
+        [Part(text="chunk-2")], artifact_id="chunked", append=True, last_chunk=True
+    )
     await u.complete()
 
 
@@ -89,24 +91,41 @@ def _data() -> Part:
 
 
 _FILE = Part(raw=b"tck", media_type="text/plain", filename="output.txt")
-_FILE_URL = Part(url="https://example.com/output.txt", media_type="text/plain", filename="output.txt")
+_FILE_URL = Part(
+    url="https://example.com/output.txt", media_type="text/plain", filename="output.txt"
+)
 
 # Longest prefixes first: "tck-artifact-file-url" must win over "tck-artifact-file".
 SCENARIOS: list[tuple[str, Step]] = sorted(
     [
         ("tck-complete-task", _complete_with_hello),
-        ("tck-artifact-text", _artifact_then_complete(Part(text="Generated text content"), working=False)),
+        (
+            "tck-artifact-text",
+            _artifact_then_complete(Part(text="Generated text content"), working=False),
+        ),
         ("tck-artifact-file-url", _artifact_then_complete(_FILE_URL, working=False)),
         ("tck-artifact-file", _artifact_then_complete(_FILE, working=False)),
         ("tck-artifact-data", _artifact_then_complete(_data(), working=False)),
         ("tck-message-response", _message),
         ("tck-input-required", _input_required),
         ("tck-reject-task", _reject),
-        ("tck-stream-001", _artifact_then_complete(Part(text="Stream hello from TCK"), working=True)),
+        (
+            "tck-stream-001",
+            _artifact_then_complete(Part(text="Stream hello from TCK"), working=True),
+        ),
         ("tck-stream-002", _complete_only),
-        ("tck-stream-003", _artifact_then_complete(Part(text="Stream task lifecycle"), working=True)),
-        ("tck-stream-ordering-001", _artifact_then_complete(Part(text="Ordered output"), working=True)),
-        ("tck-stream-artifact-text", _artifact_then_complete(Part(text="Streamed text content"), working=True)),
+        (
+            "tck-stream-003",
+            _artifact_then_complete(Part(text="Stream task lifecycle"), working=True),
+        ),
+        (
+            "tck-stream-ordering-001",
+            _artifact_then_complete(Part(text="Ordered output"), working=True),
+        ),
+        (
+            "tck-stream-artifact-text",
+            _artifact_then_complete(Part(text="Streamed text content"), working=True),
+        ),
         ("tck-stream-artifact-file", _artifact_then_complete(_FILE, working=True)),
         ("tck-stream-artifact-chunked", _chunked),
         ("test-resubscribe-message-id", _long_running),

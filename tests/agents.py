@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Literal
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskUpdater
-from a2a.types.a2a_pb2 import Message, Part, Role, Task, TaskState, TaskStatus
+from a2a.types.a2a_pb2 import (
+    Message,
+    Part,
+    Role,
+    Task,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
 
 CancelMode = Literal["cooperative", "noop", "raises", "hangs"]
 
@@ -32,7 +41,7 @@ class GatedAgent(AgentExecutor):
         self.working = asyncio.Event()
         self.cancel_called = asyncio.Event()
         self.execute_cancelled = asyncio.Event()
-        self.finish_state: TaskState.ValueType = TaskState.TASK_STATE_COMPLETED
+        self.finish_state: TaskState = TaskState.TASK_STATE_COMPLETED
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         updater = _updater(context, event_queue)
@@ -100,14 +109,10 @@ class StubbornAgent(AgentExecutor):
         updater = _updater(context, event_queue)
         await updater.start_work()
         self.working.set()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):  # misbehaves on purpose
             await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            pass  # deliberately swallowed: this agent misbehaves on purpose
         for _ in range(3):
-            await event_queue.enqueue_event(
-                _status(context, TaskState.TASK_STATE_WORKING)
-            )
+            await event_queue.enqueue_event(_status(context, TaskState.TASK_STATE_WORKING))
         self.emitted_late.set()
         await event_queue.enqueue_event(_status(context, TaskState.TASK_STATE_COMPLETED))
         await asyncio.Event().wait()
@@ -199,9 +204,7 @@ class FloodAgent(AgentExecutor):
         await _updater(context, event_queue).cancel()
 
 
-def _status(context: RequestContext, state: TaskState.ValueType) -> object:
-    from a2a.types.a2a_pb2 import TaskStatusUpdateEvent
-
+def _status(context: RequestContext, state: TaskState) -> TaskStatusUpdateEvent:
     return TaskStatusUpdateEvent(
         task_id=context.task_id or "",
         context_id=context.context_id or "",

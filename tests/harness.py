@@ -39,10 +39,10 @@ class Harness:
     stub: a2a_pb2_grpc.A2AServiceStub
     client: GrpcTransport
 
-    async def settle(self, timeout: float = 0.3) -> None:
-        """Wait (at most ``timeout`` s) until no run and no stream of ours is alive, then
+    async def settle(self, within: float = 0.3) -> None:
+        """Wait (at most ``within`` s) until no run and no stream of ours is alive, then
         assert that no coroutine of this package is left on the loop."""
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(within):
             await self.service.servicer.wait_streams_closed()
             await self.service.manager.wait_idle()
         left = our_tasks()
@@ -65,7 +65,11 @@ def _runs_our_code(coro: object) -> bool:
     seen = 0
     while coro is not None and seen < 100:
         seen += 1
-        code = getattr(coro, "cr_code", None) or getattr(coro, "ag_code", None) or getattr(coro, "gi_code", None)
+        code = (
+            getattr(coro, "cr_code", None)
+            or getattr(coro, "ag_code", None)
+            or getattr(coro, "gi_code", None)
+        )
         if isinstance(code, types.CodeType) and f"/{PACKAGE_DIR}/" in code.co_filename:
             return True
         coro = (
@@ -77,7 +81,9 @@ def _runs_our_code(coro: object) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def serve(executor: AgentExecutor, config: ServerConfig | None = None) -> AsyncIterator[Harness]:
+async def serve(
+    executor: AgentExecutor, config: ServerConfig | None = None
+) -> AsyncIterator[Harness]:
     """Start the service on a real grpc.aio server on port 0; leak-check on exit."""
     service = A2AService(executor, config=config or ServerConfig(cancel_timeout=1.0))
     server = grpc.aio.server()
@@ -87,7 +93,9 @@ async def serve(executor: AgentExecutor, config: ServerConfig | None = None) -> 
     address = f"127.0.0.1:{port}"
     channel = grpc.aio.insecure_channel(address)
     client = GrpcTransport(grpc.aio.insecure_channel(address), None)
-    harness = Harness(service, server, address, channel, a2a_pb2_grpc.A2AServiceStub(channel), client)
+    harness = Harness(
+        service, server, address, channel, a2a_pb2_grpc.A2AServiceStub(channel), client
+    )
     try:
         yield harness
     finally:
@@ -97,7 +105,9 @@ async def serve(executor: AgentExecutor, config: ServerConfig | None = None) -> 
         await server.stop(grace=None)
 
 
-def user_message(text: str = "hello", *, task_id: str = "", context_id: str = "", msg_id: str = "") -> Message:
+def user_message(
+    text: str = "hello", *, task_id: str = "", context_id: str = "", msg_id: str = ""
+) -> Message:
     """A user message with one text part."""
     import uuid
 
@@ -110,7 +120,9 @@ def user_message(text: str = "hello", *, task_id: str = "", context_id: str = ""
     )
 
 
-def send_request(text: str = "hello", *, immediately: bool = False, **ids: str) -> SendMessageRequest:
+def send_request(
+    text: str = "hello", *, immediately: bool = False, **ids: str
+) -> SendMessageRequest:
     """A SendMessageRequest for ``user_message(text)``."""
     return SendMessageRequest(
         message=user_message(text, **ids),
@@ -122,6 +134,7 @@ def rich_status(err: grpc.aio.AioRpcError) -> tuple[status_pb2.Status, error_det
     """The google.rpc.Status and its ErrorInfo from a failed call."""
     for key, value in err.trailing_metadata() or ():
         if key == "grpc-status-details-bin":
+            assert isinstance(value, bytes)
             status = status_pb2.Status.FromString(value)
             for detail in status.details:
                 info = error_details_pb2.ErrorInfo()

@@ -28,7 +28,9 @@ async def collect(stream: AsyncIterator[StreamResponse]) -> list[StreamResponse]
     return [frame async for frame in stream]
 
 
-async def fan_out(h: Harness, working: asyncio.Event, trigger: Trigger) -> tuple[list[StreamResponse], list[list[StreamResponse]], str]:
+async def fan_out(
+    h: Harness, working: asyncio.Event, trigger: Trigger
+) -> tuple[list[StreamResponse], list[list[StreamResponse]], str]:
     """Start a streaming send, attach 3 subscribers once WORKING, fire ``trigger``,
     and return every stream's frames after the point all four were attached."""
     sender = h.client.send_message_streaming(send_request("go"))
@@ -50,7 +52,7 @@ async def fan_out(h: Harness, working: asyncio.Event, trigger: Trigger) -> tuple
     return sender_tail, sub_tails, task_id
 
 
-def final_state(frames: list[StreamResponse]) -> TaskState.ValueType:
+def final_state(frames: list[StreamResponse]) -> TaskState:
     assert frames, "stream ended without any frame"
     last = frames[-1]
     assert last.WhichOneof("payload") == "status_update", f"last frame is {last}"
@@ -79,7 +81,7 @@ async def run_row(
     working: asyncio.Event,
     trigger: Trigger,
     config: ServerConfig | None = None,
-) -> tuple[list[list[StreamResponse]], TaskState.ValueType, str]:
+) -> tuple[list[list[StreamResponse]], TaskState, str]:
     async with asyncio.timeout(10), serve(agent, config) as h:
         sender, subs, task_id = await fan_out(h, working, trigger)
         streams = [sender, *subs]
@@ -100,7 +102,9 @@ async def test_executor_reaching_a_terminal_state_ends_every_stream_with_it() ->
 
 
 @pytest.mark.parametrize("mode", ["cooperative", "noop", "raises", "hangs"])
-async def test_cancel_ends_every_stream_canceled_whatever_the_executor_cancel_does(mode: str) -> None:
+async def test_cancel_ends_every_stream_canceled_whatever_the_executor_cancel_does(
+    mode: str,
+) -> None:
     agent = GatedAgent(cancel_mode=mode)  # type: ignore[arg-type]
     config = ServerConfig(cancel_timeout=0.5)
     streams, stored, _ = await run_row(agent, agent.working, cancel_trigger(), config)

@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from google.api import annotations_pb2
 import grpc_tools
 from a2a.types import a2a_pb2
+from google.api import annotations_pb2
 from google.protobuf import descriptor_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,8 +24,14 @@ def compiled(tmp_path: Path) -> descriptor_pb2.FileDescriptorProto:
         Path(os.path.dirname(annotations_pb2.__file__)).parent.parent,
     ]
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", *(f"-I{p}" for p in includes),
-         f"--descriptor_set_out={out}", PROTO],
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            *(f"-I{p}" for p in includes),
+            f"--descriptor_set_out={out}",
+            PROTO,
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -65,19 +71,12 @@ def test_every_message_field_number_and_type_matches(tmp_path: Path) -> None:
 
 def test_every_enum_value_matches(tmp_path: Path) -> None:
     ours, ref = compiled(tmp_path), reference()
-    as_dict = lambda f: {e.name: [(v.name, v.number) for v in e.value] for e in f.enum_type}  # noqa: E731
-    assert as_dict(ours) == as_dict(ref)
+    assert _enums(ours) == _enums(ref)
 
 
 def test_every_rpc_signature_and_http_binding_matches(tmp_path: Path) -> None:
     ours, ref = compiled(tmp_path), reference()
-    sig = lambda f: {  # noqa: E731
-        (s.name, r.name): (r.input_type, r.output_type, r.client_streaming, r.server_streaming,
-                          r.options.SerializeToString(deterministic=True))
-        for s in f.service
-        for r in s.method
-    }
-    assert sig(ours) == sig(ref)
+    assert _rpcs(ours) == _rpcs(ref)
 
 
 def test_whole_descriptor_is_identical_but_for_file_name_and_comments(tmp_path: Path) -> None:
@@ -95,3 +94,21 @@ def _drop_json_names(m: descriptor_pb2.DescriptorProto) -> None:
         f.ClearField("json_name")
     for n in m.nested_type:
         _drop_json_names(n)
+
+
+def _enums(f: descriptor_pb2.FileDescriptorProto) -> dict[str, list[tuple[str, int]]]:
+    return {e.name: [(v.name, v.number) for v in e.value] for e in f.enum_type}
+
+
+def _rpcs(f: descriptor_pb2.FileDescriptorProto) -> dict[tuple[str, str], tuple[object, ...]]:
+    return {
+        (s.name, r.name): (
+            r.input_type,
+            r.output_type,
+            r.client_streaming,
+            r.server_streaming,
+            r.options.SerializeToString(deterministic=True),
+        )
+        for s in f.service
+        for r in s.method
+    }

@@ -67,7 +67,11 @@ async def test_executor_answering_with_a_message_gets_a_message_only_response_an
 async def test_executor_enqueuing_the_task_first_streams_one_task_frame_then_updates() -> None:
     async with asyncio.timeout(10), serve(TaskFirstAgent()) as h:
         frames = [f async for f in h.client.send_message_streaming(send_request("t"))]
-        assert kinds(frames) == [f"task:{S.TASK_STATE_SUBMITTED}", "artifact_update", f"status:{S.TASK_STATE_COMPLETED}"]
+        assert kinds(frames) == [
+            f"task:{S.TASK_STATE_SUBMITTED}",
+            "artifact_update",
+            f"status:{S.TASK_STATE_COMPLETED}",
+        ]
         task = await h.client.get_task(GetTaskRequest(id=frames[0].task.id))
         assert [m.parts[0].text for m in task.history] == ["t"]
         await h.settle()
@@ -97,7 +101,9 @@ async def test_streaming_send_ends_at_input_required_but_subscribe_stays_open() 
         snapshot = await anext(sub)
         assert snapshot.task.status.state == S.TASK_STATE_INPUT_REQUIRED
         rest = asyncio.ensure_future(_collect(sub))
-        follow = [f async for f in h.client.send_message_streaming(send_request("Bob", task_id=task_id))]
+        follow = [
+            f async for f in h.client.send_message_streaming(send_request("Bob", task_id=task_id))
+        ]
         assert follow[0].task.status.state == S.TASK_STATE_INPUT_REQUIRED
         assert kinds(follow)[-1] == f"status:{S.TASK_STATE_COMPLETED}"
         tail = await rest
@@ -134,11 +140,17 @@ async def test_list_tasks_pages_newest_first_with_filters_and_total_size() -> No
         assert page1.total_size == 5 and page1.page_size == 2
         assert [t.id for t in page1.tasks] == ids[::-1][:2]
         assert all(len(t.artifacts) == 0 for t in page1.tasks), "artifacts only on request"
-        page2 = await h.client.list_tasks(ListTasksRequest(page_size=2, page_token=page1.next_page_token))
-        page3 = await h.client.list_tasks(ListTasksRequest(page_size=2, page_token=page2.next_page_token))
+        page2 = await h.client.list_tasks(
+            ListTasksRequest(page_size=2, page_token=page1.next_page_token)
+        )
+        page3 = await h.client.list_tasks(
+            ListTasksRequest(page_size=2, page_token=page2.next_page_token)
+        )
         assert [t.id for t in [*page2.tasks, *page3.tasks]] == ids[::-1][2:]
         assert page3.next_page_token == ""
-        only_a = await h.client.list_tasks(ListTasksRequest(context_id="ctx-a", include_artifacts=True))
+        only_a = await h.client.list_tasks(
+            ListTasksRequest(context_id="ctx-a", include_artifacts=True)
+        )
         assert only_a.total_size == 3
         assert all(t.artifacts for t in only_a.tasks)
         working = await h.client.list_tasks(ListTasksRequest(status=S.TASK_STATE_WORKING))

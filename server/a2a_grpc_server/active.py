@@ -73,9 +73,11 @@ class ActiveTask:
         return self._task
 
     @property
-    def state(self) -> TaskState.ValueType:
+    def state(self) -> TaskState:
         """The task's current state (UNSPECIFIED before it exists)."""
-        return self._task.status.state if self._task is not None else TaskState.TASK_STATE_UNSPECIFIED
+        return (
+            self._task.status.state if self._task is not None else TaskState.TASK_STATE_UNSPECIFIED
+        )
 
     async def commit(self, event: Event) -> None:
         """Persist ``event``'s effect on the task, then broadcast its frame.
@@ -120,7 +122,7 @@ class ActiveTask:
             await self._persist(updated)
             self.channel.set_snapshot(updated)
 
-    async def finalize(self, state: TaskState.ValueType, text: str) -> None:
+    async def finalize(self, state: TaskState, text: str) -> None:
         """End the task in ``state`` unless it already ended; every subscriber gets the frame.
 
         Args:

@@ -97,7 +97,7 @@ class A2AServer:
         self.service = A2AService(executor, card, config=config, store=store)
         self._host, self._port, self._http_port = host, port, http_port
         self._grpc: grpc.aio.Server | None = None
-        self._health = health.aio.HealthServicer()
+        self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self._card_server: CardServer | None = None
         self.grpc_port = 0
         self.http_port: int | None = None

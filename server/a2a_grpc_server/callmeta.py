@@ -19,7 +19,9 @@ V1_ONLY_METHODS = frozenset({"ListTasks"})
 """RPCs that did not exist in 0.3: a 0.3 client cannot mean them."""
 
 
-def call_context(context: grpc.aio.ServicerContext[object, object], method: str) -> ServerCallContext:
+def call_context(
+    context: grpc.aio.ServicerContext[object, object], method: str
+) -> ServerCallContext:
     """Check the client's A2A version and build the executor-facing call context.
 
     Args:
@@ -40,9 +42,7 @@ def call_context(context: grpc.aio.ServicerContext[object, object], method: str)
             headers[key] = value if isinstance(value, str) else value.decode()
     version = headers.get(VERSION_KEY, "").strip() or LEGACY_VERSION
     _check_version(version, method)
-    extensions = {
-        uri.strip() for uri in headers.get(EXTENSIONS_KEY, "").split(",") if uri.strip()
-    }
+    extensions = {uri.strip() for uri in headers.get(EXTENSIONS_KEY, "").split(",") if uri.strip()}
     return ServerCallContext(state={"headers": headers}, requested_extensions=extensions)
 
 

@@ -112,7 +112,13 @@ class CardServer:
                 raise ValueError("request head too large")
             writer.write(self._respond(head.decode("latin-1")))
             await writer.drain()
-        except (TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+        except (
+            TimeoutError,
+            ValueError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ConnectionError,
+        ):
             pass
         finally:
             self._clients.discard(task)
@@ -125,12 +131,15 @@ class CardServer:
         method, _, rest = lines[0].partition(" ")
         path = rest.split(" ", 1)[0].split("?", 1)[0]
         headers = {
-            k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)
+            k.strip().lower(): v.strip()
+            for k, _, v in (line.partition(":") for line in lines[1:] if line)
         }
         if path != WELL_KNOWN_PATH:
             return _response(404, b"not found\n", "text/plain")
         if method not in ("GET", "HEAD"):
-            return _response(405, b"method not allowed\n", "text/plain", extra={"Allow": "GET, HEAD"})
+            return _response(
+                405, b"method not allowed\n", "text/plain", extra={"Allow": "GET, HEAD"}
+            )
         cache = {
             "Cache-Control": "public, max-age=300",
             "Last-Modified": email.utils.formatdate(self._modified, usegmt=True),

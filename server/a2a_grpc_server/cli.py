@@ -55,7 +55,11 @@ def load_agent(ref: str) -> tuple[AgentExecutor, AgentCard | None]:
     target = getattr(module, attr, None)
     if target is None:
         raise AgentLoadError(f"--agent {ref!r}: module {module_name!r} has no {attr!r}")
-    executor = target() if inspect.isclass(target) or not isinstance(target, AgentExecutor) and callable(target) else target
+    executor = (
+        target()
+        if inspect.isclass(target) or (not isinstance(target, AgentExecutor) and callable(target))
+        else target
+    )
     if not isinstance(executor, AgentExecutor):
         raise AgentLoadError(
             f"--agent {ref!r}: {attr!r} is not an AgentExecutor, a subclass, or a factory of one"
@@ -74,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--agent", default=DEFAULT_AGENT, help="module:attr of the AgentExecutor")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051)")
-    serve.add_argument("--http-port", type=int, default=8080, help="agent card HTTP port (default 8080)")
+    serve.add_argument(
+        "--http-port", type=int, default=8080, help="agent card HTTP port (default 8080)"
+    )
     serve.add_argument("--cancel-timeout", type=float, default=_DEFAULTS.cancel_timeout)
     serve.add_argument("--shutdown-grace", type=float, default=_DEFAULTS.shutdown_grace)
     serve.add_argument("--max-final-tasks", type=int, default=_DEFAULTS.max_final_tasks)

@@ -121,7 +121,9 @@ async def abort(context: grpc.aio.ServicerContext[object, object], exc: BaseExce
         grpc.aio.AbortError: Always; grpc.aio ends the call with it.
     """
     code, message, status = to_status(exc)
-    await context.abort(code, message, trailing_metadata=((STATUS_DETAILS_KEY, status.SerializeToString()),))
+    await context.abort(
+        code, message, trailing_metadata=((STATUS_DETAILS_KEY, status.SerializeToString()),)
+    )
     raise AssertionError("unreachable: context.abort always raises")  # pragma: no cover
 
 

@@ -138,12 +138,16 @@ class TaskManager:
         active = self._active.get(task_id)
         if taskops.is_final(stored.task) or active is None:
             raise TaskNotCancelableError(
-                f"task {task_id!r} is {TaskState.Name(stored.task.status.state)} and cannot be canceled"
+                f"task {task_id!r} is {TaskState.Name(stored.task.status.state)} "
+                "and cannot be canceled"
             )
         run = active.run
         if run is None or not run.request_cancel():
             context = RequestContext(
-                call_context=call, task_id=task_id, context_id=active.context_id, task=_copy(active.task)
+                call_context=call,
+                task_id=task_id,
+                context_id=active.context_id,
+                task=_copy(active.task),
             )
             self._spawn(
                 Run(
@@ -160,15 +164,19 @@ class TaskManager:
                 while not active.channel.closed:
                     await active.channel.wait_changed()
         except TimeoutError:
-            logger.warning("task %s: cancel() did not end it in %.1fs", task_id, self._config.cancel_timeout)
+            logger.warning(
+                "task %s: cancel() did not end it in %.1fs", task_id, self._config.cancel_timeout
+            )
             await active.finalize(
-                TaskState.TASK_STATE_CANCELED, "task canceled by request (the agent did not stop in time)"
+                TaskState.TASK_STATE_CANCELED,
+                "task canceled by request (the agent did not stop in time)",
             )
         final = await self._store.get(task_id)
         assert final is not None
         if final.task.status.state != TaskState.TASK_STATE_CANCELED:
             raise TaskNotCancelableError(
-                f"task {task_id!r} ended {TaskState.Name(final.task.status.state)} before it could be canceled"
+                f"task {task_id!r} ended {TaskState.Name(final.task.status.state)} "
+                "before it could be canceled"
             )
         return final.task
 
@@ -238,7 +246,11 @@ class TaskManager:
 
     def _register(self, active: ActiveTask) -> None:
         self._active[active.task_id] = active
-        active.channel.on_close(lambda: self._active.pop(active.task_id, None))
+
+        def forget() -> None:
+            self._active.pop(active.task_id, None)
+
+        active.channel.on_close(forget)
 
     def _spawn(self, run: Run) -> Run:
         run.active.run = run

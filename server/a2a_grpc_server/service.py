@@ -16,7 +16,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 from a2a.types import a2a_pb2_grpc
@@ -47,9 +47,9 @@ from google.protobuf.empty_pb2 import Empty
 
 from . import errors, taskops, validation
 from .callmeta import call_context
-from .channel import EndReason, Subscription
+from .channel import Subscription
 from .config import ServerConfig
-from .errors import InvalidFieldError, SlowSubscriberError
+from .errors import InvalidFieldError
 from .manager import TaskManager
 from .store import InvalidPageTokenError, TaskQuery
 
@@ -108,7 +108,9 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
             await self._streams_changed.wait_for(lambda: self._streams <= at_most)
 
     @_handled
-    async def SendMessage(self, request: SendMessageRequest, context: Context) -> SendMessageResponse:
+    async def SendMessage(
+        self, request: SendMessageRequest, context: Context
+    ) -> SendMessageResponse:
         """Send a message; wait for a terminal or interrupted state unless asked not to."""
         call = call_context(context, "SendMessage")
         validation.check_send(request, self._config)
@@ -124,7 +126,11 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         if active.answer is not None and active.task is None:
             return SendMessageResponse(message=active.answer)
         task = await self._load(active.task_id)
-        _trim(task, request.configuration.history_length, request.configuration.HasField("history_length"))
+        _trim(
+            task,
+            request.configuration.history_length,
+            request.configuration.HasField("history_length"),
+        )
         return SendMessageResponse(task=task)
 
     @_handled
@@ -229,7 +235,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         """Push notifications are not supported yet."""
         return await self._no_push(context, "DeleteTaskPushNotificationConfig")
 
-    async def _no_push(self, context: Context, method: str) -> Any:
+    async def _no_push(self, context: Context, method: str) -> NoReturn:
         call_context(context, method)
         raise PushNotificationNotSupportedError(
             "this agent does not send push notifications (capabilities.pushNotifications is "

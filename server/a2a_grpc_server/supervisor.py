@@ -211,6 +211,4 @@ class Run:
                 f"agent failed with {type(done.error).__name__}",
             )
         elif active.state not in taskops.INTERRUPTED and not self._cancel_requested:
-            await active.finalize(
-                TaskState.TASK_STATE_FAILED, "agent ended without an outcome"
-            )
+            await active.finalize(TaskState.TASK_STATE_FAILED, "agent ended without an outcome")

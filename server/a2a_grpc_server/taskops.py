@@ -41,7 +41,7 @@ def is_final(task: Task) -> bool:
     return task.status.state in TERMINAL
 
 
-def is_final_state(state: TaskState.ValueType) -> bool:
+def is_final_state(state: TaskState) -> bool:
     """Return whether ``state`` is terminal."""
     return state in TERMINAL
 
@@ -75,7 +75,7 @@ def agent_message(task: Task, text: str) -> Message:
     return msg
 
 
-def status_event(task: Task, state: TaskState.ValueType, text: str | None) -> TaskStatusUpdateEvent:
+def status_event(task: Task, state: TaskState, text: str | None) -> TaskStatusUpdateEvent:
     """Build the status update the server itself emits (cancel, failure, shutdown)."""
     status = TaskStatus(state=state)
     status.timestamp.CopyFrom(now())
@@ -117,10 +117,13 @@ def apply(task: Task, event: Event) -> StreamResponse:
 
 def _check_ids(task: Task, task_id: str, context_id: str, what: str) -> None:
     if task_id and task_id != task.id:
-        raise InvalidAgentResponseError(f"agent sent a {what} for task {task_id!r} to task {task.id!r}")
+        raise InvalidAgentResponseError(
+            f"agent sent a {what} for task {task_id!r} to task {task.id!r}"
+        )
     if context_id and context_id != task.context_id:
         raise InvalidAgentResponseError(
-            f"agent sent a {what} for context {context_id!r} to a task of context {task.context_id!r}"
+            f"agent sent a {what} for context {context_id!r} "
+            f"to a task of context {task.context_id!r}"
         )
 
 
@@ -180,7 +183,7 @@ def _upsert_artifact(task: Task, artifact: Artifact) -> None:
     task.artifacts.append(artifact)
 
 
-def frame_state(frame: StreamResponse) -> TaskState.ValueType | None:
+def frame_state(frame: StreamResponse) -> TaskState | None:
     """Return the task state a frame announces, if it announces one."""
     kind = frame.WhichOneof("payload")
     if kind == "status_update":

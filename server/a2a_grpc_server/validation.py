@@ -57,7 +57,8 @@ def _check_message(message: Message, config: ServerConfig) -> None:
         raise InvalidFieldError("message.parts", "must hold at least one part")
     if len(message.parts) > config.max_parts:
         raise InvalidFieldError(
-            "message.parts", f"holds {len(message.parts)} parts; at most {config.max_parts} are accepted"
+            "message.parts",
+            f"holds {len(message.parts)} parts; at most {config.max_parts} are accepted",
         )
     for i, part in enumerate(message.parts):
         if part.WhichOneof("content") is None:

@@ -55,7 +55,7 @@ class TaskQuery:
     """
 
     context_id: str = ""
-    state: TaskState.ValueType = TaskState.TASK_STATE_UNSPECIFIED
+    state: TaskState = TaskState.TASK_STATE_UNSPECIFIED
     status_after_ns: int = 0
     page_size: int = 50
     page_token: str = ""

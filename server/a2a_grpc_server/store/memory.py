@@ -12,6 +12,7 @@ import base64
 import binascii
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from a2a.types.a2a_pb2 import Task, TaskState
@@ -35,7 +36,7 @@ class _Entry:
     version: int
     rev: int
     context_id: str
-    state: TaskState.ValueType
+    state: TaskState
     status_ns: int
 
 
@@ -52,13 +53,13 @@ class InMemoryTaskStore:
         self,
         max_final_tasks: int = 10_000,
         final_task_ttl: float = 3600.0,
-        clock: type[time.monotonic] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._entries: dict[str, _Entry] = {}
         self._final: OrderedDict[str, float] = OrderedDict()
         self._max_final = max_final_tasks
         self._ttl = final_task_ttl
-        self._clock = clock or time.monotonic
+        self._clock = clock
         self._rev = 0
 
     def __len__(self) -> int:
@@ -98,7 +99,9 @@ class InMemoryTaskStore:
         if entry.state in TERMINAL:
             raise FinalTaskError(task.id)
         if entry.version != expected_version:
-            raise VersionConflictError(f"{task.id}: at {entry.version}, expected {expected_version}")
+            raise VersionConflictError(
+                f"{task.id}: at {entry.version}, expected {expected_version}"
+            )
         self._put(task, expected_version + 1)
         self._prune()
         return expected_version + 1
