@@ -228,3 +228,39 @@ async def test_send_request_configuration_history_length_trims_the_answer() -> N
         )
         response = await h.client.send_message(request)
         assert len(response.task.history) == 0
+
+
+async def test_two_simultaneous_follow_ups_start_exactly_one_execution() -> None:
+    async with asyncio.timeout(10), serve(InputAgent()) as h:
+        task = (await h.client.send_message(send_request("hi"))).task
+        results = await asyncio.gather(
+            h.client.send_message(send_request("A", task_id=task.id)),
+            h.client.send_message(send_request("B", task_id=task.id)),
+            return_exceptions=True,
+        )
+        ok = [r for r in results if not isinstance(r, BaseException)]
+        refused = [r for r in results if isinstance(r, UnsupportedOperationError)]
+        assert (len(ok), len(refused)) == (1, 1), results
+        assert ok[0].task.status.state == S.TASK_STATE_COMPLETED
+        await h.settle()
+
+
+async def test_cancel_right_after_send_still_ends_canceled_with_one_execution() -> None:
+    agent = GatedAgent()
+    async with asyncio.timeout(10), serve(agent) as h:
+        for _ in range(20):
+            task = (await h.client.send_message(send_request("go", immediately=True))).task
+            canceled = await h.client.cancel_task(CancelTaskRequest(id=task.id))
+            assert canceled.status.state == S.TASK_STATE_CANCELED
+        await h.settle()
+
+
+async def test_server_memory_stays_flat_over_many_tasks() -> None:
+    config = ServerConfig(max_final_tasks=50)
+    async with asyncio.timeout(30), serve(EchoAgent(), config) as h:
+        for i in range(500):
+            await h.client.send_message(send_request(f"m{i}"))
+        listed = await h.client.list_tasks(ListTasksRequest())
+        assert listed.total_size == 50
+        assert h.service.manager.active_count == 0
+        await h.settle()

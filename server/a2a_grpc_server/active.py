@@ -66,6 +66,8 @@ class ActiveTask:
         self.dropped_events = 0
         self.run: Run | None = None
         """The execution currently feeding this task, if any."""
+        self.admitting = False
+        """A follow-up message is being admitted (its run is about to start)."""
 
     @property
     def task(self) -> Task | None:

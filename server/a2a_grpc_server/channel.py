@@ -200,6 +200,11 @@ class TaskChannel:
         else:
             self._close_callbacks.append(callback)
 
+    def remove_on_close(self, callback: Callable[[], None]) -> None:
+        """Forget a callback registered with ``on_close`` (no error if absent)."""
+        if callback in self._close_callbacks:
+            self._close_callbacks.remove(callback)
+
     def subscribe(self) -> tuple[Task | None, Subscription]:
         """Join the broadcast.
 

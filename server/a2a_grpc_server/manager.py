@@ -101,7 +101,11 @@ class TaskManager:
         message = request.message
         if message.task_id:
             active = await self._continue(message.task_id, message.context_id)
-            await active.add_user_message(message)
+            try:
+                await active.add_user_message(message)
+            except BaseException:
+                active.admitting = False
+                raise
         else:
             task_id = str(uuid.uuid4())
             context_id = message.context_id or str(uuid.uuid4())
@@ -119,6 +123,7 @@ class TaskManager:
         )
         start_seq = active.channel.seq
         run = self._spawn(Run(active, self._executor, context, self._config.event_queue_size))
+        active.admitting = False
         return Started(active, snapshot, sub, start_seq, run)
 
     async def cancel(self, task_id: str, call: ServerCallContext) -> Task:
@@ -215,7 +220,13 @@ class TaskManager:
             pass
         for active in list(self._active.values()):
             await active.finalize(TaskState.TASK_STATE_FAILED, "server shutting down")
-        await self.wait_idle()
+        try:
+            async with asyncio.timeout(self._config.cancel_timeout):
+                await self.wait_idle()
+        except TimeoutError:
+            # Only an executor that swallows its cancellation gets here; its
+            # streams already have their final frame.
+            logger.error("%d run(s) ignored cancellation at shutdown", len(self._runs))
 
     async def wait_idle(self) -> None:
         """Wait until no run of this manager is alive."""
@@ -237,11 +248,13 @@ class TaskManager:
                 f"task {task_id!r} is {TaskState.Name(state)} and accepts no more messages; "
                 "start a new task (omit message.task_id)"
             )
-        if active.run is not None and not active.run.finished.is_set():
+        if active.admitting or (active.run is not None and not active.run.finished.is_set()):
             raise UnsupportedOperationError(
                 f"task {task_id!r} is still {TaskState.Name(state)}; send follow-ups only "
                 "when it asks for input, or cancel it"
             )
+        # Held until the follow-up's run is spawned: one executor per task.
+        active.admitting = True
         return active
 
     def _register(self, active: ActiveTask) -> None:

@@ -107,6 +107,9 @@ class Run:
     async def run(self) -> None:
         """Execute under the run's TaskGroup until the task ends or is interrupted."""
         channel = self.active.channel
+        if channel.closed:
+            self.finished.set()
+            return
         channel.on_close(self.stop)
         try:
             async with asyncio.TaskGroup() as group:
@@ -121,19 +124,25 @@ class Run:
         finally:
             self._group = None
             self.finished.set()
+            channel.remove_on_close(self.stop)
             channel.notify()
 
     def request_cancel(self) -> bool:
-        """Start the executor's ``cancel()`` inside this run.
+        """Have the executor's ``cancel()`` run inside this run.
 
         Returns:
-            False if the run has already ended (the caller starts a new one).
+            False if the run has ended or is ending (the caller starts a new one).
         """
-        if self._group is None or self.finished.is_set() or self.active.channel.closed:
+        if self.finished.is_set() or self.active.channel.closed:
             return False
-        if not self._cancel_requested:
-            self._cancel_requested = True
-            self._start_source("cancel", self._executor.cancel)
+        if self._cancel_requested:
+            return True
+        if self._group is not None:
+            try:
+                self._start_source("cancel", self._executor.cancel)
+            except RuntimeError:  # the group is exiting: its children have all ended
+                return False
+        self._cancel_requested = True
         return True
 
     def stop(self) -> None:
@@ -149,10 +158,10 @@ class Run:
         call: Callable[[RequestContext, EventQueue], Awaitable[None]],
     ) -> None:
         assert self._group is not None
-        self._pending += 1
         task = self._group.create_task(
             self._source(kind, call), name=f"{TASK_PREFIX}:{kind}:{self.active.task_id}"
         )
+        self._pending += 1
         self.sources.add(task)
         task.add_done_callback(self.sources.discard)
 

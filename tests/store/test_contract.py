@@ -1,0 +1,133 @@
+"""The TaskStore contract, run against every implementation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from a2a.types.a2a_pb2 import Task, TaskState
+
+from a2a_grpc_server import taskops
+from a2a_grpc_server.store import (
+    FinalTaskError,
+    InvalidPageTokenError,
+    TaskExistsError,
+    TaskQuery,
+    TaskStore,
+    UnknownTaskError,
+    VersionConflictError,
+)
+from a2a_grpc_server.store.memory import InMemoryTaskStore
+
+S = TaskState
+STORES: dict[str, Callable[[], TaskStore]] = {"memory": InMemoryTaskStore}
+
+
+@pytest.fixture(params=sorted(STORES))
+def store(request: pytest.FixtureRequest) -> TaskStore:
+    return STORES[request.param]()
+
+
+def task(task_id: str, context: str = "c", state: TaskState = S.TASK_STATE_SUBMITTED) -> Task:
+    t = taskops.new_task(task_id, context, None)
+    t.status.state = state
+    return t
+
+
+async def test_create_then_get_returns_a_copy_at_version_1(store: TaskStore) -> None:
+    assert await store.create(task("a")) == 1
+    got = await store.get("a")
+    assert got is not None
+    assert got.version == 1
+    got.task.status.state = S.TASK_STATE_FAILED
+    again = await store.get("a")
+    assert again is not None
+    assert again.task.status.state == S.TASK_STATE_SUBMITTED
+    assert await store.get("missing") is None
+
+
+async def test_create_refuses_an_existing_id(store: TaskStore) -> None:
+    await store.create(task("a"))
+    with pytest.raises(TaskExistsError):
+        await store.create(task("a"))
+
+
+async def test_update_is_a_compare_and_set_on_the_version(store: TaskStore) -> None:
+    await store.create(task("a"))
+    assert await store.update(task("a", state=S.TASK_STATE_WORKING), 1) == 2
+    with pytest.raises(VersionConflictError):
+        await store.update(task("a", state=S.TASK_STATE_WORKING), 1)
+    with pytest.raises(UnknownTaskError):
+        await store.update(task("zzz"), 1)
+
+
+async def test_a_final_task_is_never_overwritten(store: TaskStore) -> None:
+    await store.create(task("a"))
+    await store.update(task("a", state=S.TASK_STATE_CANCELED), 1)
+    with pytest.raises(FinalTaskError):
+        await store.update(task("a", state=S.TASK_STATE_WORKING), 2)
+    got = await store.get("a")
+    assert got is not None
+    assert got.task.status.state == S.TASK_STATE_CANCELED
+
+
+async def test_list_filters_pages_and_counts_most_recent_update_first(store: TaskStore) -> None:
+    for i in range(7):
+        await store.create(task(f"t{i}", context="even" if i % 2 == 0 else "odd"))
+    await store.update(task("t0", context="even", state=S.TASK_STATE_WORKING), 1)
+    page = await store.list(TaskQuery(page_size=3))
+    assert [t.id for t in page.tasks] == ["t0", "t6", "t5"]
+    assert page.total_size == 7
+    rest = await store.list(TaskQuery(page_size=10, page_token=page.next_page_token))
+    assert [t.id for t in rest.tasks] == ["t4", "t3", "t2", "t1"]
+    assert rest.next_page_token == ""
+    odd = await store.list(TaskQuery(context_id="odd"))
+    assert {t.id for t in odd.tasks} == {"t1", "t3", "t5"}
+    working = await store.list(TaskQuery(state=S.TASK_STATE_WORKING))
+    assert [t.id for t in working.tasks] == ["t0"]
+    with pytest.raises(InvalidPageTokenError):
+        await store.list(TaskQuery(page_token="not-a-token"))
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_memory_store_keeps_at_most_max_final_tasks_oldest_evicted_first() -> None:
+    store = InMemoryTaskStore(max_final_tasks=3, final_task_ttl=3600)
+    for i in range(5):
+        await store.create(task(f"t{i}", state=S.TASK_STATE_COMPLETED))
+    assert [await store.get(f"t{i}") is not None for i in range(5)] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
+    await store.create(task("live"))
+    assert len(store) == 4, "non-final tasks are never evicted"
+
+
+async def test_memory_store_drops_final_tasks_after_their_ttl() -> None:
+    clock = FakeClock()
+    store = InMemoryTaskStore(max_final_tasks=100, final_task_ttl=60, clock=clock)
+    await store.create(task("old", state=S.TASK_STATE_FAILED))
+    await store.create(task("running"))
+    clock.now += 61
+    await store.create(task("new", state=S.TASK_STATE_COMPLETED))
+    assert await store.get("old") is None
+    assert await store.get("running") is not None
+    assert await store.get("new") is not None
+
+
+async def test_memory_store_size_stays_flat_under_sustained_load() -> None:
+    store = InMemoryTaskStore(max_final_tasks=500, final_task_ttl=3600)
+    for i in range(20_000):
+        await store.create(task(f"t{i}"))
+        await store.update(task(f"t{i}", state=S.TASK_STATE_COMPLETED), 1)
+        assert len(store) <= 501
+    assert len(store) == 500
