@@ -23,6 +23,7 @@ from a2a.types.a2a_pb2 import (
 from google.rpc import error_details_pb2, status_pb2
 
 from a2a_grpc_server import A2AService, ServerConfig
+from a2a_grpc_server.store import TaskStore
 
 PACKAGE_DIR = "a2a_grpc_server"
 V1 = (("a2a-version", "1.0"),)
@@ -82,10 +83,10 @@ def _runs_our_code(coro: object) -> bool:
 
 @contextlib.asynccontextmanager
 async def serve(
-    executor: AgentExecutor, config: ServerConfig | None = None
+    executor: AgentExecutor, config: ServerConfig | None = None, store: TaskStore | None = None
 ) -> AsyncIterator[Harness]:
     """Start the service on a real grpc.aio server on port 0; leak-check on exit."""
-    service = A2AService(executor, config=config or ServerConfig(cancel_timeout=1.0))
+    service = A2AService(executor, config=config or ServerConfig(cancel_timeout=1.0), store=store)
     server = grpc.aio.server()
     service.add_to_server(server)
     port = server.add_insecure_port("127.0.0.1:0")

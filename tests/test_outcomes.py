@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import grpc
 import pytest
 from a2a.server.agent_execution import AgentExecutor
 from a2a.types.a2a_pb2 import (
@@ -12,13 +13,16 @@ from a2a.types.a2a_pb2 import (
     GetTaskRequest,
     StreamResponse,
     SubscribeToTaskRequest,
+    Task,
     TaskState,
 )
 
 from a2a_grpc_server import ServerConfig
+from a2a_grpc_server.store import VersionConflictError
+from a2a_grpc_server.store.memory import InMemoryTaskStore
 
 from .agents import CrashingAgent, GatedAgent, QuitterAgent, StubbornAgent
-from .harness import Harness, send_request, serve
+from .harness import V1, Harness, send_request, serve
 
 S = TaskState
 Trigger = Callable[[Harness, str], Awaitable[None]]
@@ -160,4 +164,51 @@ async def test_executor_ignoring_cancellation_cannot_reopen_a_canceled_task() ->
         assert stored.status.state == S.TASK_STATE_CANCELED
         active_drops = h.service.manager
         assert active_drops.active_count == 0
+        await h.settle()
+
+
+class FlakyStore(InMemoryTaskStore):
+    """Refuses every update once ``broken`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = False
+
+    async def update(self, task: Task, expected_version: int) -> int:
+        if self.broken:
+            raise VersionConflictError("store unavailable")
+        return await super().update(task, expected_version)
+
+
+async def test_store_refusing_an_event_ends_every_stream_failed() -> None:
+    agent = GatedAgent()
+    store = FlakyStore()
+    service_config = ServerConfig(cancel_timeout=1.0)
+    async with asyncio.timeout(10), serve(agent, service_config, store=store) as h:
+
+        async def break_store(h: Harness, task_id: str) -> None:
+            store.broken = True
+            agent.release.set()
+
+        sender, subs, _ = await fan_out(h, agent.working, break_store)
+        for frames in (sender, *subs):
+            assert final_state(frames) == S.TASK_STATE_FAILED
+            assert "could not record" in final_text(frames)
+        await h.settle()
+
+
+async def test_hanging_cancel_ends_the_task_even_if_the_cancel_caller_gives_up() -> None:
+    agent = GatedAgent(cancel_mode="hangs")
+    async with asyncio.timeout(10), serve(agent, ServerConfig(cancel_timeout=0.3)) as h:
+
+        async def impatient_cancel(h: Harness, task_id: str) -> None:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await h.stub.CancelTask(CancelTaskRequest(id=task_id), metadata=V1, timeout=0.05)
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+        sender, subs, task_id = await fan_out(h, agent.working, impatient_cancel)
+        for frames in (sender, *subs):
+            assert final_state(frames) == S.TASK_STATE_CANCELED
+        stored = await h.client.get_task(GetTaskRequest(id=task_id))
+        assert stored.status.state == S.TASK_STATE_CANCELED
         await h.settle()

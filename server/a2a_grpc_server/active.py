@@ -134,20 +134,25 @@ class ActiveTask:
         async with self.lock:
             if self.channel.closed:
                 return
-            if self._task is None:
-                await self._create(None)
-            assert self._task is not None
-            if taskops.is_final(self._task):
+            try:
+                if self._task is None:
+                    await self._create(None)
+            except StoreError:
+                logger.exception("could not create task %s to record its end", self.task_id)
+            base = self._task or taskops.new_task(
+                self.task_id, self.context_id, self._first_message
+            )
+            if taskops.is_final(base):
                 self.channel.close()
                 return
             updated = Task()
-            updated.CopyFrom(self._task)
+            updated.CopyFrom(base)
             frame = taskops.apply(updated, taskops.status_event(updated, state, text))
             try:
-                await self._persist(updated)
+                if self._task is not None:
+                    await self._persist(updated)
             except StoreError:
-                # The close below must still happen: subscribers get the frame
-                # even if the store is unreachable. The store is logged as stale.
+                # Subscribers still get the frame even if the store refused it.
                 logger.exception("could not persist the final state of task %s", self.task_id)
             self.channel.close(frame, updated)
 

@@ -52,8 +52,10 @@ class A2AService:
     ) -> None:
         self.config = config or ServerConfig()
         self.card = card or default_card()
-        self.store: TaskStore = store or InMemoryTaskStore(
-            self.config.max_final_tasks, self.config.final_task_ttl
+        self.store: TaskStore = (
+            store
+            if store is not None
+            else InMemoryTaskStore(self.config.max_final_tasks, self.config.final_task_ttl)
         )
         self.manager = TaskManager(executor, self.store, self.config)
         self.servicer = A2AServicer(self.manager, self.config, extended_card)

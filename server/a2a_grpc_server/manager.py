@@ -35,6 +35,9 @@ from .supervisor import TASK_PREFIX, Run
 
 logger = logging.getLogger(__name__)
 
+CANCEL_SLACK = 1.0
+"""Seconds CancelTask waits beyond ``cancel_timeout`` before it ends the task itself."""
+
 
 @dataclass(slots=True)
 class Started:
@@ -122,7 +125,15 @@ class TaskManager:
             task=_copy(active.task),
         )
         start_seq = active.channel.seq
-        run = self._spawn(Run(active, self._executor, context, self._config.event_queue_size))
+        run = self._spawn(
+            Run(
+                active,
+                self._executor,
+                context,
+                self._config.event_queue_size,
+                self._config.cancel_timeout,
+            )
+        )
         active.admitting = False
         return Started(active, snapshot, sub, start_seq, run)
 
@@ -160,6 +171,7 @@ class TaskManager:
                     self._executor,
                     context,
                     self._config.event_queue_size,
+                    self._config.cancel_timeout,
                     execute=False,
                     cancel=True,
                 )

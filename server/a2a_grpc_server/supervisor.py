@@ -32,6 +32,7 @@ from a2a.utils.errors import InvalidAgentResponseError
 
 from . import taskops
 from .active import ActiveTask
+from .store import StoreError
 from .taskops import Event
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ class Run:
         executor: The agent.
         context: The request context handed to the executor.
         queue_size: Bound of the event queue.
+        cancel_timeout: Seconds the executor's ``cancel()`` may take; after
+            that it is cancelled and the task ends CANCELED regardless.
         execute: Whether to call ``execute()``; False for a run that only
             cancels an idle interrupted task.
         cancel: Whether to call ``cancel()`` as soon as the run starts.
@@ -88,6 +91,7 @@ class Run:
         executor: AgentExecutor,
         context: RequestContext,
         queue_size: int,
+        cancel_timeout: float,
         *,
         execute: bool = True,
         cancel: bool = False,
@@ -97,6 +101,7 @@ class Run:
         self._context = context
         self._queue = RunQueue(self, queue_size)
         self._execute = execute
+        self._cancel_timeout = cancel_timeout
         self._group: asyncio.TaskGroup | None = None
         self._pending = 0
         self._cancel_requested = cancel
@@ -121,6 +126,11 @@ class Run:
                 self._consumer = group.create_task(
                     self._consume(), name=f"{TASK_PREFIX}:consumer:{self.active.task_id}"
                 )
+        except Exception:
+            # A fault of ours (the consumer handles the executor's and the
+            # store's): the streams still get their final frame.
+            logger.exception("run of task %s failed", self.active.task_id)
+            await self.active.finalize(TaskState.TASK_STATE_FAILED, "internal server error")
         finally:
             self._group = None
             self.finished.set()
@@ -172,7 +182,11 @@ class Run:
     ) -> None:
         error: Exception | None = None
         try:
-            await call(self._context, self._queue)
+            if kind == "cancel":
+                async with asyncio.timeout(self._cancel_timeout):
+                    await call(self._context, self._queue)
+            else:
+                await call(self._context, self._queue)
         except Exception as exc:  # the executor's failure becomes the task's outcome
             error = exc
             logger.warning(
@@ -192,14 +206,7 @@ class Run:
                 self._pending -= 1
                 await self._settle(item)
             else:
-                try:
-                    await self.active.commit(item)
-                except InvalidAgentResponseError as exc:
-                    logger.warning("task %s: %s", self.active.task_id, exc.message)
-                    await self.active.finalize(
-                        TaskState.TASK_STATE_FAILED,
-                        f"agent sent an invalid event: {exc.message}",
-                    )
+                await self._commit(item)
             if queue.empty():
                 if self._pending == 0:
                     return
@@ -207,6 +214,20 @@ class Run:
                 # A producer that never waits would otherwise have the consumer
                 # publish its whole burst before any stream writer runs.
                 await asyncio.sleep(0)
+
+    async def _commit(self, event: Event) -> None:
+        try:
+            await self.active.commit(event)
+        except InvalidAgentResponseError as exc:
+            logger.warning("task %s: %s", self.active.task_id, exc.message)
+            await self.active.finalize(
+                TaskState.TASK_STATE_FAILED, f"agent sent an invalid event: {exc.message}"
+            )
+        except StoreError:
+            logger.exception("task %s: the store refused an event", self.active.task_id)
+            await self.active.finalize(
+                TaskState.TASK_STATE_FAILED, "server could not record the agent's progress"
+            )
 
     async def _settle(self, done: _SourceDone) -> None:
         active = self.active
