@@ -16,26 +16,24 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO = "lf/a2a/v1/a2a.proto"
 
 
-def compiled(tmp_path: Path) -> descriptor_pb2.FileDescriptorProto:
-    out = tmp_path / "a2a.pb"
+def protoc(*outputs: str) -> None:
+    """Compile proto/ with grpcio-tools; google/api protos come from the installed wheel."""
     includes = [
         ROOT / "proto",
         Path(os.path.dirname(grpc_tools.__file__)) / "_proto",
         Path(os.path.dirname(annotations_pb2.__file__)).parent.parent,
     ]
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            *(f"-I{p}" for p in includes),
-            f"--descriptor_set_out={out}",
-            PROTO,
-        ],
+        [sys.executable, "-m", "grpc_tools.protoc", *(f"-I{p}" for p in includes), *outputs, PROTO],
         check=True,
         capture_output=True,
         text=True,
     )
+
+
+def compiled(tmp_path: Path) -> descriptor_pb2.FileDescriptorProto:
+    out = tmp_path / "a2a.pb"
+    protoc(f"--descriptor_set_out={out}")
     files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file
     (ours,) = [f for f in files if f.name == PROTO]
     return ours
@@ -112,3 +110,46 @@ def _rpcs(f: descriptor_pb2.FileDescriptorProto) -> dict[tuple[str, str], tuple[
         for s in f.service
         for r in s.method
     }
+
+
+CLIENT = """
+import sys
+import grpc
+from lf.a2a.v1 import a2a_pb2, a2a_pb2_grpc
+
+channel = grpc.insecure_channel(sys.argv[1])
+stub = a2a_pb2_grpc.A2AServiceStub(channel)
+request = a2a_pb2.SendMessageRequest(
+    message=a2a_pb2.Message(
+        message_id="m1", role=a2a_pb2.ROLE_USER, parts=[a2a_pb2.Part(text="from our proto")]
+    )
+)
+frames = list(stub.SendStreamingMessage(request, metadata=[("a2a-version", "1.0")]))
+print(frames[0].task.id, a2a_pb2.TaskState.Name(frames[-1].status_update.status.state))
+print(frames[-2].artifact_update.artifact.parts[0].text)
+"""
+
+
+async def test_a_client_generated_from_proto_talks_to_the_server(tmp_path: Path) -> None:
+    import asyncio
+
+    from a2a_grpc_server.agents.echo import EchoAgent
+
+    from .harness import serve
+
+    protoc(f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}")
+    (tmp_path / "client.py").write_text(CLIENT)
+    async with asyncio.timeout(30), serve(EchoAgent()) as h:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(tmp_path / "client.py"),
+            h.address,
+            cwd=tmp_path,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await proc.communicate()
+        assert proc.returncode == 0
+        first, second = out.decode().splitlines()
+        assert first.endswith("TASK_STATE_COMPLETED")
+        assert second == "from our proto"
+        await h.settle()
