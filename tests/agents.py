@@ -65,10 +65,14 @@ class GatedAgent(AgentExecutor):
             await asyncio.Event().wait()
 
 
-class CrashingAgent(AgentExecutor):
-    """Emits WORKING, waits for ``release``, then raises with a secret in the text."""
+class EndingAgent(AgentExecutor):
+    """Emits WORKING, waits for ``release``, then ends without an outcome.
 
-    def __init__(self) -> None:
+    With ``crash`` it raises (with a secret in the text); without, it returns.
+    """
+
+    def __init__(self, *, crash: bool) -> None:
+        self.crash = crash
         self.release = asyncio.Event()
         self.working = asyncio.Event()
 
@@ -76,23 +80,8 @@ class CrashingAgent(AgentExecutor):
         await _updater(context, event_queue).start_work()
         self.working.set()
         await self.release.wait()
-        raise ValueError("db password is hunter2")
-
-    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-        await _updater(context, event_queue).cancel()
-
-
-class QuitterAgent(AgentExecutor):
-    """Emits WORKING, waits for ``release``, then returns without an outcome."""
-
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-        self.working = asyncio.Event()
-
-    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
-        await _updater(context, event_queue).start_work()
-        self.working.set()
-        await self.release.wait()
+        if self.crash:
+            raise ValueError("db password is hunter2")
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         await _updater(context, event_queue).cancel()

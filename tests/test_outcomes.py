@@ -21,7 +21,7 @@ from a2a_grpc_server import ServerConfig
 from a2a_grpc_server.store import VersionConflictError
 from a2a_grpc_server.store.memory import InMemoryTaskStore
 
-from .agents import CrashingAgent, GatedAgent, QuitterAgent, StubbornAgent
+from .agents import EndingAgent, GatedAgent, StubbornAgent
 from .harness import V1, Harness, send_request, serve
 
 S = TaskState
@@ -67,7 +67,7 @@ def final_text(frames: list[StreamResponse]) -> str:
     return " ".join(p.text for p in frames[-1].status_update.status.message.parts)
 
 
-async def release(agent: GatedAgent | CrashingAgent | QuitterAgent) -> None:
+async def release(agent: GatedAgent | EndingAgent) -> None:
     agent.release.set()
 
 
@@ -121,7 +121,7 @@ async def test_cancel_ends_every_stream_canceled_whatever_the_executor_cancel_do
 
 
 async def test_executor_crash_ends_every_stream_failed_naming_only_the_error_class() -> None:
-    agent = CrashingAgent()
+    agent = EndingAgent(crash=True)
     streams, stored, text = await run_row(agent, agent.working, lambda h, t: release(agent))
     for frames in streams:
         assert final_state(frames) == S.TASK_STATE_FAILED
@@ -131,7 +131,7 @@ async def test_executor_crash_ends_every_stream_failed_naming_only_the_error_cla
 
 
 async def test_executor_returning_without_outcome_ends_every_stream_failed() -> None:
-    agent = QuitterAgent()
+    agent = EndingAgent(crash=False)
     streams, stored, text = await run_row(agent, agent.working, lambda h, t: release(agent))
     for frames in streams:
         assert final_state(frames) == S.TASK_STATE_FAILED

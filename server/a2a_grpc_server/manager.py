@@ -137,6 +137,18 @@ class TaskManager:
         active.admitting = False
         return Started(active, snapshot, sub, start_seq, run)
 
+    async def get(self, task_id: str) -> Task:
+        """Return the stored task.
+
+        Raises:
+            TaskNotFoundError: The store has no such task (never had it, or
+                it was evicted by retention).
+        """
+        stored = await self._store.get(task_id)
+        if stored is None:
+            raise TaskNotFoundError(f"task {task_id!r} not found")
+        return stored.task
+
     async def cancel(self, task_id: str, call: ServerCallContext) -> Task:
         """Cancel a task; every stream of it ends with CANCELED.
 
@@ -148,14 +160,11 @@ class TaskManager:
             TaskNotFoundError: No such task.
             TaskNotCancelableError: The task already ended.
         """
-        stored = await self._store.get(task_id)
-        if stored is None:
-            raise TaskNotFoundError(f"task {task_id!r} not found")
+        stored = await self.get(task_id)
         active = self._active.get(task_id)
-        if taskops.is_final(stored.task) or active is None:
+        if taskops.is_final(stored) or active is None:
             raise TaskNotCancelableError(
-                f"task {task_id!r} is {TaskState.Name(stored.task.status.state)} "
-                "and cannot be canceled"
+                f"task {task_id!r} is {TaskState.Name(stored.status.state)} and cannot be canceled"
             )
         run = active.run
         if run is None or not run.request_cancel():
@@ -188,14 +197,13 @@ class TaskManager:
                 TaskState.TASK_STATE_CANCELED,
                 "task canceled by request (the agent did not stop in time)",
             )
-        final = await self._store.get(task_id)
-        assert final is not None
-        if final.task.status.state != TaskState.TASK_STATE_CANCELED:
+        final = await self.get(task_id)
+        if final.status.state != TaskState.TASK_STATE_CANCELED:
             raise TaskNotCancelableError(
-                f"task {task_id!r} ended {TaskState.Name(final.task.status.state)} "
+                f"task {task_id!r} ended {TaskState.Name(final.status.state)} "
                 "before it could be canceled"
             )
-        return final.task
+        return final
 
     async def subscribe(self, task_id: str) -> tuple[Task, Subscription]:
         """Join a live task's broadcast.
@@ -207,9 +215,7 @@ class TaskManager:
             TaskNotFoundError: No such task.
             UnsupportedOperationError: The task already ended.
         """
-        stored = await self._store.get(task_id)
-        if stored is None:
-            raise TaskNotFoundError(f"task {task_id!r} not found")
+        stored = await self.get(task_id)
         active = self._active.get(task_id)
         try:
             if active is None:
@@ -217,10 +223,10 @@ class TaskManager:
             snapshot, sub = active.channel.subscribe()
         except ChannelClosedError:
             raise UnsupportedOperationError(
-                f"task {task_id!r} is {TaskState.Name(stored.task.status.state)}; "
+                f"task {task_id!r} is {TaskState.Name(stored.status.state)}; "
                 "a terminal task cannot be subscribed to (use GetTask)"
             ) from None
-        return snapshot or stored.task, sub
+        return snapshot or stored, sub
 
     async def shutdown(self, grace: float) -> None:
         """Stop accepting work, let runs finish for ``grace`` seconds, then end the rest FAILED."""
@@ -245,17 +251,15 @@ class TaskManager:
         await self._idle.wait()
 
     async def _continue(self, task_id: str, context_id: str) -> ActiveTask:
-        stored = await self._store.get(task_id)
-        if stored is None:
-            raise TaskNotFoundError(f"task {task_id!r} not found")
-        if context_id and context_id != stored.task.context_id:
+        stored = await self.get(task_id)
+        if context_id and context_id != stored.context_id:
             raise InvalidParamsError(
                 f"message.context_id {context_id!r} does not match task {task_id!r}'s "
-                f"context {stored.task.context_id!r}; omit it or send the task's own"
+                f"context {stored.context_id!r}; omit it or send the task's own"
             )
-        state = stored.task.status.state
+        state = stored.status.state
         active = self._active.get(task_id)
-        if taskops.is_final(stored.task) or active is None:
+        if taskops.is_final(stored) or active is None:
             raise UnsupportedOperationError(
                 f"task {task_id!r} is {TaskState.Name(state)} and accepts no more messages; "
                 "start a new task (omit message.task_id)"

@@ -41,7 +41,6 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import (
     ExtendedAgentCardNotConfiguredError,
     PushNotificationNotSupportedError,
-    TaskNotFoundError,
 )
 from google.protobuf.empty_pb2 import Empty
 
@@ -125,7 +124,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
             await channel.wait_changed()
         if active.answer is not None and active.task is None:
             return SendMessageResponse(message=active.answer)
-        task = await self._load(active.task_id)
+        task = await self._manager.get(active.task_id)
         _trim(
             task,
             request.configuration.history_length,
@@ -156,7 +155,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         call_context(context, "GetTask")
         validation.check_task_id(request.id)
         validation.check_history_length(request.history_length, request.HasField("history_length"))
-        task = await self._load(request.id)
+        task = await self._manager.get(request.id)
         _trim(task, request.history_length, request.HasField("history_length"))
         return task
 
@@ -241,12 +240,6 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
             "this agent does not send push notifications (capabilities.pushNotifications is "
             "false); use SendStreamingMessage or SubscribeToTask"
         )
-
-    async def _load(self, task_id: str) -> Task:
-        stored = await self._manager.store.get(task_id)
-        if stored is None:
-            raise TaskNotFoundError(f"task {task_id!r} not found")
-        return stored.task
 
     async def _pump(
         self, sub: Subscription, first: Task | None, context: Context, *, stop_at_interrupt: bool
