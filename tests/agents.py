@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from typing import Literal
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
@@ -199,3 +200,54 @@ def _status(context: RequestContext, state: TaskState) -> TaskStatusUpdateEvent:
         context_id=context.context_id or "",
         status=TaskStatus(state=state),
     )
+
+
+class MisbehavingAgent(AgentExecutor):
+    """Emits WORKING, waits for ``release``, then does ``how``: enqueue something that is
+    not an A2A event, call ``sys.exit``, or append to an artifact it never created."""
+
+    def __init__(self, how: Literal["garbage", "exit", "bad-append"]) -> None:
+        self.how = how
+        self.release = asyncio.Event()
+        self.working = asyncio.Event()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = _updater(context, event_queue)
+        await updater.start_work()
+        self.working.set()
+        await self.release.wait()
+        if self.how == "garbage":
+            await event_queue.enqueue_event("not an event")  # type: ignore[arg-type]
+        elif self.how == "exit":
+            sys.exit(3)
+        else:
+            await updater.add_artifact([Part(text="x")], artifact_id="never-made", append=True)
+        await asyncio.Event().wait()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).cancel()
+
+
+class LeakyAgent(AgentExecutor):
+    """Asks for input and returns, leaving a background task that keeps emitting."""
+
+    def __init__(self) -> None:
+        self.leaked_emitted = asyncio.Event()
+        self.release = asyncio.Event()
+        self.background: set[asyncio.Task[None]] = set()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = _updater(context, event_queue)
+        await updater.requires_input()
+
+        async def keep_emitting() -> None:
+            await self.release.wait()
+            await event_queue.enqueue_event(_status(context, TaskState.TASK_STATE_COMPLETED))
+            self.leaked_emitted.set()
+
+        task = asyncio.create_task(keep_emitting())
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).cancel()

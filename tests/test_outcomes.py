@@ -21,7 +21,7 @@ from a2a_grpc_server import ServerConfig
 from a2a_grpc_server.store import VersionConflictError
 from a2a_grpc_server.store.memory import InMemoryTaskStore
 
-from .agents import EndingAgent, GatedAgent, StubbornAgent
+from .agents import EndingAgent, GatedAgent, LeakyAgent, MisbehavingAgent, StubbornAgent
 from .harness import V1, Harness, send_request, serve
 
 S = TaskState
@@ -67,7 +67,7 @@ def final_text(frames: list[StreamResponse]) -> str:
     return " ".join(p.text for p in frames[-1].status_update.status.message.parts)
 
 
-async def release(agent: GatedAgent | EndingAgent) -> None:
+async def release(agent: GatedAgent | EndingAgent | MisbehavingAgent) -> None:
     agent.release.set()
 
 
@@ -211,4 +211,33 @@ async def test_hanging_cancel_ends_the_task_even_if_the_cancel_caller_gives_up()
             assert final_state(frames) == S.TASK_STATE_CANCELED
         stored = await h.client.get_task(GetTaskRequest(id=task_id))
         assert stored.status.state == S.TASK_STATE_CANCELED
+        await h.settle()
+
+
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("garbage", "invalid event"),
+        ("exit", "SystemExit"),
+        ("bad-append", "never created"),
+    ],
+)
+async def test_misbehaving_executor_ends_every_stream_failed(how: str, says: str) -> None:
+    agent = MisbehavingAgent(how)  # type: ignore[arg-type]
+    streams, stored, text = await run_row(agent, agent.working, lambda h, t: release(agent))
+    for frames in streams:
+        assert final_state(frames) == S.TASK_STATE_FAILED
+    assert says in text
+    assert stored == S.TASK_STATE_FAILED
+
+
+async def test_events_left_behind_by_a_returned_execute_are_dropped() -> None:
+    agent = LeakyAgent()
+    async with asyncio.timeout(10), serve(agent) as h:
+        task = (await h.client.send_message(send_request("hi"))).task
+        assert task.status.state == S.TASK_STATE_INPUT_REQUIRED
+        agent.release.set()
+        await agent.leaked_emitted.wait()
+        again = await h.client.get_task(GetTaskRequest(id=task.id))
+        assert again.status.state == S.TASK_STATE_INPUT_REQUIRED
         await h.settle()

@@ -92,7 +92,7 @@ class ActiveTask:
         """
         async with self.lock:
             if self.channel.closed:
-                self._drop(event)
+                self.drop(event, "the task already ended")
                 return
             if self._task is None:
                 if isinstance(event, Message):
@@ -193,11 +193,13 @@ class ActiveTask:
         self.channel.publish(StreamResponse(message=message), None, final=True)
         self.channel.close()
 
-    def _drop(self, event: Event) -> None:
+    def drop(self, event: Event, why: str) -> None:
+        """Count and log an event that is not applied."""
         self.dropped_events += 1
         logger.warning(
-            "dropped a %s for task %s: the task already ended %s",
+            "dropped a %s for task %s (%s): %s",
             type(event).__name__,
             self.task_id,
             TaskState.Name(self.state),
+            why,
         )

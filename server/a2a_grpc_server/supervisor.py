@@ -44,7 +44,7 @@ TASK_PREFIX = "a2a-grpc-server"
 @dataclass(frozen=True, slots=True)
 class _SourceDone:
     kind: Literal["execute", "cancel"]
-    error: Exception | None
+    error: BaseException | None
 
 
 class RunQueue(EventQueue):
@@ -62,10 +62,15 @@ class RunQueue(EventQueue):
         coroutine is cancelled again so it stops.
         """
         if self._run.active.channel.closed:
-            self._run.active._drop(event)
+            self._run.active.drop(event, "the task already ended")
             current = asyncio.current_task()
             if current is not None and current in self._run.sources:
                 current.cancel()
+            return
+        if self._run.finished.is_set():
+            # execute() returned (e.g. the task is waiting for input) and
+            # something it left behind is still emitting.
+            self._run.active.drop(event, "its execute() had already returned")
             return
         await self._queue.put(event)
 
@@ -180,14 +185,16 @@ class Run:
         kind: Literal["execute", "cancel"],
         call: Callable[[RequestContext, EventQueue], Awaitable[None]],
     ) -> None:
-        error: Exception | None = None
+        error: BaseException | None = None
         try:
             if kind == "cancel":
                 async with asyncio.timeout(self._cancel_timeout):
                     await call(self._context, self._queue)
             else:
                 await call(self._context, self._queue)
-        except Exception as exc:  # the executor's failure becomes the task's outcome
+        except asyncio.CancelledError:
+            raise  # the run is being stopped: never turned into an outcome
+        except BaseException as exc:  # even SystemExit: an agent cannot stop the server
             error = exc
             logger.warning(
                 "executor %s() of task %s raised %s",

@@ -95,8 +95,9 @@ def apply(task: Task, event: Event) -> StreamResponse:
         The ``StreamResponse`` subscribers receive for this event.
 
     Raises:
-        InvalidAgentResponseError: The event names another task or context,
-            carries no state, or appends to an artifact that does not exist.
+        InvalidAgentResponseError: The event is not an A2A event, names another
+            task or context, carries no state, or appends to an artifact that
+            does not exist.
     """
     if isinstance(event, Message):
         _check_ids(task, event.task_id, event.context_id, "message")
@@ -110,9 +111,14 @@ def apply(task: Task, event: Event) -> StreamResponse:
         _check_ids(task, event.task_id, event.context_id, "status update")
         _apply_status(task, event)
         return StreamResponse(status_update=event)
-    _check_ids(task, event.task_id, event.context_id, "artifact update")
-    _apply_artifact(task, event)
-    return StreamResponse(artifact_update=event)
+    if isinstance(event, TaskArtifactUpdateEvent):
+        _check_ids(task, event.task_id, event.context_id, "artifact update")
+        _apply_artifact(task, event)
+        return StreamResponse(artifact_update=event)
+    raise InvalidAgentResponseError(
+        f"agent enqueued a {type(event).__name__}; expected a Message, Task, "
+        "TaskStatusUpdateEvent or TaskArtifactUpdateEvent"
+    )
 
 
 def _check_ids(task: Task, task_id: str, context_id: str, what: str) -> None:
