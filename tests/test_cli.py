@@ -111,6 +111,23 @@ async def test_agent_card_is_served_with_cache_headers_and_names_the_grpc_endpoi
         assert missing == 404
 
 
+async def test_metrics_are_served_in_prometheus_text_format(countdown: Process) -> None:
+    async with asyncio.timeout(10):
+        client = GrpcTransport(grpc.aio.insecure_channel(countdown.grpc_addr), None)
+        frames = [f async for f in client.send_message_streaming(send_request("2"))]
+        assert frames[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+        await client.close()
+        status, headers, body = await http_get(countdown.http_addr, "/metrics")
+        assert status == 200
+        assert headers["content-type"].startswith("text/plain")
+        assert headers["cache-control"] == "no-store"
+        text = body.decode()
+        assert "a2a_tasks_started_total 1" in text
+        assert 'a2a_tasks_ended_total{state="TASK_STATE_COMPLETED"} 1' in text
+        assert 'a2a_streams_ended_total{reason="finished"} 1' in text
+        assert 'a2a_cancel_seconds_bucket{le="+Inf"} 0' in text
+
+
 async def test_health_and_reflection_are_served(countdown: Process) -> None:
     async with asyncio.timeout(10), grpc.aio.insecure_channel(countdown.grpc_addr) as channel:
         health = health_pb2_grpc.HealthStub(channel)

@@ -94,6 +94,11 @@ async def run_row(
             assert other == first, "every stream sees the same frames in the same order"
         stored = await h.client.get_task(GetTaskRequest(id=task_id))
         await h.settle()
+        metrics = h.service.metrics
+        assert metrics.final_frames == 4, "one final frame per stream"
+        assert metrics.tasks_ended == {TaskState.Name(stored.status.state): 1}
+        assert metrics.streams_open == 0
+        assert metrics.streams_ended["finished"] == 4
         return streams, stored.status.state, final_text(first)
 
 

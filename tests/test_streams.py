@@ -72,6 +72,7 @@ async def test_slow_subscriber_alone_is_evicted_and_siblings_keep_every_frame() 
         assert info.reason == "SLOW_SUBSCRIBER"
         assert "SubscribeToTask" in status.message
         assert len(got) < 600
+        assert h.service.metrics.evictions == 1
         stored = await h.service.store.get(task_id)  # 19 MB of artifacts: past a client's limit
         assert stored is not None and stored.task.status.state == S.TASK_STATE_COMPLETED
         await h.settle()
@@ -95,3 +96,4 @@ async def test_client_disconnect_ends_only_its_stream_and_the_task_runs_on() -> 
         assert frames[-1].status_update.status.state == S.TASK_STATE_COMPLETED
         assert not agent.execute_cancelled.is_set()
         await h.settle()
+        assert h.service.metrics.streams_ended["disconnected"] == 1

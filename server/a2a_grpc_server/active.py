@@ -196,6 +196,7 @@ class ActiveTask:
     def drop(self, event: Event, why: str) -> None:
         """Count and log an event that is not applied."""
         self.dropped_events += 1
+        self.channel.metrics.dropped_events += 1
         logger.warning(
             "dropped a %s for task %s (%s): %s",
             type(event).__name__,

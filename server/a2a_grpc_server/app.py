@@ -15,12 +15,15 @@ import grpc
 from a2a.server.agent_execution import AgentExecutor
 from a2a.types import a2a_pb2, a2a_pb2_grpc
 from a2a.types.a2a_pb2 import AgentCard
+from google.protobuf import json_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from .card import CardServer, default_card, with_grpc_endpoint
+from .card import WELL_KNOWN_PATH, default_card, with_grpc_endpoint
 from .config import ServerConfig
+from .http import Fixed, HttpServer, Live, Route
 from .manager import TaskManager
+from .metrics import Metrics
 from .service import A2AServicer
 from .store import TaskStore
 from .store.memory import InMemoryTaskStore
@@ -57,7 +60,8 @@ class A2AService:
             if store is not None
             else InMemoryTaskStore(self.config.max_final_tasks, self.config.final_task_ttl)
         )
-        self.manager = TaskManager(executor, self.store, self.config)
+        self.metrics = Metrics()
+        self.manager = TaskManager(executor, self.store, self.config, self.metrics)
         self.servicer = A2AServicer(self.manager, self.config, extended_card)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
@@ -73,7 +77,7 @@ class A2AService:
 
 
 class A2AServer:
-    """A standalone server: A2A + health + reflection over gRPC, the card over HTTP.
+    """A standalone server: A2A + health + reflection over gRPC; card and metrics over HTTP.
 
     Args:
         executor: The agent.
@@ -100,7 +104,7 @@ class A2AServer:
         self._host, self._port, self._http_port = host, port, http_port
         self._grpc: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
-        self._card_server: CardServer | None = None
+        self._http: HttpServer | None = None
         self.grpc_port = 0
         self.http_port: int | None = None
 
@@ -138,9 +142,18 @@ class A2AServer:
         self._grpc = server
         card = with_grpc_endpoint(self.service.card, self.grpc_address)
         if self._http_port is not None:
-            self._card_server = CardServer(card, self._host, self._http_port)
-            await self._card_server.start()
-            self.http_port = self._card_server.port
+            metrics = self.service.metrics
+            routes: dict[str, Route] = {
+                WELL_KNOWN_PATH: Fixed(
+                    json_format.MessageToJson(card, indent=2).encode(), "application/json"
+                ),
+                "/metrics": Live(
+                    lambda: metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8"
+                ),
+            }
+            self._http = HttpServer(routes, self._host, self._http_port)
+            await self._http.start()
+            self.http_port = self._http.port
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         http = f"http://{host}:{self.http_port}" if self.http_port is not None else "off"
@@ -153,8 +166,8 @@ class A2AServer:
         """
         await self._health.enter_graceful_shutdown()
         await self.service.shutdown(grace)
-        if self._card_server is not None:
-            await self._card_server.stop()
+        if self._http is not None:
+            await self._http.stop()
         if self._grpc is not None:
             # Streams have their final frames already; this only flushes them.
             await self._grpc.stop(grace=1.0)

@@ -30,9 +30,10 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
-from a2a.types.a2a_pb2 import StreamResponse, Task
+from a2a.types.a2a_pb2 import StreamResponse, Task, TaskState
 
 from .errors import SlowSubscriberError
+from .metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class Subscription:
     def _evict(self) -> None:
         self._end = EndReason.EVICTED
         self._channel._subscribers.discard(self)
-        self._channel.evictions += 1
+        self._channel.metrics.evictions += 1
         logger.warning(
             "evicted a slow subscriber of task %s (%d frames behind)",
             self._channel.task_id,
@@ -159,9 +160,10 @@ class TaskChannel:
     Args:
         task_id: The task this channel carries.
         capacity: Frames buffered per subscriber, the final frame's slot included.
+        metrics: Where evictions, final frames and task ends are counted.
     """
 
-    def __init__(self, task_id: str, capacity: int) -> None:
+    def __init__(self, task_id: str, capacity: int, metrics: Metrics | None = None) -> None:
         self.task_id = task_id
         self._capacity = capacity
         self._subscribers: set[Subscription] = set()
@@ -171,7 +173,7 @@ class TaskChannel:
         self._final_published = False
         self._changed = asyncio.Event()
         self._close_callbacks: list[Callable[[], None]] = []
-        self.evictions = 0
+        self.metrics = metrics or Metrics()
 
     @property
     def closed(self) -> bool:
@@ -245,6 +247,7 @@ class TaskChannel:
             self._snapshot = snapshot
         if final:
             self._final_published = True
+            self.metrics.final_frames += len(self._subscribers)
             for sub in self._subscribers:
                 sub._offer_final(frame)
         else:
@@ -265,11 +268,14 @@ class TaskChannel:
         if final is not None and not self._final_published:
             self._final_published = True
             self._seq += 1
+            self.metrics.final_frames += len(self._subscribers)
             for sub in self._subscribers:
                 sub._offer_final(final)
         if snapshot is not None:
             self._snapshot = snapshot
         self._closed = True
+        ended = self._snapshot
+        self.metrics.tasks_ended[TaskState.Name(ended.status.state) if ended else "MESSAGE"] += 1
         callbacks, self._close_callbacks = self._close_callbacks, []
         for callback in callbacks:
             callback()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from .active import ActiveTask
 from .channel import ChannelClosedError, Subscription, TaskChannel
 from .config import ServerConfig
 from .errors import ServerShuttingDownError
+from .metrics import Metrics
 from .store import TaskStore
 from .supervisor import TASK_PREFIX, Run
 
@@ -66,9 +68,17 @@ class TaskManager:
         executor: The agent.
         store: Where tasks are persisted.
         config: Limits.
+        metrics: Where this instance counts what it does.
     """
 
-    def __init__(self, executor: AgentExecutor, store: TaskStore, config: ServerConfig) -> None:
+    def __init__(
+        self,
+        executor: AgentExecutor,
+        store: TaskStore,
+        config: ServerConfig,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.metrics = metrics or Metrics()
         self._executor = executor
         self._store = store
         self._config = config
@@ -113,7 +123,8 @@ class TaskManager:
             task_id = str(uuid.uuid4())
             context_id = message.context_id or str(uuid.uuid4())
             message.task_id, message.context_id = task_id, context_id
-            channel = TaskChannel(task_id, self._config.subscriber_buffer)
+            channel = TaskChannel(task_id, self._config.subscriber_buffer, self.metrics)
+            self.metrics.tasks_started += 1
             active = ActiveTask(task_id, context_id, self._store, channel, first_message=message)
             self._register(active)
         snapshot, sub = active.channel.subscribe() if subscribe else (None, None)
@@ -160,6 +171,7 @@ class TaskManager:
             TaskNotFoundError: No such task.
             TaskNotCancelableError: The task already ended.
         """
+        started = time.monotonic()
         stored = await self.get(task_id)
         active = self._active.get(task_id)
         if taskops.is_final(stored) or active is None:
@@ -186,17 +198,15 @@ class TaskManager:
                 )
             )
         try:
-            async with asyncio.timeout(self._config.cancel_timeout):
+            # The run bounds cancel() by cancel_timeout and then ends the task
+            # itself; this wait only guards against a run that cannot.
+            async with asyncio.timeout(self._config.cancel_timeout + CANCEL_SLACK):
                 while not active.channel.closed:
                     await active.channel.wait_changed()
         except TimeoutError:
-            logger.warning(
-                "task %s: cancel() did not end it in %.1fs", task_id, self._config.cancel_timeout
-            )
-            await active.finalize(
-                TaskState.TASK_STATE_CANCELED,
-                "task canceled by request (the agent did not stop in time)",
-            )
+            logger.error("task %s: its run did not end it after cancel; ending it here", task_id)
+            await active.finalize(TaskState.TASK_STATE_CANCELED, "task canceled by request")
+        self.metrics.cancel_seconds.observe(time.monotonic() - started)
         final = await self.get(task_id)
         if final.status.state != TaskState.TASK_STATE_CANCELED:
             raise TaskNotCancelableError(

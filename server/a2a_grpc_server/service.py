@@ -48,7 +48,7 @@ from . import errors, taskops, validation
 from .callmeta import call_context
 from .channel import Subscription
 from .config import ServerConfig
-from .errors import InvalidFieldError
+from .errors import InvalidFieldError, SlowSubscriberError
 from .manager import TaskManager
 from .store import InvalidPageTokenError, TaskQuery
 
@@ -93,18 +93,17 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         self._manager = manager
         self._extended_card = extended_card
         self._config = config
-        self._streams = 0
         self._streams_changed = asyncio.Condition()
 
     @property
     def open_streams(self) -> int:
         """Stream calls currently being served."""
-        return self._streams
+        return self._manager.metrics.streams_open
 
     async def wait_streams_closed(self, at_most: int = 0) -> None:
         """Wait until no more than ``at_most`` stream calls are being served."""
         async with self._streams_changed:
-            await self._streams_changed.wait_for(lambda: self._streams <= at_most)
+            await self._streams_changed.wait_for(lambda: self.open_streams <= at_most)
 
     @_handled
     async def SendMessage(
@@ -245,17 +244,28 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         self, sub: Subscription, first: Task | None, context: Context, *, stop_at_interrupt: bool
     ) -> None:
         """Write the snapshot, then every frame of ``sub``, until the stream ends."""
-        self._streams += 1
+        metrics = self._manager.metrics
+        metrics.streams_open += 1
+        reason = "error"
         try:
             if first is not None:
                 await context.write(StreamResponse(task=first))
             async for frame in sub:
                 await context.write(frame)
                 if stop_at_interrupt and _interrupts(frame):
+                    reason = "interrupted"
                     return
+            reason = "finished"
+        except SlowSubscriberError:
+            reason = "evicted"
+            raise
+        except asyncio.CancelledError:
+            reason = "disconnected"
+            raise
         finally:
             sub.close()
-            self._streams -= 1
+            metrics.streams_open -= 1
+            metrics.streams_ended[reason] += 1
             async with self._streams_changed:
                 self._streams_changed.notify_all()
 
