@@ -101,13 +101,16 @@ class ActiveTask:
                 await self._create(event if isinstance(event, Task) else None)
                 if isinstance(event, Task):
                     return
-            assert self._task is not None
-            updated = Task()
-            updated.CopyFrom(self._task)
-            frame = taskops.apply(updated, event)
-            await self._persist(updated)
-            final = taskops.is_final(updated)
-            self.channel.publish(frame, updated, final=final)
+            task = self._task
+            assert task is not None
+            # Applied in place, not on a copy: a copy per event would make a
+            # long stream quadratic. apply() validates before it mutates, and
+            # a store that refuses the write ends the task (supervisor), so
+            # the unpersisted change is never built upon.
+            frame = taskops.apply(task, event)
+            await self._persist(task)
+            final = taskops.is_final(task)
+            self.channel.publish(frame, task, final=final)
             if final:
                 self.channel.close()
 
