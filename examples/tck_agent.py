@@ -31,7 +31,8 @@ def agent_card() -> AgentCard:
         version="1.0.0",
         provider=AgentProvider(organization="a2a-grpc-server", url="https://example.invalid"),
         capabilities=AgentCapabilities(streaming=True, push_notifications=False),
-        default_input_modes=["text/plain"],
+        # The scenarios route on the message id, whatever the parts hold.
+        default_input_modes=["*/*"],
         default_output_modes=["text/plain"],
         skills=[
             AgentSkill(id="tck", name="TCK", description="Conformance scenarios.", tags=["tck"])

@@ -19,6 +19,7 @@ from a2a.types.a2a_pb2 import (
     Message,
     Part,
     Role,
+    SendMessageConfiguration,
     SendMessageRequest,
     SubscribeToTaskRequest,
     TaskPushNotificationConfig,
@@ -249,3 +250,22 @@ async def test_unexpected_errors_are_internal_with_a_generic_message() -> None:
             assert rich_status(caught.value)[1].reason == "INTERNAL"
     finally:
         await server.stop(None)
+
+
+async def test_part_with_a_media_type_the_card_does_not_accept_is_refused() -> None:
+    async with asyncio.timeout(10), serve(GatedAgent()) as h:
+        image = message(parts=[Part(raw=b"\x89PNG", media_type="image/png")])
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await h.stub.SendMessage(image, metadata=V1)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert rich_status(caught.value)[1].reason == "CONTENT_TYPE_NOT_SUPPORTED"
+        assert "text/plain" in (caught.value.details() or "")
+        text = message(parts=[Part(text="hi", media_type="Text/Plain; charset=utf-8")])
+        accepted = await h.stub.SendMessage(
+            SendMessageRequest(
+                message=text.message,
+                configuration=SendMessageConfiguration(return_immediately=True),
+            ),
+            metadata=V1,
+        )
+        assert accepted.task.id

@@ -62,7 +62,7 @@ class A2AService:
         )
         self.metrics = Metrics()
         self.manager = TaskManager(executor, self.store, self.config, self.metrics)
-        self.servicer = A2AServicer(self.manager, self.config, extended_card)
+        self.servicer = A2AServicer(self.manager, self.config, self.card, extended_card)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the A2A servicer on ``server``."""

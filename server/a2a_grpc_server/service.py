@@ -81,6 +81,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
     Args:
         manager: The live tasks of this instance.
         config: Limits.
+        card: The public agent card (its input modes bound what clients may send).
         extended_card: The card for authenticated clients, if configured.
     """
 
@@ -88,9 +89,13 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         self,
         manager: TaskManager,
         config: ServerConfig,
+        card: AgentCard,
         extended_card: AgentCard | None = None,
     ) -> None:
         self._manager = manager
+        self._input_modes = validation.input_modes(
+            [*card.default_input_modes, *(m for s in card.skills for m in s.input_modes)]
+        )
         self._extended_card = extended_card
         self._config = config
         self._streams_changed = asyncio.Condition()
@@ -111,7 +116,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
     ) -> SendMessageResponse:
         """Send a message; wait for a terminal or interrupted state unless asked not to."""
         call = call_context(context, "SendMessage")
-        validation.check_send(request, self._config)
+        validation.check_send(request, self._config, self._input_modes)
         started = await self._manager.send(request, call, subscribe=False)
         active, channel = started.active, started.active.channel
         immediately = request.configuration.return_immediately
@@ -135,7 +140,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
     async def SendStreamingMessage(self, request: SendMessageRequest, context: Context) -> None:
         """Send a message and stream the task's frames until it ends or needs input."""
         call = call_context(context, "SendStreamingMessage")
-        validation.check_send(request, self._config)
+        validation.check_send(request, self._config, self._input_modes)
         started = await self._manager.send(request, call, subscribe=True)
         assert started.subscription is not None
         await self._pump(started.subscription, started.snapshot, context, stop_at_interrupt=True)

@@ -13,6 +13,7 @@ from a2a.types.a2a_pb2 import (
     SendMessageRequest,
     TaskState,
 )
+from a2a.utils.errors import ContentTypeNotSupportedError
 from google.protobuf.message import Message as ProtoMessage
 
 from .config import ServerConfig
@@ -33,12 +34,26 @@ def check_size(request: ProtoMessage, config: ServerConfig) -> None:
         )
 
 
-def check_send(request: SendMessageRequest, config: ServerConfig) -> None:
-    """Validate SendMessage / SendStreamingMessage."""
+def check_send(
+    request: SendMessageRequest, config: ServerConfig, input_modes: frozenset[str]
+) -> None:
+    """Validate SendMessage / SendStreamingMessage.
+
+    Args:
+        request: The request.
+        config: Limits.
+        input_modes: Media types the agent accepts (its card's default and
+            skill input modes); empty accepts any.
+
+    Raises:
+        InvalidFieldError: A field is missing or malformed.
+        ContentTypeNotSupportedError: A part's media type is not accepted.
+    """
     check_size(request, config)
     if not request.HasField("message"):
         raise InvalidFieldError("message", "is required")
     _check_message(request.message, config)
+    _check_media_types(request.message, input_modes)
     cfg = request.configuration
     if cfg.HasField("history_length") and cfg.history_length < 0:
         raise InvalidFieldError("configuration.history_length", "must not be negative")
@@ -65,6 +80,26 @@ def _check_message(message: Message, config: ServerConfig) -> None:
             raise InvalidFieldError(
                 f"message.parts[{i}]", "has no content; set one of text, raw, url or data"
             )
+
+
+def _check_media_types(message: Message, accepted: frozenset[str]) -> None:
+    if not accepted or "*/*" in accepted:
+        return
+    for i, part in enumerate(message.parts):
+        media = part.media_type.split(";", 1)[0].strip().lower()
+        if not media:
+            continue
+        major = media.split("/", 1)[0]
+        if media not in accepted and f"{major}/*" not in accepted and major not in accepted:
+            raise ContentTypeNotSupportedError(
+                f"message.parts[{i}] has media type {media!r}; this agent accepts "
+                f"{', '.join(sorted(accepted))}"
+            )
+
+
+def input_modes(modes: list[str]) -> frozenset[str]:
+    """Normalize an agent card's input modes for ``check_send``."""
+    return frozenset(m.split(";", 1)[0].strip().lower() for m in modes if m.strip())
 
 
 def check_task_id(task_id: str, field: str = "id") -> None:
