@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
-from a2a.types.a2a_pb2 import SendMessageRequest, Task, TaskState
+from a2a.types.a2a_pb2 import Message, SendMessageRequest, Task, TaskState
 from a2a.utils.errors import (
     InvalidParamsError,
     TaskNotCancelableError,
@@ -112,41 +112,51 @@ class TaskManager:
         if not self._accepting:
             raise ServerShuttingDownError("server is shutting down; retry on another instance")
         message = request.message
-        if message.task_id:
+        follow_up = bool(message.task_id)
+        if follow_up:
             active = await self._continue(message.task_id, message.context_id)
-            try:
-                await active.add_user_message(message)
-            except BaseException:
-                active.admitting = False
-                raise
+            message.context_id = active.context_id
         else:
-            task_id = str(uuid.uuid4())
-            context_id = message.context_id or str(uuid.uuid4())
-            message.task_id, message.context_id = task_id, context_id
-            channel = TaskChannel(task_id, self._config.subscriber_buffer, self.metrics)
-            self.metrics.tasks_started += 1
-            active = ActiveTask(task_id, context_id, self._store, channel, first_message=message)
-            self._register(active)
-        snapshot, sub = active.channel.subscribe() if subscribe else (None, None)
-        context = RequestContext(
-            call_context=call,
-            request=request,
-            task_id=active.task_id,
-            context_id=active.context_id,
-            task=_copy(active.task),
-        )
-        start_seq = active.channel.seq
-        run = self._spawn(
-            Run(
-                active,
-                self._executor,
-                context,
-                self._config.event_queue_size,
-                self._config.cancel_timeout,
+            active = self._new_task(message)
+        try:
+            if follow_up:
+                await active.add_user_message(message)
+            if active.channel.closed:  # canceled while the message was being recorded
+                raise UnsupportedOperationError(
+                    f"task {active.task_id!r} ended before this message could start; "
+                    "start a new task (omit message.task_id)"
+                )
+            snapshot, sub = active.channel.subscribe() if subscribe else (None, None)
+            context = RequestContext(
+                call_context=call,
+                request=request,
+                task_id=active.task_id,
+                context_id=active.context_id,
+                task=_copy(active.task),
             )
-        )
-        active.admitting = False
+            start_seq = active.channel.seq
+            run = self._spawn(
+                Run(
+                    active,
+                    self._executor,
+                    context,
+                    self._config.event_queue_size,
+                    self._config.cancel_timeout,
+                )
+            )
+        finally:
+            active.admitting = False
         return Started(active, snapshot, sub, start_seq, run)
+
+    def _new_task(self, message: Message) -> ActiveTask:
+        task_id = str(uuid.uuid4())
+        context_id = message.context_id or str(uuid.uuid4())
+        message.task_id, message.context_id = task_id, context_id
+        channel = TaskChannel(task_id, self._config.subscriber_buffer, self.metrics)
+        self.metrics.tasks_started += 1
+        active = ActiveTask(task_id, context_id, self._store, channel, first_message=message)
+        self._register(active)
+        return active
 
     async def get(self, task_id: str) -> Task:
         """Return the stored task.
