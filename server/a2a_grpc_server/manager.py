@@ -60,6 +60,30 @@ class Started:
     start_seq: int
     run: Run
 
+    async def outcome(self, *, immediately: bool) -> Task | Message:
+        """Wait for what a blocking SendMessage answers.
+
+        Args:
+            immediately: Answer as soon as the task exists.
+
+        Returns:
+            The executor's message-only answer, or a copy of the task once it
+            is final, interrupted by this message's run, or idle again.
+        """
+        active, channel = self.active, self.active.channel
+        while not channel.closed and not self.run.finished.is_set():
+            if immediately and active.task is not None:
+                break
+            if channel.seq > self.start_seq and active.state in taskops.INTERRUPTED:
+                break
+            await channel.wait_changed()
+        if active.task is None and active.answer is not None:
+            return active.answer
+        # The channel's snapshot covers a task the store refused to create.
+        task = _copy(active.task or channel.snapshot)
+        assert task is not None, "a run that ends without an answer always leaves a task"
+        return task
+
 
 class TaskManager:
     """Owns the live tasks of this instance.

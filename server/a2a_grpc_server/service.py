@@ -31,6 +31,7 @@ from a2a.types.a2a_pb2 import (
     ListTaskPushNotificationConfigsResponse,
     ListTasksRequest,
     ListTasksResponse,
+    Message,
     SendMessageRequest,
     SendMessageResponse,
     StreamResponse,
@@ -118,23 +119,12 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         call = call_context(context, "SendMessage")
         validation.check_send(request, self._config, self._input_modes)
         started = await self._manager.send(request, call, subscribe=False)
-        active, channel = started.active, started.active.channel
-        immediately = request.configuration.return_immediately
-        while not channel.closed and not started.run.finished.is_set():
-            if immediately and active.task is not None:
-                break
-            if channel.seq > started.start_seq and active.state in taskops.INTERRUPTED:
-                break
-            await channel.wait_changed()
-        if active.answer is not None and active.task is None:
-            return SendMessageResponse(message=active.answer)
-        task = await self._manager.get(active.task_id)
-        _trim(
-            task,
-            request.configuration.history_length,
-            request.configuration.HasField("history_length"),
-        )
-        return SendMessageResponse(task=task)
+        answer = await started.outcome(immediately=request.configuration.return_immediately)
+        if isinstance(answer, Message):
+            return SendMessageResponse(message=answer)
+        config = request.configuration
+        _trim(answer, config.history_length, config.HasField("history_length"))
+        return SendMessageResponse(task=answer)
 
     @_handled
     async def SendStreamingMessage(self, request: SendMessageRequest, context: Context) -> None:
