@@ -63,7 +63,6 @@ class ActiveTask:
         self._task = task
         self._version = version
         self._first_message = first_message
-        self.dropped_events = 0
         self.run: Run | None = None
         """The execution currently feeding this task, if any."""
         self.admitting = False
@@ -198,7 +197,6 @@ class ActiveTask:
 
     def drop(self, event: Event, why: str) -> None:
         """Count and log an event that is not applied."""
-        self.dropped_events += 1
         self.channel.metrics.dropped_events += 1
         logger.warning(
             "dropped a %s for task %s (%s): %s",

@@ -61,7 +61,7 @@ class Subscription:
     subscriber are drained.
     """
 
-    __slots__ = ("_buffer", "_capacity", "_channel", "_end", "_waiter", "on_evict")
+    __slots__ = ("_buffer", "_capacity", "_channel", "_end", "_waiter")
 
     def __init__(self, channel: TaskChannel, capacity: int) -> None:
         self._channel = channel
@@ -69,8 +69,6 @@ class Subscription:
         self._buffer: deque[StreamResponse] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._end: EndReason | None = None
-        self.on_evict: Callable[[], None] | None = None
-        """Called once, synchronously, when the subscriber is evicted."""
 
     @property
     def task_id(self) -> str:
@@ -146,8 +144,6 @@ class Subscription:
             len(self._buffer),
         )
         self._wake()
-        if self.on_evict is not None:
-            self.on_evict()
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -189,11 +185,6 @@ class TaskChannel:
     def seq(self) -> int:
         """How many frames were published so far."""
         return self._seq
-
-    @property
-    def subscriber_count(self) -> int:
-        """Live subscribers."""
-        return len(self._subscribers)
 
     def on_close(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` when the channel closes (step 3 of ``close``)."""
