@@ -159,15 +159,7 @@ class TaskManager:
                 task=_copy(active.task),
             )
             start_seq = active.channel.seq
-            run = self._spawn(
-                Run(
-                    active,
-                    self._executor,
-                    context,
-                    self._config.event_queue_size,
-                    self._config.cancel_timeout,
-                )
-            )
+            run = self._spawn(active, context)
         finally:
             active.admitting = False
         return Started(active, snapshot, sub, start_seq, run)
@@ -220,17 +212,7 @@ class TaskManager:
                 context_id=active.context_id,
                 task=_copy(active.task),
             )
-            self._spawn(
-                Run(
-                    active,
-                    self._executor,
-                    context,
-                    self._config.event_queue_size,
-                    self._config.cancel_timeout,
-                    execute=False,
-                    cancel=True,
-                )
-            )
+            self._spawn(active, context, execute=False, cancel=True)
         try:
             # The run bounds cancel() by cancel_timeout and then ends the task
             # itself; this wait only guards against a run that cannot.
@@ -325,9 +307,25 @@ class TaskManager:
 
         active.channel.on_close(forget)
 
-    def _spawn(self, run: Run) -> Run:
-        run.active.run = run
-        task = asyncio.create_task(run.run(), name=f"{TASK_PREFIX}:run:{run.active.task_id}")
+    def _spawn(
+        self,
+        active: ActiveTask,
+        context: RequestContext,
+        *,
+        execute: bool = True,
+        cancel: bool = False,
+    ) -> Run:
+        run = Run(
+            active,
+            self._executor,
+            context,
+            self._config.event_queue_size,
+            self._config.cancel_timeout,
+            execute=execute,
+            cancel=cancel,
+        )
+        active.run = run
+        task = asyncio.create_task(run.run(), name=f"{TASK_PREFIX}:run:{active.task_id}")
         self._runs[task] = run
         self._idle.clear()
         task.add_done_callback(self._run_done)
