@@ -194,3 +194,31 @@ def test_agent_may_be_an_instance_a_factory_or_a_class(attr: str) -> None:
 def test_malformed_agent_references_are_refused_clearly(ref: str) -> None:
     with pytest.raises(AgentLoadError, match="--agent"):
         load_agent(ref)
+
+
+@pytest.mark.parametrize("flag", ["--port", "--http-port"])
+async def test_a_port_in_use_exits_1_with_a_message(flag: str) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        other = "--http-port" if flag == "--port" else "--port"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "a2a_grpc_server.cli",
+            "serve",
+            flag,
+            port,
+            other,
+            "0",
+            cwd=ROOT,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        async with asyncio.timeout(20):
+            _, err = await proc.communicate()
+    assert proc.returncode == 1
+    assert f"127.0.0.1:{port}" in err.decode()
+    assert b"Traceback" not in err

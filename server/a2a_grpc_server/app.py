@@ -118,7 +118,7 @@ class A2AServer:
         """Bind and serve; logs one line with both addresses when ready.
 
         Raises:
-            RuntimeError: The gRPC port could not be bound.
+            OSError: A port could not be bound.
         """
         limit = self.service.config.max_message_bytes
         # gRPC's own limit sits above ours so oversized requests reach our
@@ -127,6 +127,8 @@ class A2AServer:
             options=[
                 ("grpc.max_receive_message_length", 2 * limit),
                 ("grpc.max_send_message_length", 2 * limit),
+                # Without this a second server silently shares the port.
+                ("grpc.so_reuseport", 0),
             ]
         )
         self.service.add_to_server(server)
@@ -135,9 +137,10 @@ class A2AServer:
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         host = f"[{self._host}]" if ":" in self._host else self._host
-        self.grpc_port = server.add_insecure_port(f"{host}:{self._port}")
-        if self.grpc_port == 0:
-            raise RuntimeError(f"could not bind gRPC to {host}:{self._port}")
+        try:
+            self.grpc_port = server.add_insecure_port(f"{host}:{self._port}")
+        except RuntimeError as exc:
+            raise OSError(f"cannot serve gRPC on {host}:{self._port}: {exc}") from exc
         await server.start()
         self._grpc = server
         card = with_grpc_endpoint(self.service.card, self.grpc_address)
@@ -152,7 +155,12 @@ class A2AServer:
                 ),
             }
             self._http = HttpServer(routes, self._host, self._http_port)
-            await self._http.start()
+            try:
+                await self._http.start()
+            except OSError as exc:
+                await server.stop(grace=None)
+                self._grpc = None
+                raise OSError(f"cannot serve HTTP on {host}:{self._http_port}: {exc}") from exc
             self.http_port = self._http.port
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
