@@ -150,13 +150,18 @@ class TaskFirstAgent(AgentExecutor):
 
 
 class InputAgent(AgentExecutor):
-    """Asks for input on the first message; completes on the follow-up."""
+    """Asks for input (or auth) on the first message; completes on the follow-up."""
+
+    def __init__(self, ask: TaskState = TaskState.TASK_STATE_INPUT_REQUIRED) -> None:
+        self.ask = ask
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         updater = _updater(context, event_queue)
         if context.current_task is None:
             await updater.start_work()
-            await updater.requires_input(updater.new_agent_message([Part(text="your name?")]))
+            await updater.update_status(
+                self.ask, updater.new_agent_message([Part(text="your name?")])
+            )
             return
         await updater.start_work()
         await updater.complete(

@@ -92,19 +92,22 @@ async def test_follow_up_with_only_task_id_continues_the_task_and_keeps_its_cont
         await h.settle()
 
 
-async def test_streaming_send_ends_at_input_required_but_subscribe_stays_open() -> None:
-    async with asyncio.timeout(10), serve(InputAgent()) as h:
+@pytest.mark.parametrize("ask", [S.TASK_STATE_INPUT_REQUIRED, S.TASK_STATE_AUTH_REQUIRED])
+async def test_streaming_send_ends_when_interrupted_but_subscribe_stays_open(
+    ask: TaskState,
+) -> None:
+    async with asyncio.timeout(10), serve(InputAgent(ask)) as h:
         frames = [f async for f in h.client.send_message_streaming(send_request("hi"))]
-        assert kinds(frames)[-1] == f"status:{S.TASK_STATE_INPUT_REQUIRED}"
+        assert kinds(frames)[-1] == f"status:{ask}"
         task_id = frames[0].task.id
         sub = h.client.subscribe(SubscribeToTaskRequest(id=task_id))
         snapshot = await anext(sub)
-        assert snapshot.task.status.state == S.TASK_STATE_INPUT_REQUIRED
+        assert snapshot.task.status.state == ask
         rest = asyncio.ensure_future(_collect(sub))
         follow = [
             f async for f in h.client.send_message_streaming(send_request("Bob", task_id=task_id))
         ]
-        assert follow[0].task.status.state == S.TASK_STATE_INPUT_REQUIRED
+        assert follow[0].task.status.state == ask
         assert kinds(follow)[-1] == f"status:{S.TASK_STATE_COMPLETED}"
         tail = await rest
         assert tail == follow[1:], "the subscriber saw the follow-up's frames too"
