@@ -61,6 +61,7 @@ class ActiveTask:
         """The executor's message-only answer, when it gave one."""
         self._store = store
         self._task = task
+        self._index = taskops.index_artifacts(task) if task is not None else {}
         self._version = version
         self._first_message = first_message
         self.run: Run | None = None
@@ -102,11 +103,12 @@ class ActiveTask:
                     return
             task = self._task
             assert task is not None
-            # Applied in place, not on a copy: a copy per event would make a
-            # long stream quadratic. apply() validates before it mutates, and
-            # a store that refuses the write ends the task (supervisor), so
-            # the unpersisted change is never built upon.
-            frame = taskops.apply(task, event)
+            # Applied in place, not on a copy, and handed straight to the
+            # store (TaskStore.update's ownership rule): a copy per event would
+            # make a long stream quadratic. apply() validates before it
+            # mutates, and a store that refuses the write ends the task
+            # (supervisor), so an unpersisted change is never built upon.
+            frame = taskops.apply(task, event, self._index)
             await self._persist(task)
             final = taskops.is_final(task)
             self.channel.publish(frame, task, final=final)
@@ -182,6 +184,7 @@ class ActiveTask:
             task = taskops.new_task(self.task_id, self.context_id, self._first_message)
         self._version = await self._store.create(task)
         self._task = task
+        self._index = taskops.index_artifacts(task)
         self.channel.publish(StreamResponse(task=task), task, final=taskops.is_final(task))
         if taskops.is_final(task):
             self.channel.close()

@@ -84,12 +84,23 @@ def status_event(task: Task, state: TaskState, text: str | None) -> TaskStatusUp
     return TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=status)
 
 
-def apply(task: Task, event: Event) -> StreamResponse:
+ArtifactIndex = dict[str, int]
+"""Position of each artifact in ``task.artifacts`` by id, kept by the caller so
+that applying an artifact update costs the same however many artifacts exist."""
+
+
+def index_artifacts(task: Task) -> ArtifactIndex:
+    """Build the ``ArtifactIndex`` of ``task``."""
+    return {a.artifact_id: i for i, a in enumerate(task.artifacts)}
+
+
+def apply(task: Task, event: Event, index: ArtifactIndex | None = None) -> StreamResponse:
     """Apply ``event`` to ``task`` in place and return the frame to broadcast.
 
     Args:
-        task: The task to update (a copy the caller owns).
+        task: The task to update (the caller owns it).
         event: An event the executor enqueued for this task.
+        index: The task's artifact index, kept up to date here (None: scan).
 
     Returns:
         The ``StreamResponse`` subscribers receive for this event.
@@ -105,7 +116,7 @@ def apply(task: Task, event: Event) -> StreamResponse:
         return StreamResponse(message=event)
     if isinstance(event, Task):
         _check_ids(task, event.id, event.context_id, "task")
-        _merge_task(task, event)
+        _merge_task(task, event, index)
         return StreamResponse(task=task)
     if isinstance(event, TaskStatusUpdateEvent):
         _check_ids(task, event.task_id, event.context_id, "status update")
@@ -113,7 +124,7 @@ def apply(task: Task, event: Event) -> StreamResponse:
         return StreamResponse(status_update=event)
     if isinstance(event, TaskArtifactUpdateEvent):
         _check_ids(task, event.task_id, event.context_id, "artifact update")
-        _apply_artifact(task, event)
+        _apply_artifact(task, event, index)
         return StreamResponse(artifact_update=event)
     raise InvalidAgentResponseError(
         f"agent enqueued a {type(event).__name__}; expected a Message, Task, "
@@ -133,13 +144,13 @@ def _check_ids(task: Task, task_id: str, context_id: str, what: str) -> None:
         )
 
 
-def _merge_task(task: Task, event: Task) -> None:
+def _merge_task(task: Task, event: Task, index: ArtifactIndex | None) -> None:
     if event.HasField("status"):
         if event.status.state == TaskState.TASK_STATE_UNSPECIFIED:
             raise InvalidAgentResponseError("agent sent a task without a state")
         task.status.CopyFrom(event.status)
     for artifact in event.artifacts:
-        _upsert_artifact(task, artifact)
+        _upsert_artifact(task, artifact, index)
     known = {m.message_id for m in task.history}
     task.history.extend(m for m in event.history if m.message_id not in known)
     if event.HasField("metadata"):
@@ -162,38 +173,38 @@ def _apply_status(task: Task, event: TaskStatusUpdateEvent) -> None:
     task.status.CopyFrom(event.status)
 
 
-def _apply_artifact(task: Task, event: TaskArtifactUpdateEvent) -> None:
+def _apply_artifact(
+    task: Task, event: TaskArtifactUpdateEvent, index: ArtifactIndex | None
+) -> None:
     if not event.task_id:
         event.task_id = task.id
     if not event.context_id:
         event.context_id = task.context_id
     if not event.append:
-        _upsert_artifact(task, event.artifact)
+        _upsert_artifact(task, event.artifact, index)
         return
-    for existing in task.artifacts:
-        if existing.artifact_id == event.artifact.artifact_id:
-            existing.parts.extend(event.artifact.parts)
-            if event.artifact.HasField("metadata"):
-                existing.metadata.MergeFrom(event.artifact.metadata)
-            return
-    raise InvalidAgentResponseError(
-        f"agent appended to artifact {event.artifact.artifact_id!r}, which it never created"
-    )
+    position = _position(task, event.artifact.artifact_id, index)
+    if position is None:
+        raise InvalidAgentResponseError(
+            f"agent appended to artifact {event.artifact.artifact_id!r}, which it never created"
+        )
+    existing = task.artifacts[position]
+    existing.parts.extend(event.artifact.parts)
+    if event.artifact.HasField("metadata"):
+        existing.metadata.MergeFrom(event.artifact.metadata)
 
 
-def _upsert_artifact(task: Task, artifact: Artifact) -> None:
-    for existing in task.artifacts:
-        if existing.artifact_id == artifact.artifact_id:
-            existing.CopyFrom(artifact)
-            return
+def _upsert_artifact(task: Task, artifact: Artifact, index: ArtifactIndex | None) -> None:
+    position = _position(task, artifact.artifact_id, index)
+    if position is not None:
+        task.artifacts[position].CopyFrom(artifact)
+        return
     task.artifacts.append(artifact)
+    if index is not None:
+        index[artifact.artifact_id] = len(task.artifacts) - 1
 
 
-def frame_state(frame: StreamResponse) -> TaskState | None:
-    """Return the task state a frame announces, if it announces one."""
-    kind = frame.WhichOneof("payload")
-    if kind == "status_update":
-        return frame.status_update.status.state
-    if kind == "task":
-        return frame.task.status.state
-    return None
+def _position(task: Task, artifact_id: str, index: ArtifactIndex | None) -> int | None:
+    if index is not None:
+        return index.get(artifact_id)
+    return next((i for i, a in enumerate(task.artifacts) if a.artifact_id == artifact_id), None)

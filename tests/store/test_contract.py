@@ -131,3 +131,21 @@ async def test_memory_store_size_stays_flat_under_sustained_load() -> None:
         await store.update(task(f"t{i}", state=S.TASK_STATE_COMPLETED), 1)
         assert len(store) <= 501
     assert len(store) == 500
+
+
+async def test_a_handed_over_task_changed_and_updated_again_reads_back_each_version(
+    store: TaskStore,
+) -> None:
+    live = task("a")
+    await store.create(live)
+    live.status.state = S.TASK_STATE_WORKING
+    await store.update(live, 1)
+    got = await store.get("a")
+    assert got is not None
+    assert (got.version, got.task.status.state) == (2, S.TASK_STATE_WORKING)
+    live.status.state = S.TASK_STATE_COMPLETED
+    await store.update(live, 2)
+    live.status.state = S.TASK_STATE_FAILED  # after a final write: must not show
+    final = await store.get("a")
+    assert final is not None
+    assert (final.version, final.task.status.state) == (3, S.TASK_STATE_COMPLETED)

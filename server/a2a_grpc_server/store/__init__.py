@@ -80,6 +80,13 @@ class TaskStore(Protocol):
     Implementations MUST return copies (a caller mutating a returned task does
     not change the store), MUST keep a final task unchanged once written, and
     MUST be safe to call from concurrent coroutines of one event loop.
+
+    Ownership: ``create`` and ``update`` take the task they are given. A
+    store MAY keep that object instead of copying it (the in-memory store
+    does, so a write costs the same however large the task); the caller
+    changes it afterwards only to build its next version and passes it to
+    ``update`` with no ``await`` in between, so no reader sees a version
+    that was not written.
     """
 
     async def get(self, task_id: str) -> StoredTask | None:

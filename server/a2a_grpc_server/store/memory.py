@@ -1,9 +1,10 @@
 """In-memory task store with bounded retention of final tasks.
 
-Non-final tasks are kept until they end. Final tasks are kept for at most
-``final_task_ttl`` seconds and at most ``max_final_tasks`` of them (the oldest
-final task goes first), so memory stays flat under sustained load. Tasks are
-held serialized, which keeps copies honest and memory small.
+Non-final tasks are kept until they end, as the very objects the core hands
+over (see ``TaskStore``'s ownership rule): a write costs O(1) however large
+the task. Final tasks are kept serialized (compact, immutable) for at most
+``final_task_ttl`` seconds and at most ``max_final_tasks`` of them (the
+oldest final task goes first), so memory stays flat under sustained load.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ from . import (
 
 @dataclass(slots=True)
 class _Entry:
+    live: Task | None
+    """The task itself while it is not final (owned by the store)."""
     blob: bytes
+    """The serialized task once it is final."""
     version: int
     rev: int
     context_id: str
@@ -71,7 +75,7 @@ class InMemoryTaskStore:
         entry = self._entries.get(task_id)
         if entry is None:
             return None
-        return StoredTask(Task.FromString(entry.blob), entry.version)
+        return StoredTask(_copy(entry), entry.version)
 
     async def create(self, task: Task) -> int:
         """Store a new task at version 1.
@@ -125,7 +129,7 @@ class InMemoryTaskStore:
         page = [e for e in matches if before is None or e.rev < before][: query.page_size]
         remaining = page and any(e.rev < page[-1].rev for e in matches)
         return TaskPage(
-            tasks=[Task.FromString(e.blob) for e in page],
+            tasks=[_copy(e) for e in page],
             next_page_token=_encode_token(page[-1].rev) if remaining else "",
             total_size=len(matches),
         )
@@ -133,15 +137,17 @@ class InMemoryTaskStore:
     def _put(self, task: Task, version: int) -> None:
         self._rev += 1
         ts = task.status.timestamp
+        final = task.status.state in TERMINAL
         self._entries[task.id] = _Entry(
-            blob=task.SerializeToString(),
+            live=None if final else task,
+            blob=task.SerializeToString() if final else b"",
             version=version,
             rev=self._rev,
             context_id=task.context_id,
             state=task.status.state,
             status_ns=ts.seconds * 1_000_000_000 + ts.nanos,
         )
-        if task.status.state in TERMINAL:
+        if final:
             self._final[task.id] = self._clock()
 
     def _prune(self) -> None:
@@ -152,6 +158,14 @@ class InMemoryTaskStore:
                 break
             del self._final[task_id]
             self._entries.pop(task_id, None)
+
+
+def _copy(entry: _Entry) -> Task:
+    if entry.live is None:
+        return Task.FromString(entry.blob)
+    copy = Task()
+    copy.CopyFrom(entry.live)
+    return copy
 
 
 def _encode_token(rev: int) -> str:
