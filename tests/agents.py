@@ -129,7 +129,10 @@ class MessageAgent(AgentExecutor):
 
 
 class TaskFirstAgent(AgentExecutor):
-    """Enqueues the Task object first, then completes it."""
+    """Enqueues the Task object first (with or without the user's message), then completes it."""
+
+    def __init__(self, *, with_history: bool = True) -> None:
+        self.with_history = with_history
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.task_id is not None and context.context_id is not None
@@ -138,7 +141,7 @@ class TaskFirstAgent(AgentExecutor):
             context_id=context.context_id,
             status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
         )
-        if context.message is not None:
+        if context.message is not None and self.with_history:
             task.history.append(context.message)
         await event_queue.enqueue_event(task)
         updater = _updater(context, event_queue)

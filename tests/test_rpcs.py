@@ -64,8 +64,11 @@ async def test_executor_answering_with_a_message_gets_a_message_only_response_an
         await h.settle()
 
 
-async def test_executor_enqueuing_the_task_first_streams_one_task_frame_then_updates() -> None:
-    async with asyncio.timeout(10), serve(TaskFirstAgent()) as h:
+@pytest.mark.parametrize("with_history", [True, False])
+async def test_executor_enqueuing_the_task_first_streams_one_task_frame_then_updates(
+    with_history: bool,
+) -> None:
+    async with asyncio.timeout(10), serve(TaskFirstAgent(with_history=with_history)) as h:
         frames = [f async for f in h.client.send_message_streaming(send_request("t"))]
         assert kinds(frames) == [
             f"task:{S.TASK_STATE_SUBMITTED}",
