@@ -160,24 +160,23 @@ async def test_sigterm_ends_running_streams_failed_and_the_process_exits_cleanly
         await client.close()
 
 
-async def test_a_bad_agent_reference_exits_2_with_a_message() -> None:
+async def serve_until_exit(*args: str) -> tuple[int, bytes]:
+    """Run ``serve`` expecting it to fail at start; its exit code and stderr."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "a2a_grpc_server.cli",
-        "serve",
-        "--agent",
-        "tests.agents_for_cli:not_an_agent",
-        "--port",
-        "0",
-        "--http-port",
-        "0",
-        cwd=ROOT,
-        stderr=asyncio.subprocess.PIPE,
-    )
+        sys.executable, "-m", "a2a_grpc_server.cli", "serve", *args,
+        cwd=ROOT, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
     async with asyncio.timeout(20):
         _, err = await proc.communicate()
-    assert proc.returncode == 2
+    assert proc.returncode is not None
+    return proc.returncode, err
+
+
+async def test_a_bad_agent_reference_exits_2_with_a_message() -> None:
+    code, err = await serve_until_exit(
+        "--agent", "tests.agents_for_cli:not_an_agent", "--port", "0", "--http-port", "0"
+    )
+    assert code == 2
     assert b"not an AgentExecutor" in err
 
 
@@ -205,20 +204,7 @@ async def test_a_port_in_use_exits_1_with_a_message(flag: str) -> None:
         taken.listen()
         port = str(taken.getsockname()[1])
         other = "--http-port" if flag == "--port" else "--port"
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "a2a_grpc_server.cli",
-            "serve",
-            flag,
-            port,
-            other,
-            "0",
-            cwd=ROOT,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        async with asyncio.timeout(20):
-            _, err = await proc.communicate()
-    assert proc.returncode == 1
+        code, err = await serve_until_exit(flag, port, other, "0")
+    assert code == 1
     assert f"127.0.0.1:{port}" in err.decode()
     assert b"Traceback" not in err

@@ -255,7 +255,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
             reason = "evicted"
             raise
         except asyncio.CancelledError:
-            reason = "disconnected"
+            reason = "disconnected"  # grpc.aio cancels the handler of a call the peer left
             raise
         finally:
             sub.close()
