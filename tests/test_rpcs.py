@@ -270,3 +270,12 @@ async def test_server_memory_stays_flat_over_many_tasks() -> None:
         assert listed.total_size == 50
         assert h.service.manager.active_count == 0
         await h.settle()
+
+
+async def test_list_tasks_filters_on_status_timestamp_after() -> None:
+    async with asyncio.timeout(10), serve(EchoAgent()) as h:
+        tasks = [(await h.client.send_message(send_request(f"m{i}"))).task for i in range(4)]
+        cutoff = tasks[2].status.timestamp
+        listed = await h.client.list_tasks(ListTasksRequest(status_timestamp_after=cutoff))
+        assert [t.id for t in listed.tasks] == [tasks[3].id, tasks[2].id]
+        assert listed.total_size == 2
