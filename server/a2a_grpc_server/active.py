@@ -119,8 +119,7 @@ class ActiveTask:
         """Record a follow-up user message in the task's history (no frame is sent)."""
         async with self.lock:
             assert self._task is not None
-            updated = Task()
-            updated.CopyFrom(self._task)
+            updated = taskops.copy(self._task)
             if updated.status.HasField("message"):
                 updated.history.append(updated.status.message)
                 updated.status.ClearField("message")
@@ -149,8 +148,7 @@ class ActiveTask:
             if taskops.is_final(base):
                 self.channel.close()
                 return
-            updated = Task()
-            updated.CopyFrom(base)
+            updated = taskops.copy(base)
             frame = taskops.apply(updated, taskops.status_event(updated, state, text))
             try:
                 if self._task is not None:
@@ -166,8 +164,7 @@ class ActiveTask:
                 raise InvalidAgentResponseError(
                     f"agent created task {given.id!r} while serving task {self.task_id!r}"
                 )
-            task = Task()
-            task.CopyFrom(given)
+            task = taskops.copy(given)
             task.id, task.context_id = self.task_id, task.context_id or self.context_id
             if task.context_id != self.context_id:
                 raise InvalidAgentResponseError(

@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from a2a.types.a2a_pb2 import StreamResponse, Task, TaskState
 
+from . import taskops
 from .errors import SlowSubscriberError
 from .metrics import Metrics
 
@@ -215,9 +216,7 @@ class TaskChannel:
         self._subscribers.add(sub)
         if self._snapshot is None:
             return None, sub
-        copy = Task()
-        copy.CopyFrom(self._snapshot)
-        return copy, sub
+        return taskops.copy(self._snapshot), sub
 
     def publish(self, frame: StreamResponse, snapshot: Task | None, *, final: bool = False) -> None:
         """Send ``frame`` to every subscriber; call only after it was persisted.

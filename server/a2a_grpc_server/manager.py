@@ -80,9 +80,9 @@ class Started:
         if active.task is None and active.answer is not None:
             return active.answer
         # The channel's snapshot covers a task the store refused to create.
-        task = _copy(active.task or channel.snapshot)
+        task = active.task or channel.snapshot
         assert task is not None, "a run that ends without an answer always leaves a task"
-        return task
+        return taskops.copy(task)
 
 
 class TaskManager:
@@ -156,7 +156,7 @@ class TaskManager:
                 request=request,
                 task_id=active.task_id,
                 context_id=active.context_id,
-                task=_copy(active.task),
+                task=taskops.copy(active.task) if active.task else None,
             )
             start_seq = active.channel.seq
             run = self._spawn(active, context)
@@ -210,7 +210,7 @@ class TaskManager:
                 call_context=call,
                 task_id=task_id,
                 context_id=active.context_id,
-                task=_copy(active.task),
+                task=taskops.copy(active.task) if active.task else None,
             )
             self._spawn(active, context, execute=False, cancel=True)
         try:
@@ -343,11 +343,3 @@ class TaskManager:
     async def _wait_runs_interrupted(self) -> None:
         while self._runs:
             await asyncio.wait(list(self._runs), return_when=asyncio.FIRST_COMPLETED)
-
-
-def _copy(task: Task | None) -> Task | None:
-    if task is None:
-        return None
-    copy = Task()
-    copy.CopyFrom(task)
-    return copy

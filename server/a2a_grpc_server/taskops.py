@@ -46,6 +46,13 @@ def is_final_state(state: TaskState) -> bool:
     return state in TERMINAL
 
 
+def copy(task: Task) -> Task:
+    """Return a deep copy of ``task``."""
+    result = Task()
+    result.CopyFrom(task)
+    return result
+
+
 def now() -> Timestamp:
     """Return the current time as a protobuf ``Timestamp``."""
     ts = Timestamp()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from a2a.types.a2a_pb2 import Task, TaskState
 
+from .. import taskops
 from ..taskops import TERMINAL
 from . import (
     FinalTaskError,
@@ -163,9 +164,7 @@ class InMemoryTaskStore:
 def _copy(entry: _Entry) -> Task:
     if entry.live is None:
         return Task.FromString(entry.blob)
-    copy = Task()
-    copy.CopyFrom(entry.live)
-    return copy
+    return taskops.copy(entry.live)
 
 
 def _encode_token(rev: int) -> str:
