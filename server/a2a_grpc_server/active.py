@@ -24,6 +24,7 @@ from .store import StoreError, TaskStore
 from .taskops import Event
 
 if TYPE_CHECKING:
+    from .cluster import EventLog
     from .supervisor import Run
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class ActiveTask:
             created yet.
         version: The stored version of ``task``.
         first_message: The user message that starts a new task.
+        events: Where frames are logged for other instances (cluster mode).
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class ActiveTask:
         task: Task | None = None,
         version: int = 0,
         first_message: Message | None = None,
+        events: EventLog | None = None,
     ) -> None:
         self.task_id = task_id
         self.context_id = context_id
@@ -64,6 +67,7 @@ class ActiveTask:
         self._index = taskops.index_artifacts(task) if task is not None else {}
         self._version = version
         self._first_message = first_message
+        self._events = events
         self.run: Run | None = None
         """The execution currently feeding this task, if any."""
         self.admitting = False
@@ -110,6 +114,7 @@ class ActiveTask:
             # (supervisor), so an unpersisted change is never built upon.
             frame = taskops.apply(task, event, self._index)
             await self._persist(task)
+            await self._log(frame, task)
             final = taskops.is_final(task)
             self.channel.publish(frame, task, final=final)
             if final:
@@ -120,11 +125,9 @@ class ActiveTask:
         async with self.lock:
             assert self._task is not None
             updated = taskops.copy(self._task)
-            if updated.status.HasField("message"):
-                updated.history.append(updated.status.message)
-                updated.status.ClearField("message")
-            updated.history.append(message)
+            taskops.add_user_message(updated, message)
             await self._persist(updated)
+            await self._log(None, updated)
             self.channel.set_snapshot(updated)
 
     async def finalize(self, state: TaskState, text: str) -> None:
@@ -156,6 +159,10 @@ class ActiveTask:
             except StoreError:
                 # Subscribers still get the frame even if the store refused it.
                 logger.exception("could not persist the final state of task %s", self.task_id)
+            try:
+                await self._log(frame, updated)
+            except StoreError:
+                logger.exception("could not log the final frame of task %s", self.task_id)
             self.channel.close(frame, updated)
 
     async def _create(self, given: Task | None) -> None:
@@ -182,13 +189,20 @@ class ActiveTask:
         self._version = await self._store.create(task)
         self._task = task
         self._index = taskops.index_artifacts(task)
-        self.channel.publish(StreamResponse(task=task), task, final=taskops.is_final(task))
+        frame = StreamResponse(task=task)
+        await self._log(frame, task)
+        self.channel.publish(frame, task, final=taskops.is_final(task))
         if taskops.is_final(task):
             self.channel.close()
 
     async def _persist(self, updated: Task) -> None:
         self._version = await self._store.update(updated, self._version)
         self._task = updated
+
+    async def _log(self, frame: StreamResponse | None, task: Task) -> None:
+        """Log a persisted frame for other instances (persist, log, then broadcast)."""
+        if self._events is not None:
+            await self._events.append(self.task_id, self._version, frame, task)
 
     def _answer(self, message: Message) -> None:
         self.answer = message

@@ -1,15 +1,17 @@
 """Lifecycle: the embeddable service, and the standalone server around it.
 
 ``A2AService`` is what a team adds to its own ``grpc.aio`` server: the
-servicer plus the task manager, with ``shutdown(grace)`` to end its tasks
-with a final frame. ``A2AServer`` is the whole process: gRPC (A2A, health,
-reflection) and the HTTP agent card, with ``start()`` / ``stop(grace)``.
+servicer plus the task manager, with ``start()`` (joins the cluster, if
+any) and ``shutdown(grace)`` to end its tasks with a final frame.
+``A2AServer`` is the whole process: gRPC (A2A, health, reflection) and the
+HTTP agent card, with ``start()`` / ``stop(grace)``.
 """
 
 from __future__ import annotations
 
 import logging
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import grpc
 from a2a.server.agent_execution import AgentExecutor
@@ -28,6 +30,10 @@ from .service import A2AServicer
 from .store import TaskStore
 from .store.memory import InMemoryTaskStore
 
+if TYPE_CHECKING:
+    from .cluster.natsconn import NatsConfig
+    from .cluster.node import NatsCluster
+
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = a2a_pb2.DESCRIPTOR.services_by_name["A2AService"].full_name
@@ -40,8 +46,10 @@ class A2AService:
         executor: The agent (an a2a-sdk ``AgentExecutor``).
         card: The agent card; a default one if None.
         config: Limits.
-        store: The task store; in-memory with ``config``'s retention if None.
+        store: The task store; the cluster's, or in-memory with ``config``'s
+            retention, if None.
         extended_card: Card for GetExtendedAgentCard, if any.
+        cluster: The cluster this instance joins at ``start()`` (None: alone).
     """
 
     def __init__(
@@ -52,17 +60,40 @@ class A2AService:
         config: ServerConfig | None = None,
         store: TaskStore | None = None,
         extended_card: AgentCard | None = None,
+        cluster: NatsCluster | None = None,
     ) -> None:
         self.config = config or ServerConfig()
         self.card = card or default_card()
-        self.store: TaskStore = (
-            store
-            if store is not None
-            else InMemoryTaskStore(self.config.max_final_tasks, self.config.final_task_ttl)
-        )
+        self.cluster = cluster
+        self.store: TaskStore
+        if store is not None:
+            self.store = store
+        elif cluster is not None:
+            self.store = cluster.store
+        else:
+            self.store = InMemoryTaskStore(self.config.max_final_tasks, self.config.final_task_ttl)
         self.metrics = Metrics()
-        self.manager = TaskManager(executor, self.store, self.config, self.metrics)
+        self.manager = TaskManager(
+            executor,
+            self.store,
+            self.config,
+            self.metrics,
+            cluster=cluster,
+            events=cluster.events if cluster is not None else None,
+        )
         self.servicer = A2AServicer(self.manager, self.config, self.card, extended_card)
+
+    async def start(self) -> None:
+        """Join the cluster (no-op for a single instance); call before serving."""
+        if self.cluster is not None:
+            await self.cluster.join(self.manager)
+
+    async def wait_idle(self) -> None:
+        """Wait until no run, stream or relay cleanup of this service is alive."""
+        await self.servicer.wait_streams_closed()
+        await self.manager.wait_idle()
+        if self.cluster is not None:
+            await self.cluster.wait_idle()
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the A2A servicer on ``server``."""
@@ -71,9 +102,13 @@ class A2AService:
     async def shutdown(self, grace: float | None = None) -> None:
         """Refuse new work, give running tasks ``grace`` seconds, then end them FAILED.
 
-        Every open stream receives its final frame before this returns.
+        Every open stream receives its final frame before this returns (in
+        cluster mode, streams relayed from other instances end UNAVAILABLE
+        RELAY_LOST, and this instance then leaves the cluster).
         """
         await self.manager.shutdown(self.config.shutdown_grace if grace is None else grace)
+        if self.cluster is not None:
+            await self.cluster.leave()
 
 
 class A2AServer:
@@ -87,6 +122,7 @@ class A2AServer:
         http_port: Agent-card HTTP port (0 for any free port, None for none).
         config: Limits.
         store: The task store (in-memory if None).
+        nats: Join a cluster on NATS JetStream with this configuration.
     """
 
     def __init__(
@@ -99,7 +135,10 @@ class A2AServer:
         http_port: int | None = 8080,
         config: ServerConfig | None = None,
         store: TaskStore | None = None,
+        nats: NatsConfig | None = None,
     ) -> None:
+        self._executor, self._card, self._config, self._store = executor, card, config, store
+        self._nats = nats
         self.service = A2AService(executor, card, config=config, store=store)
         self._host, self._port, self._http_port = host, port, http_port
         self._grpc: grpc.aio.Server | None = None
@@ -120,6 +159,17 @@ class A2AServer:
         Raises:
             OSError: A port could not be bound.
         """
+        if self._nats is not None:
+            from .cluster.node import NatsCluster
+
+            try:
+                cluster = await NatsCluster.connect(self._nats)
+            except ConnectionError as exc:
+                raise OSError(str(exc)) from exc
+            self.service = A2AService(
+                self._executor, self._card, config=self._config, store=self._store, cluster=cluster
+            )
+        await self.service.start()
         limit = self.service.config.max_message_bytes
         # gRPC's own limit sits above ours so oversized requests reach our
         # validation and get INVALID_ARGUMENT with an explanation.
@@ -180,6 +230,8 @@ class A2AServer:
             # Streams have their final frames already; this only flushes them.
             await self._grpc.stop(grace=1.0)
             self._grpc = None
+        if self.service.cluster is not None:
+            await self.service.cluster.close()
 
     async def __aenter__(self) -> A2AServer:
         await self.start()

@@ -19,7 +19,11 @@ Who closes what:
   it has, then its stream ends with ``SlowSubscriberError``. The publisher
   never waits for a subscriber and siblings lose nothing.
 * A subscriber whose client went away calls ``Subscription.close()``; the
-  task and the other subscribers are unaffected.
+  task and the other subscribers are unaffected. When the last subscriber
+  leaves, the ``on_idle`` callback runs (a relay uses it to stop relaying).
+* ``sever(error)`` is for a channel that is not the task's own: a relay of a
+  task another instance runs (cluster mode). It ends every subscription with
+  ``error`` once its buffer is drained; the task itself goes on elsewhere.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ class EndReason(enum.Enum):
     """The subscriber fell a whole buffer behind and was dropped."""
     DETACHED = "detached"
     """The subscriber left on its own (its client disconnected)."""
+    SEVERED = "severed"
+    """This instance stopped relaying the task (it goes on elsewhere)."""
 
 
 class Subscription:
@@ -94,6 +100,9 @@ class Subscription:
         while not self._buffer:
             if self._end is EndReason.EVICTED:
                 raise SlowSubscriberError(self.eviction_message())
+            if self._end is EndReason.SEVERED:
+                assert self._channel._severed is not None
+                raise self._channel._severed
             if self._end is not None:
                 raise StopAsyncIteration
             self._waiter = asyncio.get_running_loop().create_future()
@@ -114,7 +123,7 @@ class Subscription:
         """Detach from the channel (the reader is gone). Idempotent."""
         if self._end is None:
             self._end = EndReason.DETACHED
-        self._channel._subscribers.discard(self)
+        self._channel._discard(self)
         self._buffer.clear()
         self._wake()
 
@@ -130,14 +139,14 @@ class Subscription:
         self._buffer.append(frame)
         self._wake()
 
-    def _finish(self) -> None:
+    def _finish(self, reason: EndReason = EndReason.FINISHED) -> None:
         if self._end is None:
-            self._end = EndReason.FINISHED
+            self._end = reason
         self._wake()
 
     def _evict(self) -> None:
         self._end = EndReason.EVICTED
-        self._channel._subscribers.discard(self)
+        self._channel._discard(self)
         self._channel.metrics.evictions += 1
         logger.warning(
             "evicted a slow subscriber of task %s (%d frames behind)",
@@ -170,12 +179,20 @@ class TaskChannel:
         self._final_published = False
         self._changed = asyncio.Event()
         self._close_callbacks: list[Callable[[], None]] = []
+        self._severed: Exception | None = None
+        self.on_idle: Callable[[], None] | None = None
+        """Called when the last subscriber leaves an open channel."""
         self.metrics = metrics or Metrics()
 
     @property
     def closed(self) -> bool:
         """Whether the channel's task has ended."""
         return self._closed
+
+    @property
+    def subscriber_count(self) -> int:
+        """Subscribers currently attached."""
+        return len(self._subscribers)
 
     @property
     def snapshot(self) -> Task | None:
@@ -273,6 +290,31 @@ class TaskChannel:
             sub._finish()
         self._subscribers.clear()
         self._signal_changed()
+
+    def sever(self, error: Exception) -> None:
+        """Stop carrying a task this channel only relays; idempotent, no final frame.
+
+        Subscribers drain what is buffered, then their iteration raises ``error``.
+        Close callbacks run as for ``close``.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._severed = error
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        for callback in callbacks:
+            callback()
+        for sub in self._subscribers:
+            sub._finish(EndReason.SEVERED)
+        self._subscribers.clear()
+        self._signal_changed()
+
+    def _discard(self, sub: Subscription) -> None:
+        if sub not in self._subscribers:
+            return
+        self._subscribers.discard(sub)
+        if not self._subscribers and not self._closed and self.on_idle is not None:
+            self.on_idle()
 
     def set_snapshot(self, snapshot: Task) -> None:
         """Replace the snapshot without a frame (a follow-up message was recorded)."""

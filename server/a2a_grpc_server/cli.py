@@ -15,12 +15,16 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from a2a.server.agent_execution import AgentExecutor
 from a2a.types.a2a_pb2 import AgentCard
 
 from .app import A2AServer
 from .config import ServerConfig
+
+if TYPE_CHECKING:
+    from .cluster.natsconn import NatsConfig
 
 logger = logging.getLogger("a2a_grpc_server")
 
@@ -85,6 +89,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-grace", type=float, default=_DEFAULTS.shutdown_grace)
     serve.add_argument("--max-final-tasks", type=int, default=_DEFAULTS.max_final_tasks)
     serve.add_argument("--final-task-ttl", type=float, default=_DEFAULTS.final_task_ttl)
+    cluster = serve.add_argument_group("cluster mode (NATS JetStream; pip install '.[cluster]')")
+    cluster.add_argument(
+        "--nats",
+        metavar="URL[,URL...]",
+        help="join the cluster on these NATS servers, e.g. nats://127.0.0.1:4222 "
+        "(default: no cluster, in-memory store)",
+    )
+    cluster.add_argument(
+        "--nats-replicas", type=int, default=1, help="JetStream replicas (3 on a 3-node cluster)"
+    )
+    cluster.add_argument(
+        "--lease",
+        type=float,
+        default=5.0,
+        help="seconds without a heartbeat before an instance's tasks end FAILED (default 5)",
+    )
+    cluster.add_argument("--instance-id", help="this instance's id (default: a new one per start)")
     serve.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper
     )
@@ -101,7 +122,13 @@ async def serve(args: argparse.Namespace) -> None:
         final_task_ttl=args.final_task_ttl,
     )
     server = A2AServer(
-        executor, card, host=args.host, port=args.port, http_port=args.http_port, config=config
+        executor,
+        card,
+        host=args.host,
+        port=args.port,
+        http_port=args.http_port,
+        config=config,
+        nats=_nats_config(args),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -119,6 +146,22 @@ async def serve(args: argparse.Namespace) -> None:
     await stop.wait()
     await server.stop()
     logger.info("stopped")
+
+
+def _nats_config(args: argparse.Namespace) -> NatsConfig | None:
+    if not args.nats:
+        return None
+    try:
+        from .cluster.natsconn import NatsConfig as Config
+    except ImportError as exc:
+        raise ValueError(
+            f"--nats needs the cluster extra (pip install '.[cluster]'): {exc}"
+        ) from exc
+    if args.lease <= 0 or args.nats_replicas < 1:
+        raise ValueError("--lease must be > 0 and --nats-replicas >= 1")
+    servers = [url.strip() for url in args.nats.split(",") if url.strip()]
+    extra = {"instance_id": args.instance_id} if args.instance_id else {}
+    return Config(servers=servers, replicas=args.nats_replicas, lease=args.lease, **extra)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,9 @@ executor raising one of them is reported faithfully):
       ``InvalidRequestError`` -> INVALID_ARGUMENT
     * ``InvalidAgentResponseError``, ``InternalError`` -> INTERNAL
 * ``SlowSubscriberError`` (ours) -> RESOURCE_EXHAUSTED
-* ``ServerShuttingDownError`` (ours) -> UNAVAILABLE
+* ``ServerShuttingDownError``, ``OwnerUnavailableError``,
+  ``RelayLostError`` (ours) -> UNAVAILABLE
+* ``StoreUnavailableError`` (ours, store backend down) -> UNAVAILABLE
 * anything else -> INTERNAL with a generic message; the traceback is logged.
 
 Every status carries a ``google.rpc.Status`` in ``grpc-status-details-bin``
@@ -63,6 +65,20 @@ class ServerShuttingDownError(ServerError):
 
     code = grpc.StatusCode.UNAVAILABLE
     reason = "SHUTTING_DOWN"
+
+
+class OwnerUnavailableError(ServerError):
+    """The instance that runs the task did not answer a routed request (cluster mode)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "OWNER_UNAVAILABLE"
+
+
+class RelayLostError(ServerError):
+    """This instance stopped relaying a task another instance runs (cluster mode)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "RELAY_LOST"
 
 
 class InvalidFieldError(InvalidParamsError):

@@ -6,6 +6,11 @@ asyncio task the manager keeps until it ends. A task is "active" from its
 first message until its channel closes; interrupted tasks stay active
 without a run, waiting for a follow-up. ``shutdown`` ends every active task
 with a final frame.
+
+In cluster mode a task is active only on its owner. For a task owned by
+another instance, ``subscribe`` joins this instance's relay of it, and
+``cancel`` and follow-up ``send`` are routed to the owner (see ``cluster``),
+which runs them through this same class with ``route=False``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
@@ -32,8 +38,11 @@ from .channel import ChannelClosedError, Subscription, TaskChannel
 from .config import ServerConfig
 from .errors import ServerShuttingDownError
 from .metrics import Metrics
-from .store import TaskStore
+from .store import StoredTask, TaskStore
 from .supervisor import TASK_PREFIX, Run
+
+if TYPE_CHECKING:
+    from .cluster import Cluster, EventLog
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +94,49 @@ class Started:
         return taskops.copy(task)
 
 
+@dataclass(slots=True)
+class Routed:
+    """A follow-up message this instance sent to the task's owner (cluster mode).
+
+    Attributes:
+        snapshot: The task as the message found it (the message included).
+        subscription: This caller's subscription to the task's relay.
+        store: Where the task is read back from.
+    """
+
+    snapshot: Task
+    subscription: Subscription
+    store: TaskStore
+
+    async def outcome(self, *, immediately: bool) -> Task | Message:
+        """Wait for what a blocking SendMessage answers (see ``Started.outcome``)."""
+        sub = self.subscription
+        try:
+            if not immediately:
+                async for frame in sub:
+                    kind = frame.WhichOneof("payload")
+                    state = (
+                        frame.status_update.status.state
+                        if kind == "status_update"
+                        else frame.task.status.state
+                        if kind == "task"
+                        else TaskState.TASK_STATE_UNSPECIFIED
+                    )
+                    if taskops.is_final_state(state) or state in taskops.INTERRUPTED:
+                        break
+        finally:
+            sub.close()
+        stored = await self.store.get(self.snapshot.id)
+        return stored.task if stored is not None else self.snapshot
+
+
+def _no_more_messages(task: Task) -> UnsupportedOperationError:
+    return UnsupportedOperationError(
+        f"task {task.id!r} is {TaskState.Name(task.status.state)} and accepts no more "
+        "messages; start a new task (omit message.task_id)"
+    )
+
+
 class TaskManager:
     """Owns the live tasks of this instance.
 
@@ -93,6 +145,8 @@ class TaskManager:
         store: Where tasks are persisted.
         config: Limits.
         metrics: Where this instance counts what it does.
+        cluster: The other instances (None: this instance is alone).
+        events: Where frames are logged for the other instances (cluster mode).
     """
 
     def __init__(
@@ -101,11 +155,17 @@ class TaskManager:
         store: TaskStore,
         config: ServerConfig,
         metrics: Metrics | None = None,
+        *,
+        cluster: Cluster | None = None,
+        events: EventLog | None = None,
     ) -> None:
         self.metrics = metrics or Metrics()
+        self.config = config
         self._executor = executor
         self._store = store
         self._config = config
+        self._cluster = cluster
+        self._events = events
         self._active: dict[str, ActiveTask] = {}
         self._runs: dict[asyncio.Task[None], Run] = {}
         self._idle = asyncio.Event()
@@ -123,22 +183,38 @@ class TaskManager:
         return len(self._active)
 
     async def send(
-        self, request: SendMessageRequest, call: ServerCallContext, *, subscribe: bool
-    ) -> Started:
+        self,
+        request: SendMessageRequest,
+        call: ServerCallContext,
+        *,
+        subscribe: bool,
+        route: bool = True,
+    ) -> Started | Routed:
         """Start executing a message: a new task, or a follow-up to an interrupted one.
+
+        Args:
+            request: The message and its configuration.
+            call: The caller's context.
+            subscribe: Subscribe the caller before the executor starts.
+            route: Send a follow-up for a task another instance owns to that
+                owner (False: this instance was routed to; serve it here).
 
         Raises:
             TaskNotFoundError: The message names a task the store does not have.
             UnsupportedOperationError: That task has ended or is still working.
             InvalidParamsError: The message's context does not match the task's.
             ServerShuttingDownError: The server is draining.
+            OwnerUnavailableError: The task's owner did not answer (cluster mode).
         """
         if not self._accepting:
             raise ServerShuttingDownError("server is shutting down; retry on another instance")
         message = request.message
         follow_up = bool(message.task_id)
         if follow_up:
-            active = await self._continue(message.task_id, message.context_id)
+            stored = await self._check_follow_up(message.task_id, message.context_id)
+            if route and self._owned_elsewhere(stored):
+                return await self._route_send(stored, request, call)
+            active = self._admit(stored)
             message.context_id = active.context_id
         else:
             active = self._new_task(message)
@@ -170,7 +246,9 @@ class TaskManager:
         message.task_id, message.context_id = task_id, context_id
         channel = TaskChannel(task_id, self._config.subscriber_buffer, self.metrics)
         self.metrics.tasks_started += 1
-        active = ActiveTask(task_id, context_id, self._store, channel, first_message=message)
+        active = ActiveTask(
+            task_id, context_id, self._store, channel, first_message=message, events=self._events
+        )
         self._register(active)
         return active
 
@@ -181,25 +259,48 @@ class TaskManager:
             TaskNotFoundError: The store has no such task (never had it, or
                 it was evicted by retention).
         """
+        return (await self._get_stored(task_id)).task
+
+    async def _get_stored(self, task_id: str) -> StoredTask:
         stored = await self._store.get(task_id)
         if stored is None:
             raise TaskNotFoundError(f"task {task_id!r} not found")
-        return stored.task
+        return stored
 
-    async def cancel(self, task_id: str, call: ServerCallContext) -> Task:
-        """Cancel a task; every stream of it ends with CANCELED.
+    def _owned_elsewhere(self, stored: StoredTask) -> bool:
+        return (
+            self._cluster is not None
+            and bool(stored.owner)
+            and stored.owner != self._cluster.instance_id
+        )
+
+    async def cancel(self, task_id: str, call: ServerCallContext, *, route: bool = True) -> Task:
+        """Cancel a task; every stream of it, on every instance, ends with CANCELED.
 
         The executor's ``cancel()`` gets ``cancel_timeout`` seconds to end the
         task; if it does not (no-op, raised, hung), the server ends it
-        CANCELED itself and cancels the executor.
+        CANCELED itself and cancels the executor. A task another instance
+        owns is canceled by that owner (unless ``route`` is False).
 
         Raises:
             TaskNotFoundError: No such task.
             TaskNotCancelableError: The task already ended.
+            OwnerUnavailableError: The task's owner did not answer (cluster mode).
         """
         started = time.monotonic()
-        stored = await self.get(task_id)
+        found = await self._get_stored(task_id)
+        stored = found.task
         active = self._active.get(task_id)
+        if (
+            active is None
+            and not taskops.is_final(stored)
+            and route
+            and self._owned_elsewhere(found)
+        ):
+            assert self._cluster is not None
+            final = await self._cluster.cancel(found, call)
+            self.metrics.cancel_seconds.observe(time.monotonic() - started)
+            return final
         if taskops.is_final(stored) or active is None:
             raise TaskNotCancelableError(
                 f"task {task_id!r} is {TaskState.Name(stored.status.state)} and cannot be canceled"
@@ -241,8 +342,11 @@ class TaskManager:
             TaskNotFoundError: No such task.
             UnsupportedOperationError: The task already ended.
         """
-        stored = await self.get(task_id)
+        found = await self._get_stored(task_id)
+        stored = found.task
         active = self._active.get(task_id)
+        if active is None and self._cluster is not None and not taskops.is_final(stored):
+            return await self._cluster.subscribe(found)
         try:
             if active is None:
                 raise ChannelClosedError(task_id)
@@ -276,28 +380,46 @@ class TaskManager:
         """Wait until no run of this manager is alive."""
         await self._idle.wait()
 
-    async def _continue(self, task_id: str, context_id: str) -> ActiveTask:
-        stored = await self.get(task_id)
+    async def _check_follow_up(self, task_id: str, context_id: str) -> StoredTask:
+        found = await self._get_stored(task_id)
+        stored = found.task
         if context_id and context_id != stored.context_id:
             raise InvalidParamsError(
                 f"message.context_id {context_id!r} does not match task {task_id!r}'s "
                 f"context {stored.context_id!r}; omit it or send the task's own"
             )
-        state = stored.status.state
-        active = self._active.get(task_id)
-        if taskops.is_final(stored) or active is None:
-            raise UnsupportedOperationError(
-                f"task {task_id!r} is {TaskState.Name(state)} and accepts no more messages; "
-                "start a new task (omit message.task_id)"
-            )
+        if taskops.is_final(stored):
+            raise _no_more_messages(stored)
+        return found
+
+    def _admit(self, found: StoredTask) -> ActiveTask:
+        stored = found.task
+        active = self._active.get(stored.id)
+        if active is None or active.channel.closed:
+            raise _no_more_messages(stored)
         if active.admitting or (active.run is not None and not active.run.finished.is_set()):
             raise UnsupportedOperationError(
-                f"task {task_id!r} is still {TaskState.Name(state)}; send follow-ups only "
-                "when it asks for input, or cancel it"
+                f"task {stored.id!r} is still {TaskState.Name(stored.status.state)}; send "
+                "follow-ups only when it asks for input, or cancel it"
             )
         # Held until the follow-up's run is spawned: one executor per task.
         active.admitting = True
         return active
+
+    async def _route_send(
+        self, found: StoredTask, request: SendMessageRequest, call: ServerCallContext
+    ) -> Routed:
+        assert self._cluster is not None
+        # Subscribed before the owner starts: no frame of this message is missed.
+        snapshot, sub = await self._cluster.subscribe(found)
+        try:
+            await self._cluster.send(found, request, call)
+        except BaseException:
+            sub.close()
+            raise
+        request.message.context_id = snapshot.context_id
+        taskops.add_user_message(snapshot, request.message)
+        return Routed(snapshot, sub, self._store)
 
     def _register(self, active: ActiveTask) -> None:
         self._active[active.task_id] = active

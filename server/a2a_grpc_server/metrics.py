@@ -47,6 +47,8 @@ class Metrics:
     """Why streams ended: finished, interrupted, evicted, disconnected, error."""
     evictions: int = 0
     dropped_events: int = 0
+    tasks_reaped: int = 0
+    """Tasks of a lost instance this instance ended FAILED (cluster mode)."""
     cancel_seconds: Histogram = field(default_factory=lambda: Histogram(CANCEL_BUCKETS))
     """CancelTask received -> the task's final frame in every buffer."""
 
@@ -85,6 +87,12 @@ class Metrics:
             "counter",
             "Executor events dropped (after the task ended).",
             [("", self.dropped_events)],
+        )
+        metric(
+            "tasks_reaped_total",
+            "counter",
+            "Tasks of lost instances ended FAILED by this instance.",
+            [("", self.tasks_reaped)],
         )
         h = self.cancel_seconds
         cumulative = 0

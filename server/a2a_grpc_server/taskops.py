@@ -70,6 +70,14 @@ def new_task(task_id: str, context_id: str, message: Message | None) -> Task:
     return task
 
 
+def add_user_message(task: Task, message: Message) -> None:
+    """Record a follow-up user message: the status message moves to history first."""
+    if task.status.HasField("message"):
+        task.history.append(task.status.message)
+        task.status.ClearField("message")
+    task.history.append(message)
+
+
 def agent_message(task: Task, text: str) -> Message:
     """Build an agent message bound to ``task``, for statuses the server writes."""
     msg = Message(

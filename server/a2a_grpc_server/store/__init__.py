@@ -10,11 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import grpc
 from a2a.types.a2a_pb2 import Task, TaskState
+
+from ..errors import ServerError
 
 
 class StoreError(Exception):
     """Base of the errors a task store raises."""
+
+
+class StoreUnavailableError(StoreError, ServerError):
+    """The store's backend did not answer in time (e.g. NATS is failing over)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "STORE_UNAVAILABLE"
 
 
 class TaskExistsError(StoreError):
@@ -35,10 +45,15 @@ class UnknownTaskError(StoreError):
 
 @dataclass(frozen=True, slots=True)
 class StoredTask:
-    """A task and the version it was stored at."""
+    """A task, the version it was stored at, and the instance that owns it.
+
+    ``owner`` is the id of the instance that last wrote the task (the one
+    running it while it is live); single-instance stores leave it empty.
+    """
 
     task: Task
     version: int
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)

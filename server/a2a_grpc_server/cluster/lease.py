@@ -1,0 +1,167 @@
+"""Ownership leases: instances heartbeat; survivors end a lost owner's tasks FAILED.
+
+Who runs what: ``start`` writes this instance's first heartbeat (before it
+serves anything), then runs one asyncio task holding a TaskGroup of two
+loops: the heartbeat (a put to ``A2A_INSTANCES/<id>`` every ``lease / 4``
+seconds, which also checks the other instances), and the watcher, which
+records when each instance was last heard from.
+
+An instance not heard from for ``lease`` seconds, or whose key was deleted
+(graceful shutdown), is lost. Every survivor then sweeps the task bucket:
+each task that is not final and whose owner is not live is compare-and-set
+to FAILED ("owner instance lost"); the CAS lets exactly one survivor win per
+task, and the winner appends the FAILED frame to the event log, so every
+relayed subscriber ends with it. One sweep also runs ``lease`` seconds after
+start (every live instance has been heard from by then), for owners that
+died while no survivor was watching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import nats.errors
+import nats.js.errors
+from a2a.types.a2a_pb2 import TaskState
+
+from .. import taskops
+from ..metrics import Metrics
+from ..store import FinalTaskError, StoredTask, StoreError, UnknownTaskError, VersionConflictError
+from ..store.nats import NatsTaskStore
+from ..supervisor import TASK_PREFIX
+from .events import NatsEventLog
+from .natsconn import NatsConnection
+
+logger = logging.getLogger(__name__)
+
+DELETED = ("DEL", "PURGE")
+
+
+class Lease:
+    """This instance's heartbeat, and the reaper of lost instances' tasks.
+
+    Args:
+        conn: The NATS connection.
+        store: The task store (writes as this instance).
+        log: The event log.
+        metrics: Where reaped tasks are counted.
+    """
+
+    def __init__(
+        self, conn: NatsConnection, store: NatsTaskStore, log: NatsEventLog, metrics: Metrics
+    ) -> None:
+        self._kv = conn.instances
+        self._id = conn.config.instance_id
+        self._lease = conn.config.lease
+        self._store = store
+        self._log = log
+        self._metrics = metrics
+        self._seen: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._started_at = 0.0
+        self._swept_at_start = False
+        self.swept = asyncio.Event()
+        """Set after each sweep (tests wait on it)."""
+
+    def live(self) -> set[str]:
+        """Instances heard from within the lease (this one included)."""
+        now = asyncio.get_running_loop().time()
+        return {i for i, t in self._seen.items() if now - t <= self._lease} | {self._id}
+
+    async def start(self) -> None:
+        """Write the first heartbeat, then keep the lease and watch the others."""
+        loop = asyncio.get_running_loop()
+        self._started_at = loop.time()
+        await self._kv.put(self._id, b"")
+        watcher = await self._kv.watchall()
+        self._task = asyncio.create_task(self._run(watcher), name=f"{TASK_PREFIX}:lease")
+
+    async def stop(self, *, release: bool) -> None:
+        """Stop heartbeating; with ``release`` delete the key so survivors act at once."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if release:
+            try:
+                await self._kv.delete(self._id)
+            except (nats.errors.Error, nats.js.errors.Error) as exc:
+                logger.warning("could not release this instance's lease: %s", exc)
+
+    async def _run(self, watcher: object) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._heartbeat(), name=f"{TASK_PREFIX}:heartbeat")
+            group.create_task(self._watch(watcher), name=f"{TASK_PREFIX}:lease-watch")
+
+    async def _heartbeat(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await self._kv.put(self._id, b"")
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+                logger.warning("heartbeat failed: %s", type(exc).__name__)
+            now = loop.time()
+            lost = [i for i, t in self._seen.items() if now - t > self._lease and i != self._id]
+            for instance in lost:
+                del self._seen[instance]
+                logger.warning("instance %s lost (no heartbeat for %.1f s)", instance, self._lease)
+            due = not self._swept_at_start and now - self._started_at >= self._lease
+            if lost or due:
+                self._swept_at_start = True
+                await self._sweep_logged()
+            await asyncio.sleep(self._lease / 4)  # the heartbeat period
+
+    async def _watch(self, watcher: object) -> None:
+        from nats.js.kv import KeyValue
+
+        assert isinstance(watcher, KeyValue.KeyWatcher)
+        loop = asyncio.get_running_loop()
+        try:
+            async for entry in watcher:
+                if entry is None or entry.key == self._id:
+                    continue
+                if entry.operation in DELETED:
+                    if self._seen.pop(entry.key, None) is not None:
+                        logger.info("instance %s released its lease", entry.key)
+                        await self._sweep_logged()
+                else:
+                    self._seen[entry.key] = loop.time()
+        finally:
+            await watcher.stop()
+
+    async def _sweep_logged(self) -> None:
+        try:
+            await self.sweep()
+        except StoreError as exc:
+            logger.warning("lease sweep failed: %s", exc)
+        finally:
+            self.swept.set()
+            self.swept = asyncio.Event()
+
+    async def sweep(self) -> int:
+        """End FAILED every live-looking task whose owner is lost; return how many this won.
+
+        Raises:
+            StoreError: The store could not be read.
+        """
+        live = self.live()
+        won = 0
+        for stored in await self._store.scan():
+            if taskops.is_final(stored.task) or stored.owner in live or not stored.owner:
+                continue
+            won += await self._claim(stored)
+        return won
+
+    async def _claim(self, stored: StoredTask) -> int:
+        task = taskops.copy(stored.task)
+        text = f"owner instance {stored.owner} was lost"
+        frame = taskops.apply(task, taskops.status_event(task, TaskState.TASK_STATE_FAILED, text))
+        try:
+            version = await self._store.update(task, stored.version)
+        except (VersionConflictError, FinalTaskError, UnknownTaskError):
+            return 0  # another survivor won, or the owner wrote after all
+        await self._log.append(task.id, version, frame, task)
+        self._metrics.tasks_reaped += 1
+        logger.warning("task %s ended FAILED: %s", task.id, text)
+        return 1

@@ -1,0 +1,173 @@
+"""The NATS connection of one instance, and the JetStream assets every instance shares.
+
+Assets (created if missing, identical on every instance):
+
+* KV bucket ``A2A_TASKS``: the task store (history 1, max age ``task_ttl``);
+* KV bucket ``A2A_INSTANCES``: one heartbeat key per live instance;
+* stream ``A2A_EVENTS`` on ``a2a.events.<task id>``: every task's frames,
+  bounded by age, messages per task and bytes (oldest dropped first).
+
+Control requests between instances use core NATS request/reply on
+``a2a.ctl.<instance id>.<op>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext, api
+from nats.js.kv import KeyValue
+
+logger = logging.getLogger(__name__)
+
+TASKS_BUCKET = "A2A_TASKS"
+INSTANCES_BUCKET = "A2A_INSTANCES"
+EVENTS_STREAM = "A2A_EVENTS"
+EVENTS_SUBJECT = "a2a.events"
+CONTROL_SUBJECT = "a2a.ctl"
+SETUP_TIMEOUT = 20.0
+
+
+def new_instance_id() -> str:
+    """A fresh id for this process (ownership does not survive a restart)."""
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class NatsConfig:
+    """How this instance joins the cluster.
+
+    Attributes:
+        servers: NATS URLs (any node of the cluster; the client learns the rest).
+        instance_id: This instance's id; a new one per process by default.
+        replicas: JetStream replicas of the bucket and stream (3 on a 3-node cluster).
+        lease: Seconds after an instance's last heartbeat before survivors end its
+            tasks FAILED.
+        task_ttl: Seconds a task is kept after its last write.
+        events_ttl: Seconds a frame is kept in the event log.
+        events_per_task: Most frames kept per task (oldest dropped first).
+        events_max_bytes: Most bytes the event log keeps (oldest dropped first).
+    """
+
+    servers: list[str] = field(default_factory=lambda: ["nats://127.0.0.1:4222"])
+    instance_id: str = field(default_factory=new_instance_id)
+    replicas: int = 1
+    lease: float = 5.0
+    task_ttl: float = 86_400.0
+    events_ttl: float = 3_600.0
+    events_per_task: int = 10_000
+    events_max_bytes: int = 1 << 30
+
+
+@dataclass
+class NatsConnection:
+    """An open connection and the shared assets."""
+
+    config: NatsConfig
+    nc: Client
+    js: JetStreamContext
+    tasks: KeyValue
+    instances: KeyValue
+
+    async def close(self) -> None:
+        """Flush and close the connection."""
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+
+async def connect(config: NatsConfig) -> NatsConnection:
+    """Connect, then create or check the shared assets (waits for JetStream to be ready).
+
+    Raises:
+        ConnectionError: NATS or JetStream did not become available within 20 s.
+    """
+    name = f"a2a-grpc-server {config.instance_id}"
+    try:
+        nc = await nats.connect(
+            servers=config.servers,
+            name=name,
+            connect_timeout=2,
+            reconnect_time_wait=0.25,
+            max_reconnect_attempts=-1,
+            allow_reconnect=True,
+            error_cb=_log_error,
+            disconnected_cb=_log_event("disconnected from NATS"),
+            reconnected_cb=_log_event("reconnected to NATS"),
+        )
+    except (OSError, nats.errors.NoServersError, TimeoutError) as exc:
+        raise ConnectionError(f"cannot connect to NATS at {', '.join(config.servers)}") from exc
+    js = nc.jetstream(timeout=5)
+    try:
+        async with asyncio.timeout(SETUP_TIMEOUT):
+            tasks, instances = await _ensure_assets(js, config)
+    except TimeoutError as exc:
+        await nc.close()
+        raise ConnectionError("JetStream did not become available within 20 s") from exc
+    return NatsConnection(config, nc, js, tasks, instances)
+
+
+async def _ensure_assets(js: JetStreamContext, config: NatsConfig) -> tuple[KeyValue, KeyValue]:
+    while True:
+        try:
+            tasks = await js.create_key_value(
+                bucket=TASKS_BUCKET,
+                history=1,
+                ttl=config.task_ttl,
+                replicas=config.replicas,
+                direct=False,
+                storage=api.StorageType.FILE,
+            )
+            instances = await js.create_key_value(
+                bucket=INSTANCES_BUCKET,
+                history=1,
+                ttl=max(config.lease * 10, 60.0),
+                replicas=config.replicas,
+                direct=False,
+                storage=api.StorageType.FILE,
+            )
+            await _ensure_events(js, config)
+            return tasks, instances
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError) as exc:
+            logger.info("waiting for JetStream: %s", type(exc).__name__)
+        except nats.js.errors.APIError as exc:
+            if exc.code != 503 and exc.err_code not in (10008, 10023):
+                raise
+            logger.info("waiting for JetStream: %s", exc.description)
+        await asyncio.sleep(0.25)  # JetStream elects its meta leader
+
+
+async def _ensure_events(js: JetStreamContext, config: NatsConfig) -> None:
+    stream = api.StreamConfig(
+        name=EVENTS_STREAM,
+        subjects=[f"{EVENTS_SUBJECT}.>"],
+        retention=api.RetentionPolicy.LIMITS,
+        discard=api.DiscardPolicy.OLD,
+        max_age=config.events_ttl,
+        max_msgs_per_subject=config.events_per_task,
+        max_bytes=config.events_max_bytes,
+        num_replicas=config.replicas,
+        storage=api.StorageType.FILE,
+        duplicate_window=min(120.0, config.events_ttl),
+    )
+    try:
+        await js.add_stream(stream)
+    except nats.js.errors.BadRequestError:
+        await js.update_stream(stream)  # exists with other limits: this instance's win
+
+
+async def _log_error(exc: Exception) -> None:
+    logger.warning("NATS: %s: %s", type(exc).__name__, exc)
+
+
+def _log_event(text: str):  # type: ignore[no-untyped-def]
+    async def log() -> None:
+        logger.warning(text)
+
+    return log

@@ -1,0 +1,184 @@
+"""Routed requests: CancelTask and follow-up messages sent to the task's owner.
+
+Core NATS request/reply on ``a2a.ctl.<owner id>.cancel`` and ``.send``. The
+owner serves each request in its own task (tracked, so shutdown waits for
+them) by calling its manager's local path, exactly as for a call it received
+itself: the cancel's frames go through the owner's channel and the event
+log, never around them. Errors come back as a header naming the domain error
+class, and are raised again on the asking instance.
+
+Who runs what: nats-py calls ``_on_request`` in the subscription's task; it
+only spawns the serving task and returns, so one slow cancel never delays
+another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import nats.errors
+from a2a.server.context import ServerCallContext
+from a2a.types.a2a_pb2 import SendMessageRequest, Task
+from a2a.utils.errors import (
+    A2AError,
+    InvalidParamsError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
+
+from ..errors import OwnerUnavailableError, ServerError, ServerShuttingDownError
+from ..supervisor import TASK_PREFIX
+from .natsconn import CONTROL_SUBJECT
+
+if TYPE_CHECKING:
+    from ..manager import TaskManager
+
+logger = logging.getLogger(__name__)
+
+ERROR = "A2a-Error"
+CALL_HEADERS = "A2a-Call-Headers"
+EXTENSIONS = "A2a-Extensions"
+REPLY_SLACK = 2.0
+"""Seconds the asking instance waits beyond the owner's own bound."""
+
+_ERRORS: dict[str, type[Exception]] = {
+    cls.__name__: cls
+    for cls in (
+        TaskNotFoundError,
+        TaskNotCancelableError,
+        UnsupportedOperationError,
+        InvalidParamsError,
+        ServerShuttingDownError,
+    )
+}
+
+
+def control_subject(instance_id: str, op: str) -> str:
+    """The subject on which ``instance_id`` serves ``op``."""
+    return f"{CONTROL_SUBJECT}.{instance_id}.{op}"
+
+
+class Router:
+    """Serves this instance's routed requests and sends requests to owners.
+
+    Args:
+        nc: The NATS connection.
+        instance_id: This instance's id.
+        cancel_bound: Seconds the owner may take to cancel (its cancel
+            timeout plus slack); the asking side waits a little longer.
+    """
+
+    def __init__(self, nc: Client, instance_id: str, cancel_bound: float) -> None:
+        self._nc = nc
+        self._id = instance_id
+        self._cancel_bound = cancel_bound
+        self._subs: list[NatsSubscription] = []
+        self._serving: set[asyncio.Task[None]] = set()
+        self._manager: TaskManager | None = None
+
+    async def start(self, manager: TaskManager) -> None:
+        """Serve routed cancels and follow-ups with ``manager``."""
+        self._manager = manager
+        for op in ("cancel", "send"):
+            self._subs.append(
+                await self._nc.subscribe(control_subject(self._id, op), cb=self._on_request)
+            )
+
+    async def stop(self) -> None:
+        """Stop taking requests; wait for the ones being served."""
+        for sub in self._subs:
+            with contextlib.suppress(nats.errors.ConnectionClosedError):
+                await sub.unsubscribe()
+        self._subs.clear()
+        while self._serving:
+            await asyncio.gather(*self._serving, return_exceptions=True)
+
+    async def cancel(self, owner: str, task_id: str, call: ServerCallContext) -> Task:
+        """Ask ``owner`` to cancel ``task_id``; return the task it ended.
+
+        Raises:
+            TaskNotCancelableError: The task ended before it could be canceled.
+            OwnerUnavailableError: The owner did not answer.
+        """
+        reply = await self._request(owner, "cancel", task_id.encode(), call)
+        return Task.FromString(reply)
+
+    async def send(self, owner: str, request: SendMessageRequest, call: ServerCallContext) -> None:
+        """Ask ``owner`` to start a follow-up message on its task.
+
+        Raises:
+            UnsupportedOperationError: The task does not take a message now.
+            OwnerUnavailableError: The owner did not answer.
+        """
+        await self._request(owner, "send", request.SerializeToString(), call)
+
+    async def _request(self, owner: str, op: str, payload: bytes, call: ServerCallContext) -> bytes:
+        headers = {
+            CALL_HEADERS: json.dumps(call.state.get("headers", {})),
+            EXTENSIONS: ",".join(sorted(call.requested_extensions)),
+        }
+        try:
+            msg = await self._nc.request(
+                control_subject(owner, op),
+                payload,
+                timeout=self._cancel_bound + REPLY_SLACK,
+                headers=headers,
+            )
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
+            raise OwnerUnavailableError(
+                f"instance {owner}, which runs this task, did not answer; if it is gone, "
+                "the task ends FAILED once its lease expires"
+            ) from exc
+        error = (msg.headers or {}).get(ERROR)
+        if error:
+            raise _ERRORS.get(error, OwnerUnavailableError)(msg.data.decode())
+        return bytes(msg.data)
+
+    async def _on_request(self, msg: Msg) -> None:
+        op = msg.subject.rsplit(".", 1)[-1]
+        serve = self._serve_cancel if op == "cancel" else self._serve_send
+        task = asyncio.create_task(self._serve(msg, serve), name=f"{TASK_PREFIX}:routed-{op}")
+        self._serving.add(task)
+        task.add_done_callback(self._serving.discard)
+
+    async def _serve(
+        self, msg: Msg, serve: Callable[[Msg, ServerCallContext], Awaitable[bytes]]
+    ) -> None:
+        headers = msg.headers or {}
+        call = ServerCallContext(
+            state={"headers": json.loads(headers.get(CALL_HEADERS, "{}"))},
+            requested_extensions={e for e in headers.get(EXTENSIONS, "").split(",") if e},
+        )
+        try:
+            reply, reply_headers = await serve(msg, call), None
+        except (A2AError, ServerError) as exc:
+            text = getattr(exc, "message", None) or str(exc)
+            reply, reply_headers = text.encode(), {ERROR: type(exc).__name__}
+        except Exception:
+            logger.exception("routed %s failed", msg.subject)
+            reply, reply_headers = b"internal error on the owner", {ERROR: "Internal"}
+        try:
+            await self._nc.publish(msg.reply, reply, headers=reply_headers)
+        except nats.errors.ConnectionClosedError:
+            logger.warning("could not answer routed %s: connection closed", msg.subject)
+
+    async def _serve_cancel(self, msg: Msg, call: ServerCallContext) -> bytes:
+        assert self._manager is not None
+        task = await self._manager.cancel(msg.data.decode(), call, route=False)
+        return task.SerializeToString()
+
+    async def _serve_send(self, msg: Msg, call: ServerCallContext) -> bytes:
+        assert self._manager is not None
+        await self._manager.send(
+            SendMessageRequest.FromString(msg.data), call, subscribe=False, route=False
+        )
+        return b""
