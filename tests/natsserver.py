@@ -54,6 +54,7 @@ class Node:
     routes: list[int] = field(default_factory=list)
     proc: subprocess.Popen[str] | None = None
     log: list[str] = field(default_factory=list)
+    _reader: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -76,7 +77,8 @@ class Node:
             args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )
         ready = threading.Event()
-        threading.Thread(target=self._read_log, args=(ready,), daemon=True).start()
+        self._reader = threading.Thread(target=self._read_log, args=(ready,), daemon=True)
+        self._reader.start()
         if not ready.wait(START_TIMEOUT) or self.proc.poll() is not None:
             self.kill()
             raise RuntimeError(f"nats-server {self.name} did not start:\n" + "\n".join(self.log))
@@ -95,6 +97,10 @@ class Node:
             os.kill(self.proc.pid, signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait(timeout=10)
+            if self._reader is not None:
+                self._reader.join(timeout=10)
+            if self.proc.stderr is not None:
+                self.proc.stderr.close()
             self.proc = None
 
 

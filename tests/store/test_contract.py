@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from a2a.types.a2a_pb2 import Task, TaskState
 
 from a2a_grpc_server import taskops
+from a2a_grpc_server.cluster.natsconn import NatsConfig, connect
 from a2a_grpc_server.store import (
     FinalTaskError,
     InvalidPageTokenError,
@@ -18,14 +19,30 @@ from a2a_grpc_server.store import (
     VersionConflictError,
 )
 from a2a_grpc_server.store.memory import InMemoryTaskStore
+from a2a_grpc_server.store.nats import NatsTaskStore
+from tests import natsserver
 
 S = TaskState
-STORES: dict[str, Callable[[], TaskStore]] = {"memory": InMemoryTaskStore}
 
 
-@pytest.fixture(params=sorted(STORES))
-def store(request: pytest.FixtureRequest) -> TaskStore:
-    return STORES[request.param]()
+@pytest.fixture(scope="module")
+def nats_url() -> Iterator[str]:
+    with natsserver.running(1) as cluster:
+        yield cluster.urls[0]
+
+
+@pytest.fixture(params=["memory", "nats"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[TaskStore]:
+    """Every implementation, empty: in memory, and a KV bucket on a real nats-server."""
+    if request.param == "memory":
+        yield InMemoryTaskStore()
+        return
+    conn = await connect(NatsConfig(servers=[request.getfixturevalue("nats_url")]))
+    try:
+        yield NatsTaskStore(conn.tasks, "instance-1")
+    finally:
+        await conn.js.delete_key_value(conn.tasks._name)
+        await conn.close()
 
 
 def task(task_id: str, context: str = "c", state: TaskState = S.TASK_STATE_SUBMITTED) -> Task:
@@ -34,11 +51,12 @@ def task(task_id: str, context: str = "c", state: TaskState = S.TASK_STATE_SUBMI
     return t
 
 
-async def test_create_then_get_returns_a_copy_at_version_1(store: TaskStore) -> None:
-    assert await store.create(task("a")) == 1
+async def test_create_then_get_returns_a_copy_at_the_created_version(store: TaskStore) -> None:
+    version = await store.create(task("a"))
+    assert version >= 1
     got = await store.get("a")
     assert got is not None
-    assert got.version == 1
+    assert got.version == version
     got.task.status.state = S.TASK_STATE_FAILED
     again = await store.get("a")
     assert again is not None
@@ -53,19 +71,22 @@ async def test_create_refuses_an_existing_id(store: TaskStore) -> None:
 
 
 async def test_update_is_a_compare_and_set_on_the_version(store: TaskStore) -> None:
-    await store.create(task("a"))
-    assert await store.update(task("a", state=S.TASK_STATE_WORKING), 1) == 2
+    v1 = await store.create(task("a"))
+    v2 = await store.update(task("a", state=S.TASK_STATE_WORKING), v1)
+    assert v2 > v1
     with pytest.raises(VersionConflictError):
-        await store.update(task("a", state=S.TASK_STATE_WORKING), 1)
+        await store.update(task("a", state=S.TASK_STATE_WORKING), v1)
     with pytest.raises(UnknownTaskError):
-        await store.update(task("zzz"), 1)
+        await store.update(task("zzz"), v2)
 
 
 async def test_a_final_task_is_never_overwritten(store: TaskStore) -> None:
-    await store.create(task("a"))
-    await store.update(task("a", state=S.TASK_STATE_CANCELED), 1)
+    v1 = await store.create(task("a"))
+    v2 = await store.update(task("a", state=S.TASK_STATE_CANCELED), v1)
     with pytest.raises(FinalTaskError):
-        await store.update(task("a", state=S.TASK_STATE_WORKING), 2)
+        await store.update(task("a", state=S.TASK_STATE_WORKING), v2)
+    with pytest.raises(FinalTaskError):
+        await store.update(task("a", state=S.TASK_STATE_WORKING), v1)
     got = await store.get("a")
     assert got is not None
     assert got.task.status.state == S.TASK_STATE_CANCELED
@@ -74,7 +95,9 @@ async def test_a_final_task_is_never_overwritten(store: TaskStore) -> None:
 async def test_list_filters_pages_and_counts_most_recent_update_first(store: TaskStore) -> None:
     for i in range(7):
         await store.create(task(f"t{i}", context="even" if i % 2 == 0 else "odd"))
-    await store.update(task("t0", context="even", state=S.TASK_STATE_WORKING), 1)
+    first = await store.get("t0")
+    assert first is not None
+    await store.update(task("t0", context="even", state=S.TASK_STATE_WORKING), first.version)
     page = await store.list(TaskQuery(page_size=3))
     assert [t.id for t in page.tasks] == ["t0", "t6", "t5"]
     assert page.total_size == 7
@@ -137,15 +160,15 @@ async def test_a_handed_over_task_changed_and_updated_again_reads_back_each_vers
     store: TaskStore,
 ) -> None:
     live = task("a")
-    await store.create(live)
+    v1 = await store.create(live)
     live.status.state = S.TASK_STATE_WORKING
-    await store.update(live, 1)
+    v2 = await store.update(live, v1)
     got = await store.get("a")
     assert got is not None
-    assert (got.version, got.task.status.state) == (2, S.TASK_STATE_WORKING)
+    assert (got.version, got.task.status.state) == (v2, S.TASK_STATE_WORKING)
     live.status.state = S.TASK_STATE_COMPLETED
-    await store.update(live, 2)
+    v3 = await store.update(live, v2)
     live.status.state = S.TASK_STATE_FAILED  # after a final write: must not show
     final = await store.get("a")
     assert final is not None
-    assert (final.version, final.task.status.state) == (3, S.TASK_STATE_COMPLETED)
+    assert (final.version, final.task.status.state) == (v3, S.TASK_STATE_COMPLETED)

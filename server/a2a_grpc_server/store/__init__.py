@@ -92,6 +92,10 @@ class InvalidPageTokenError(StoreError):
 class TaskStore(Protocol):
     """Where tasks live. Every write is a compare-and-set on the version.
 
+    Versions are positive integers; each write of a task returns a greater
+    one than the last (not necessarily the next integer: a shared store may
+    number writes across tasks).
+
     Implementations MUST return copies (a caller mutating a returned task does
     not change the store), MUST keep a final task unchanged once written, and
     MUST be safe to call from concurrent coroutines of one event loop.
@@ -109,7 +113,7 @@ class TaskStore(Protocol):
         ...
 
     async def create(self, task: Task) -> int:
-        """Store a new task and return its version (1).
+        """Store a new task and return its version.
 
         Raises:
             TaskExistsError: A task with this id is already stored.

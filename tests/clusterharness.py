@@ -1,0 +1,175 @@
+"""Several server instances in this process sharing real nats-server processes.
+
+Each instance is a full ``A2AService`` on its own grpc.aio server (127.0.0.1:0)
+with its own NATS connection and instance id, as in a real deployment; they
+share only NATS. On a normal exit every instance must be idle and no
+coroutine of the package may be left (the same leak check as ``harness``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+from a2a.client.transports.grpc import GrpcTransport
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.tasks import TaskUpdater
+from a2a.types import a2a_pb2_grpc
+from a2a.types.a2a_pb2 import Part, StreamResponse, TaskState
+
+from a2a_grpc_server import A2AService, ServerConfig
+from a2a_grpc_server.cluster.natsconn import NatsConfig
+from a2a_grpc_server.cluster.node import NatsCluster
+
+from .harness import our_tasks
+
+S = TaskState
+
+
+@dataclass
+class Instance:
+    """One server instance and a client of it."""
+
+    name: str
+    service: A2AService
+    cluster: NatsCluster
+    server: grpc.aio.Server
+    address: str
+    channel: grpc.aio.Channel
+    stub: a2a_pb2_grpc.A2AServiceStub
+    client: GrpcTransport
+
+    @property
+    def instance_id(self) -> str:
+        """The id this instance writes as owner."""
+        return self.cluster.instance_id
+
+
+async def start_instance(
+    name: str,
+    executor: AgentExecutor,
+    servers: Sequence[str],
+    *,
+    lease: float = 2.0,
+    replicas: int = 1,
+    config: ServerConfig | None = None,
+) -> Instance:
+    """Start one instance joined to the cluster on ``servers``."""
+    cluster = await NatsCluster.connect(
+        NatsConfig(
+            servers=list(servers),
+            instance_id=f"{name}-{uuid.uuid4().hex[:6]}",
+            lease=lease,
+            replicas=replicas,
+        )
+    )
+    service = A2AService(
+        executor, config=config or ServerConfig(cancel_timeout=1.0), cluster=cluster
+    )
+    await service.start()
+    server = grpc.aio.server()
+    service.add_to_server(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    address = f"127.0.0.1:{port}"
+    channel = grpc.aio.insecure_channel(address)
+    client = GrpcTransport(grpc.aio.insecure_channel(address), None)
+    stub = a2a_pb2_grpc.A2AServiceStub(channel)
+    return Instance(name, service, cluster, server, address, channel, stub, client)
+
+
+async def stop_instance(instance: Instance) -> None:
+    """Shut the instance down (its tasks end FAILED) and close everything it opened."""
+    await instance.service.shutdown(grace=0)
+    await instance.cluster.close()
+    await instance.client.close()
+    await instance.channel.close()
+    await instance.server.stop(grace=None)
+
+
+@contextlib.asynccontextmanager
+async def instances(
+    executor: AgentExecutor,
+    servers: Sequence[str],
+    names: Sequence[str] = ("A", "B"),
+    **options: object,
+) -> AsyncIterator[list[Instance]]:
+    """Start one instance per name; on a normal exit check nothing of ours is left."""
+    started: list[Instance] = []
+    try:
+        for name in names:
+            started.append(await start_instance(name, executor, servers, **options))  # type: ignore[arg-type]
+        yield started
+        async with asyncio.timeout(1.0):
+            for instance in started:
+                await instance.service.wait_idle()
+        left = [t for t in our_tasks() if not _infrastructure(t)]
+        assert not left, f"coroutines of ours still alive: {left}"
+    finally:
+        for instance in started:
+            await stop_instance(instance)
+
+
+def _infrastructure(name: str) -> bool:
+    """Per-instance background tasks that live as long as the instance, not a task."""
+    return name.endswith((":lease", ":heartbeat", ":lease-watch"))
+
+
+class GatedPerTask(AgentExecutor):
+    """Emits WORKING, then waits for its task's gate; on release one artifact and COMPLETED.
+
+    ``working(task_id)`` is set once WORKING is enqueued. ``cancel()`` is
+    cooperative (emits CANCELED) or a no-op, as ``cooperative`` says.
+    With ``crash`` the executor raises instead of completing.
+    """
+
+    def __init__(self, *, cooperative: bool = True, crash: bool = False) -> None:
+        self.cooperative = cooperative
+        self.crash = crash
+        self._working: dict[str, asyncio.Event] = {}
+        self._release: dict[str, asyncio.Event] = {}
+
+    def working(self, task_id: str) -> asyncio.Event:
+        """Set once the task's WORKING was enqueued."""
+        return self._working.setdefault(task_id, asyncio.Event())
+
+    def release(self, task_id: str) -> None:
+        """Let the task finish."""
+        self._release.setdefault(task_id, asyncio.Event()).set()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.task_id is not None and context.context_id is not None
+        updater = TaskUpdater(event_queue, context.task_id, context.context_id)
+        await updater.start_work()
+        self.working(context.task_id).set()
+        await self._release.setdefault(context.task_id, asyncio.Event()).wait()
+        if self.crash:
+            raise RuntimeError("executor crashed")
+        await updater.add_artifact([Part(text="result")], artifact_id="a1")
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.task_id is not None and context.context_id is not None
+        if self.cooperative:
+            await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
+
+
+async def collect(stream: AsyncIterator[StreamResponse]) -> list[StreamResponse]:
+    """Every frame of a stream, until it ends."""
+    return [frame async for frame in stream]
+
+
+def last_state(frames: list[StreamResponse]) -> TaskState:
+    """The state the last frame of a stream carries."""
+    assert frames, "stream ended without any frame"
+    last = frames[-1]
+    kind = last.WhichOneof("payload")
+    if kind == "status_update":
+        return last.status_update.status.state
+    assert kind == "task", f"stream ended with a {kind} frame"
+    return last.task.status.state

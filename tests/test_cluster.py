@@ -1,0 +1,187 @@
+"""Two and three instances on a real nats-server: every subscriber on every instance
+gets the task's outcome, whichever instance the request went through."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import grpc
+import pytest
+from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    StreamResponse,
+    SubscribeToTaskRequest,
+    TaskState,
+)
+
+from a2a_grpc_server import taskops
+
+from . import natsserver
+from .agents import FloodAgent, InputAgent
+from .clusterharness import GatedPerTask, Instance, collect, instances, last_state
+from .harness import V1, rich_status, send_request
+
+S = TaskState
+
+
+@pytest.fixture(scope="module")
+def nats_url() -> Iterator[str]:
+    with natsserver.running(1) as cluster:
+        yield cluster.urls[0]
+
+
+async def start_task(
+    owner: Instance, agent: GatedPerTask
+) -> tuple[str, AsyncIterator[StreamResponse]]:
+    """A streaming send on ``owner``; returns once the executor is WORKING."""
+    sender = owner.client.send_message_streaming(send_request("go"))
+    first = await anext(sender)
+    assert first.WhichOneof("payload") == "task"
+    await agent.working(first.task.id).wait()
+    return first.task.id, sender
+
+
+async def attach(instance: Instance, task_id: str) -> AsyncIterator[StreamResponse]:
+    """SubscribeToTask on ``instance``; returns once its snapshot frame arrived."""
+    sub = instance.client.subscribe(SubscribeToTaskRequest(id=task_id))
+    snapshot = await anext(sub)
+    assert snapshot.WhichOneof("payload") == "task"
+    assert snapshot.task.id == task_id
+    return sub
+
+
+async def stored_state(instance: Instance, task_id: str) -> TaskState:
+    task = await instance.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
+    return task.status.state
+
+
+@pytest.mark.parametrize("cooperative", [True, False], ids=["cooperative", "noop-cancel"])
+async def test_cancel_through_the_non_owner_ends_every_stream_on_both_instances_canceled(
+    nats_url: str, cooperative: bool
+) -> None:
+    agent = GatedPerTask(cooperative=cooperative)
+    async with asyncio.timeout(50), instances(agent, [nats_url]) as (a, b):
+        for run in range(20):
+            task_id, sender = await start_task(a, agent)
+            streams = [sender, await attach(a, task_id), await attach(b, task_id)]
+            streams.append(await attach(b, task_id))
+            tails = asyncio.gather(*(collect(s) for s in streams))
+            canceled = await b.client.cancel_task(CancelTaskRequest(id=task_id))
+            assert canceled.status.state == S.TASK_STATE_CANCELED
+            ends = [last_state(frames) for frames in await tails]
+            assert ends == [S.TASK_STATE_CANCELED] * 4, f"run {run}: {ends}"
+            assert await stored_state(a, task_id) == S.TASK_STATE_CANCELED
+            assert await stored_state(b, task_id) == S.TASK_STATE_CANCELED
+
+
+async def test_executor_crash_on_the_owner_ends_streams_on_both_instances_failed(
+    nats_url: str,
+) -> None:
+    agent = GatedPerTask(crash=True)
+    async with asyncio.timeout(20), instances(agent, [nats_url]) as (a, b):
+        task_id, sender = await start_task(a, agent)
+        streams = [sender, await attach(a, task_id), await attach(b, task_id)]
+        tails = asyncio.gather(*(collect(s) for s in streams))
+        agent.release(task_id)
+        results = await tails
+        assert [last_state(f) for f in results] == [S.TASK_STATE_FAILED] * 3
+        texts = {f[-1].status_update.status.message.parts[0].text for f in results}
+        assert texts == {"agent failed with RuntimeError"}
+        assert await stored_state(b, task_id) == S.TASK_STATE_FAILED
+
+
+async def test_completion_on_the_owner_reaches_the_other_instance_with_every_frame(
+    nats_url: str,
+) -> None:
+    agent = GatedPerTask()
+    async with asyncio.timeout(20), instances(agent, [nats_url]) as (a, b):
+        task_id, sender = await start_task(a, agent)
+        on_a, on_b = await attach(a, task_id), await attach(b, task_id)
+        tails = asyncio.gather(collect(sender), collect(on_a), collect(on_b))
+        agent.release(task_id)
+        from_sender, from_a, from_b = await tails
+        assert from_a == from_b, "a relayed subscriber sees exactly the owner's frames"
+        assert [f.WhichOneof("payload") for f in from_b] == ["artifact_update", "status_update"]
+        assert last_state(from_sender) == S.TASK_STATE_COMPLETED
+
+
+async def test_a_subscriber_attaching_on_the_non_owner_mid_stream_misses_and_repeats_nothing(
+    nats_url: str,
+) -> None:
+    agent = FloodAgent(count=300, size=64, window=150)
+    async with asyncio.timeout(30), instances(agent, [nats_url]) as (a, b):
+        sender = a.client.send_message_streaming(send_request("go"))
+        task_id = (await anext(sender)).task.id
+        on_a = await attach(a, task_id)
+        agent.release.set()
+        from_a: list[StreamResponse] = []
+        while sum(f.WhichOneof("payload") == "artifact_update" for f in from_a) < 150:
+            from_a.append(await anext(on_a))
+        for _ in range(150):  # the second half flows while B attaches
+            agent.credits.release()
+        sub_b = b.client.subscribe(SubscribeToTaskRequest(id=task_id))
+        snapshot = (await anext(sub_b)).task
+        rest_a, from_b = await asyncio.gather(collect(on_a), collect(sub_b))
+        from_a += rest_a
+        # B's frames are exactly A's after the point of B's snapshot: no gap, no duplicate.
+        seen = len(snapshot.artifacts)
+        assert 150 <= seen <= 300
+        a_artifacts = [f for f in from_a if f.WhichOneof("payload") == "artifact_update"]
+        b_artifacts = [f for f in from_b if f.WhichOneof("payload") == "artifact_update"]
+        assert len(a_artifacts) == 300
+        assert b_artifacts == a_artifacts[seen:]
+        assert last_state(from_a) == last_state(from_b) == S.TASK_STATE_COMPLETED
+        rebuilt = taskops.copy(snapshot)
+        for frame in from_b:
+            if frame.WhichOneof("payload") == "artifact_update":
+                taskops.apply(rebuilt, frame.artifact_update)
+        stored = await b.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
+        assert list(rebuilt.artifacts) == list(stored.artifacts)
+        await collect(sender)
+
+
+async def test_a_follow_up_through_the_non_owner_runs_on_the_owner_and_streams_back(
+    nats_url: str,
+) -> None:
+    async with asyncio.timeout(20), instances(InputAgent(), [nats_url]) as (a, b):
+        asked = await a.client.send_message(send_request("hi"))
+        task = asked.task
+        assert task.status.state == S.TASK_STATE_INPUT_REQUIRED
+        on_a = await attach(a, task.id)
+        a_tail = asyncio.ensure_future(collect(on_a))
+        reply = b.client.send_message_streaming(send_request("Ada", task_id=task.id))
+        frames = await collect(reply)
+        assert frames[0].WhichOneof("payload") == "task"
+        assert frames[0].task.history[-1].parts[0].text == "Ada"
+        assert last_state(frames) == S.TASK_STATE_COMPLETED
+        assert frames[-1].status_update.status.message.parts[0].text == "hello Ada"
+        assert last_state(await a_tail) == S.TASK_STATE_COMPLETED
+        stored = await a.stub.GetTask(GetTaskRequest(id=task.id), metadata=V1)
+        assert [m.parts[0].text for m in stored.history][:1] == ["hi"]
+        assert any(m.parts[0].text == "Ada" for m in stored.history)
+
+
+async def test_a_blocking_follow_up_through_the_non_owner_returns_the_completed_task(
+    nats_url: str,
+) -> None:
+    async with asyncio.timeout(20), instances(InputAgent(), [nats_url]) as (a, b):
+        asked = await a.client.send_message(send_request("hi"))
+        done = await b.client.send_message(send_request("Bo", task_id=asked.task.id))
+        assert done.task.status.state == S.TASK_STATE_COMPLETED
+        assert done.task.status.message.parts[0].text == "hello Bo"
+
+
+async def test_cancel_of_an_ended_task_through_the_non_owner_is_refused_clearly(
+    nats_url: str,
+) -> None:
+    agent = GatedPerTask()
+    async with asyncio.timeout(20), instances(agent, [nats_url]) as (a, b):
+        task_id, sender = await start_task(a, agent)
+        agent.release(task_id)
+        await collect(sender)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await b.stub.CancelTask(CancelTaskRequest(id=task_id), metadata=V1)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert rich_status(err.value)[1].reason == "TASK_NOT_CANCELABLE"
