@@ -112,7 +112,22 @@ async def instances(
         assert not left, f"coroutines of ours still alive: {left}"
     finally:
         for instance in started:
-            await stop_instance(instance)
+            try:
+                async with asyncio.timeout(10):
+                    await stop_instance(instance)
+            except TimeoutError:
+                _dump_tasks(f"instance {instance.name} did not stop within 10 s")
+                raise
+
+
+def _dump_tasks(why: str) -> None:
+    import sys
+
+    print(f"--- {why}; live tasks:", file=sys.stderr)
+    for task in asyncio.all_tasks():
+        print(f"- {task.get_name()} {task.get_coro()!r}", file=sys.stderr)
+        with contextlib.suppress(TypeError):  # a cython coroutine has no Python frames
+            task.print_stack(limit=8, file=sys.stderr)
 
 
 def _infrastructure(name: str) -> bool:

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 import signal
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -22,39 +19,7 @@ from a2a_grpc_server.agents.echo import EchoAgent
 from a2a_grpc_server.cli import AgentLoadError, load_agent
 
 from .harness import send_request
-
-ROOT = Path(__file__).resolve().parent.parent
-READY = re.compile(r"ready: grpc (\S+), agent card http://(\S+)")
-
-
-class Process:
-    def __init__(self, proc: asyncio.subprocess.Process, grpc_addr: str, http_addr: str) -> None:
-        self.proc, self.grpc_addr, self.http_addr = proc, grpc_addr, http_addr
-
-
-async def start(*args: str) -> Process:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "a2a_grpc_server.cli",
-        "serve",
-        "--port",
-        "0",
-        "--http-port",
-        "0",
-        *args,
-        cwd=ROOT,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "COUNTDOWN_TICK": "0.05"},
-    )
-    assert proc.stderr is not None
-    async with asyncio.timeout(20):
-        while True:
-            line = (await proc.stderr.readline()).decode()
-            assert line, "server exited before it was ready"
-            if match := READY.search(line):
-                return Process(proc, match.group(1), match.group(2))
+from .serveproc import ROOT, Process, start
 
 
 @pytest.fixture

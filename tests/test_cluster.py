@@ -49,12 +49,13 @@ async def attach(instance: Instance, task_id: str) -> AsyncIterator[StreamRespon
     snapshot = await anext(sub)
     assert snapshot.WhichOneof("payload") == "task"
     assert snapshot.task.id == task_id
-    return sub
+    return sub  # type: ignore[no-any-return]
 
 
 async def stored_state(instance: Instance, task_id: str) -> TaskState:
     task = await instance.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
-    return task.status.state
+    state: TaskState = task.status.state
+    return state
 
 
 @pytest.mark.parametrize("cooperative", [True, False], ids=["cooperative", "noop-cancel"])

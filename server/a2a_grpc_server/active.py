@@ -15,12 +15,12 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from a2a.types.a2a_pb2 import Message, StreamResponse, Task, TaskState
+from a2a.types.a2a_pb2 import Message, StreamResponse, Task, TaskState, TaskStatusUpdateEvent
 from a2a.utils.errors import InvalidAgentResponseError
 
 from . import taskops
 from .channel import TaskChannel
-from .store import StoreError, TaskStore
+from .store import FinalTaskError, StoreError, TaskStore
 from .taskops import Event
 
 if TYPE_CHECKING:
@@ -156,6 +156,9 @@ class ActiveTask:
             try:
                 if self._task is not None:
                     await self._persist(updated)
+            except FinalTaskError:
+                if await self._close_as_stored():
+                    return
             except StoreError:
                 # Subscribers still get the frame even if the store refused it.
                 logger.exception("could not persist the final state of task %s", self.task_id)
@@ -164,6 +167,30 @@ class ActiveTask:
             except StoreError:
                 logger.exception("could not log the final frame of task %s", self.task_id)
             self.channel.close(frame, updated)
+
+    async def _close_as_stored(self) -> bool:
+        """End the channel with the outcome another instance already stored.
+
+        In cluster mode a survivor that thought this instance lost may have
+        ended the task (and logged its frame); local subscribers then get
+        that same outcome, not one of ours.
+        """
+        try:
+            stored = await self._store.get(self.task_id)
+        except StoreError:
+            return False
+        if stored is None or not taskops.is_final(stored.task):
+            return False
+        task = stored.task
+        logger.warning(
+            "task %s was ended %s by another instance",
+            self.task_id,
+            TaskState.Name(task.status.state),
+        )
+        update = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id)
+        update.status.CopyFrom(task.status)
+        self.channel.close(StreamResponse(status_update=update), task)
+        return True
 
     async def _create(self, given: Task | None) -> None:
         if given is not None:

@@ -102,8 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument(
         "--lease",
         type=float,
-        default=5.0,
-        help="seconds without a heartbeat before an instance's tasks end FAILED (default 5)",
+        default=10.0,
+        help="seconds without a heartbeat before an instance's tasks end FAILED; keep it "
+        "above NATS failover time (default 10)",
     )
     cluster.add_argument("--instance-id", help="this instance's id (default: a new one per start)")
     serve.add_argument(

@@ -8,7 +8,7 @@ import pytest
 from a2a.types.a2a_pb2 import Task, TaskState
 
 from a2a_grpc_server import taskops
-from a2a_grpc_server.cluster.natsconn import NatsConfig, connect
+from a2a_grpc_server.cluster.natsconn import TASKS_BUCKET, NatsConfig, connect
 from a2a_grpc_server.store import (
     FinalTaskError,
     InvalidPageTokenError,
@@ -39,9 +39,9 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[TaskStore]:
         return
     conn = await connect(NatsConfig(servers=[request.getfixturevalue("nats_url")]))
     try:
-        yield NatsTaskStore(conn.tasks, "instance-1")
+        yield NatsTaskStore(conn.js, TASKS_BUCKET, conn.tasks, "instance-1")
     finally:
-        await conn.js.delete_key_value(conn.tasks._name)
+        await conn.js.delete_key_value(TASKS_BUCKET)
         await conn.close()
 
 

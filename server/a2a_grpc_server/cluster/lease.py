@@ -1,13 +1,16 @@
 """Ownership leases: instances heartbeat; survivors end a lost owner's tasks FAILED.
 
 Who runs what: ``start`` writes this instance's first heartbeat (before it
-serves anything), then runs one asyncio task holding a TaskGroup of two
-loops: the heartbeat (a put to ``A2A_INSTANCES/<id>`` every ``lease / 4``
-seconds, which also checks the other instances), and the watcher, which
-records when each instance was last heard from.
+serves anything), subscribes to the instances bucket (nats-py runs the
+callback, which only records when each instance was last heard from), and
+runs one asyncio task: the heartbeat loop, a put to ``A2A_INSTANCES/<id>``
+every ``lease / 4`` seconds that also judges the others and sweeps.
 
 An instance not heard from for ``lease`` seconds, or whose key was deleted
-(graceful shutdown), is lost. Every survivor then sweeps the task bucket:
+(graceful shutdown), is lost, but only while this instance's own heartbeats
+have succeeded for a whole lease: when NATS itself fails over, every
+instance misses heartbeats, and none judges the others until it has been
+healthy for a lease again. Every survivor then sweeps the task bucket:
 each task that is not final and whose owner is not live is compare-and-set
 to FAILED ("owner instance lost"); the CAS lets exactly one survivor win per
 task, and the winner appends the FAILED frame to the event log, so every
@@ -19,11 +22,14 @@ died while no survivor was watching.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import nats.errors
 import nats.js.errors
 from a2a.types.a2a_pb2 import TaskState
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
 
 from .. import taskops
 from ..metrics import Metrics
@@ -31,7 +37,7 @@ from ..store import FinalTaskError, StoredTask, StoreError, UnknownTaskError, Ve
 from ..store.nats import NatsTaskStore
 from ..supervisor import TASK_PREFIX
 from .events import NatsEventLog
-from .natsconn import NatsConnection
+from .natsconn import INSTANCES_BUCKET, NatsConnection
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +65,10 @@ class Lease:
         self._metrics = metrics
         self._seen: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
-        self._started_at = 0.0
+        self._watch: JetStreamContext.PushSubscription | None = None
+        self._js = conn.js
+        self._sweep_requested = False
+        self._healthy_since: float | None = None
         self._swept_at_start = False
         self.swept = asyncio.Event()
         """Set after each sweep (tests wait on it)."""
@@ -71,11 +80,16 @@ class Lease:
 
     async def start(self) -> None:
         """Write the first heartbeat, then keep the lease and watch the others."""
-        loop = asyncio.get_running_loop()
-        self._started_at = loop.time()
         await self._kv.put(self._id, b"")
-        watcher = await self._kv.watchall()
-        self._task = asyncio.create_task(self._run(watcher), name=f"{TASK_PREFIX}:lease")
+        self._watch = await self._js.subscribe(
+            f"$KV.{INSTANCES_BUCKET}.>",
+            stream=f"KV_{INSTANCES_BUCKET}",
+            cb=self._heard,
+            ordered_consumer=True,
+            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+            idle_heartbeat=1.0,
+        )
+        self._task = asyncio.create_task(self._heartbeat(), name=f"{TASK_PREFIX}:lease")
 
     async def stop(self, *, release: bool) -> None:
         """Stop heartbeating; with ``release`` delete the key so survivors act at once."""
@@ -83,16 +97,15 @@ class Lease:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if self._watch is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._watch.unsubscribe()
+            self._watch = None
         if release:
             try:
                 await self._kv.delete(self._id)
             except (nats.errors.Error, nats.js.errors.Error) as exc:
                 logger.warning("could not release this instance's lease: %s", exc)
-
-    async def _run(self, watcher: object) -> None:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self._heartbeat(), name=f"{TASK_PREFIX}:heartbeat")
-            group.create_task(self._watch(watcher), name=f"{TASK_PREFIX}:lease-watch")
 
     async def _heartbeat(self) -> None:
         loop = asyncio.get_running_loop()
@@ -101,34 +114,34 @@ class Lease:
                 await self._kv.put(self._id, b"")
             except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
                 logger.warning("heartbeat failed: %s", type(exc).__name__)
+                self._healthy_since = None
+            else:
+                if self._healthy_since is None:
+                    self._healthy_since = loop.time()
             now = loop.time()
-            lost = [i for i, t in self._seen.items() if now - t > self._lease and i != self._id]
+            healthy = self._healthy_since is not None and now - self._healthy_since >= self._lease
+            lost = [i for i, t in self._seen.items() if healthy and now - t > self._lease]
             for instance in lost:
                 del self._seen[instance]
                 logger.warning("instance %s lost (no heartbeat for %.1f s)", instance, self._lease)
-            due = not self._swept_at_start and now - self._started_at >= self._lease
-            if lost or due:
-                self._swept_at_start = True
+            due = healthy and not self._swept_at_start
+            if lost or due or self._sweep_requested:
+                self._swept_at_start = self._swept_at_start or due
+                self._sweep_requested = False
                 await self._sweep_logged()
             await asyncio.sleep(self._lease / 4)  # the heartbeat period
 
-    async def _watch(self, watcher: object) -> None:
-        from nats.js.kv import KeyValue
-
-        assert isinstance(watcher, KeyValue.KeyWatcher)
-        loop = asyncio.get_running_loop()
-        try:
-            async for entry in watcher:
-                if entry is None or entry.key == self._id:
-                    continue
-                if entry.operation in DELETED:
-                    if self._seen.pop(entry.key, None) is not None:
-                        logger.info("instance %s released its lease", entry.key)
-                        await self._sweep_logged()
-                else:
-                    self._seen[entry.key] = loop.time()
-        finally:
-            await watcher.stop()
+    async def _heard(self, msg: Msg) -> None:
+        key = msg.subject.rsplit(".", 1)[-1]
+        if key == self._id:
+            return
+        op = (msg.headers or {}).get("KV-Operation")
+        if op in DELETED:
+            if self._seen.pop(key, None) is not None:
+                logger.info("instance %s released its lease", key)
+                self._sweep_requested = True
+        else:
+            self._seen[key] = asyncio.get_running_loop().time()
 
     async def _sweep_logged(self) -> None:
         try:

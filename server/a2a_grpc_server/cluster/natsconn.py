@@ -33,6 +33,10 @@ EVENTS_STREAM = "A2A_EVENTS"
 EVENTS_SUBJECT = "a2a.events"
 CONTROL_SUBJECT = "a2a.ctl"
 SETUP_TIMEOUT = 20.0
+INSTANCES_TTL = 3600.0
+"""Seconds a lost instance's heartbeat key lingers (harmless: survivors judge by freshness)."""
+IN_USE = 10058
+"""JetStream: a stream of that name exists with a different configuration."""
 
 
 def new_instance_id() -> str:
@@ -49,7 +53,9 @@ class NatsConfig:
         instance_id: This instance's id; a new one per process by default.
         replicas: JetStream replicas of the bucket and stream (3 on a 3-node cluster).
         lease: Seconds after an instance's last heartbeat before survivors end its
-            tasks FAILED.
+            tasks FAILED. Keep it above the time JetStream takes to fail over
+            (a new stream leader after a node loss: about 5 s measured here),
+            or a stalled owner is taken for a lost one.
         task_ttl: Seconds a task is kept after its last write.
         events_ttl: Seconds a frame is kept in the event log.
         events_per_task: Most frames kept per task (oldest dropped first).
@@ -59,7 +65,7 @@ class NatsConfig:
     servers: list[str] = field(default_factory=lambda: ["nats://127.0.0.1:4222"])
     instance_id: str = field(default_factory=new_instance_id)
     replicas: int = 1
-    lease: float = 5.0
+    lease: float = 10.0
     task_ttl: float = 86_400.0
     events_ttl: float = 3_600.0
     events_per_task: int = 10_000
@@ -77,9 +83,14 @@ class NatsConnection:
     instances: KeyValue
 
     async def close(self) -> None:
-        """Flush and close the connection."""
-        if not self.nc.is_closed:
-            await self.nc.drain()
+        """Flush what is buffered (bounded), then close the connection."""
+        if self.nc.is_closed:
+            return
+        try:
+            await self.nc.flush(timeout=2)
+        except (nats.errors.Error, TimeoutError) as exc:
+            logger.warning("closing NATS without a flush: %s", type(exc).__name__)
+        await self.nc.close()
 
 
 async def connect(config: NatsConfig) -> NatsConnection:
@@ -116,22 +127,8 @@ async def connect(config: NatsConfig) -> NatsConnection:
 async def _ensure_assets(js: JetStreamContext, config: NatsConfig) -> tuple[KeyValue, KeyValue]:
     while True:
         try:
-            tasks = await js.create_key_value(
-                bucket=TASKS_BUCKET,
-                history=1,
-                ttl=config.task_ttl,
-                replicas=config.replicas,
-                direct=False,
-                storage=api.StorageType.FILE,
-            )
-            instances = await js.create_key_value(
-                bucket=INSTANCES_BUCKET,
-                history=1,
-                ttl=max(config.lease * 10, 60.0),
-                replicas=config.replicas,
-                direct=False,
-                storage=api.StorageType.FILE,
-            )
+            tasks = await _ensure_kv(js, TASKS_BUCKET, config.task_ttl, config.replicas)
+            instances = await _ensure_kv(js, INSTANCES_BUCKET, INSTANCES_TTL, config.replicas)
             await _ensure_events(js, config)
             return tasks, instances
         except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError) as exc:
@@ -141,6 +138,24 @@ async def _ensure_assets(js: JetStreamContext, config: NatsConfig) -> tuple[KeyV
                 raise
             logger.info("waiting for JetStream: %s", exc.description)
         await asyncio.sleep(0.25)  # JetStream elects its meta leader
+
+
+async def _ensure_kv(js: JetStreamContext, bucket: str, ttl: float, replicas: int) -> KeyValue:
+    try:
+        return await js.create_key_value(
+            bucket=bucket,
+            history=1,
+            ttl=ttl,
+            replicas=replicas,
+            direct=False,
+            storage=api.StorageType.FILE,
+        )
+    except nats.js.errors.BadRequestError as exc:
+        if exc.err_code != IN_USE:
+            raise
+        # The first instance's settings stand; every instance then agrees.
+        logger.warning("bucket %s exists with other settings; using it as it is", bucket)
+        return await js.key_value(bucket)
 
 
 async def _ensure_events(js: JetStreamContext, config: NatsConfig) -> None:
@@ -158,8 +173,10 @@ async def _ensure_events(js: JetStreamContext, config: NatsConfig) -> None:
     )
     try:
         await js.add_stream(stream)
-    except nats.js.errors.BadRequestError:
-        await js.update_stream(stream)  # exists with other limits: this instance's win
+    except nats.js.errors.BadRequestError as exc:
+        if exc.err_code != IN_USE:
+            raise
+        logger.warning("stream %s exists with other settings; using it as it is", EVENTS_STREAM)
 
 
 async def _log_error(exc: Exception) -> None:

@@ -20,7 +20,7 @@ from ..store import StoredTask
 from ..store.nats import NatsTaskStore
 from .events import NatsEventLog
 from .lease import Lease
-from .natsconn import NatsConfig, NatsConnection, connect
+from .natsconn import TASKS_BUCKET, NatsConfig, NatsConnection, connect
 from .relay import Relays
 from .routing import Router
 
@@ -39,7 +39,7 @@ class NatsCluster:
 
     def __init__(self, conn: NatsConnection) -> None:
         self.conn = conn
-        self.store = NatsTaskStore(conn.tasks, conn.config.instance_id)
+        self.store = NatsTaskStore(conn.js, TASKS_BUCKET, conn.tasks, conn.config.instance_id)
         self.events = NatsEventLog(conn.js)
         self._relays: Relays | None = None
         self._router: Router | None = None

@@ -24,6 +24,7 @@ import asyncio
 import base64
 import binascii
 import builtins
+import contextlib
 import logging
 import re
 from collections import OrderedDict
@@ -33,6 +34,7 @@ from typing import TypeVar
 import nats.errors
 import nats.js.errors
 from a2a.types.a2a_pb2 import Task, TaskState
+from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
 from .. import taskops
@@ -51,10 +53,14 @@ from . import (
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+SCAN_BATCH = 256
+SCAN_IDLE = 30.0
+"""Seconds before JetStream removes a scan's consumer left behind by a lost instance."""
 _KEY = re.compile(r"^[A-Za-z0-9_=-]+$")
 _KNOWN_FINAL = 4096
-RETRY_FOR = 10.0
-"""Seconds a write keeps retrying through a NATS outage before it fails."""
+RETRY_FOR = 30.0
+"""Seconds an operation keeps retrying through a NATS outage (a JetStream leader
+election after a node loss takes several seconds) before it fails."""
 TRANSIENT = (
     nats.errors.TimeoutError,
     nats.errors.NoRespondersError,
@@ -80,11 +86,16 @@ class NatsTaskStore:
     """A ``TaskStore`` on a JetStream KV bucket.
 
     Args:
-        kv: The bucket (history 1).
+        js: The JetStream context.
+        bucket: The bucket's name (history 1).
+        kv: The bucket.
         owner: This instance's id, written with every task it writes.
     """
 
-    def __init__(self, kv: KeyValue, owner: str) -> None:
+    def __init__(self, js: JetStreamContext, bucket: str, kv: KeyValue, owner: str) -> None:
+        self._js = js
+        self._stream = f"KV_{bucket}"
+        self._subjects = f"$KV.{bucket}.>"
         self._kv = kv
         self._owner = owner
         self._final: OrderedDict[tuple[str, int], None] = OrderedDict()
@@ -182,22 +193,31 @@ class NatsTaskStore:
         return found
 
     async def _scan(self) -> builtins.list[tuple[bytes, int]]:
-        try:
-            watcher = await self._kv.watchall(ignore_deletes=True)
-        except TRANSIENT as exc:
-            raise StoreUnavailableError(f"task store unavailable: {type(exc).__name__}") from exc
+        """The latest value of every key, read with one ephemeral pull consumer."""
+        return await retrying(self._scan_once, "list the task bucket")
+
+    async def _scan_once(self) -> builtins.list[tuple[bytes, int]]:
+        js = self._js
+        config = api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=api.AckPolicy.NONE,
+            inactive_threshold=SCAN_IDLE,
+            mem_storage=True,
+            num_replicas=1,
+        )
+        sub = await js.pull_subscribe(self._subjects, stream=self._stream, config=config)
         found: builtins.list[tuple[bytes, int]] = []
         try:
-            async with asyncio.timeout(RETRY_FOR):
-                async for entry in watcher:
-                    if entry is None:
-                        break
-                    if entry.value is not None and entry.revision is not None:
-                        found.append((entry.value, entry.revision))
-        except TimeoutError as exc:
-            raise StoreUnavailableError("task store did not list its keys in time") from exc
+            pending = (await sub.consumer_info()).num_pending
+            while pending:
+                for msg in await sub.fetch(batch=min(pending, SCAN_BATCH), timeout=RETRY_FOR):
+                    pending = msg.metadata.num_pending
+                    op = (msg.headers or {}).get("KV-Operation")
+                    if op is None and msg.data:
+                        found.append((msg.data, msg.metadata.sequence.stream))
         finally:
-            await watcher.stop()
+            with contextlib.suppress(Exception):  # the consumer also expires on its own
+                await sub.unsubscribe()
         return found
 
     async def _read(self, key: str) -> tuple[bytes, int] | None:

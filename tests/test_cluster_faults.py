@@ -1,0 +1,145 @@
+"""Faults in a cluster: an instance killed with SIGKILL, a NATS node killed mid-stream,
+an instance shutting down. Real processes, killed by PID."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from a2a.client.transports.grpc import GrpcTransport
+from a2a.types.a2a_pb2 import GetTaskRequest, StreamResponse, SubscribeToTaskRequest, TaskState
+
+from . import natsserver
+from .agents import FloodAgent
+from .clusterharness import GatedPerTask, collect, instances, last_state
+from .harness import V1, send_request
+from .serveproc import start
+
+S = TaskState
+LEASE = 1.0
+
+
+@pytest.fixture(scope="module")
+def nats_url() -> Iterator[str]:
+    with natsserver.running(1) as cluster:
+        yield cluster.urls[0]
+
+
+async def test_owner_killed_mid_task_every_subscriber_on_the_survivors_ends_failed_in_time(
+    nats_url: str,
+) -> None:
+    owner = await start(
+        "--agent", "tests.agents_for_cli:Hanging", "--nats", nats_url, "--lease", str(LEASE)
+    )
+    client = GrpcTransport(grpc.aio.insecure_channel(owner.grpc_addr), None)
+    try:
+        async with (
+            asyncio.timeout(20),
+            instances(GatedPerTask(), [nats_url], names=("B", "C"), lease=LEASE) as (b, c),
+        ):
+            sender = client.send_message_streaming(send_request("go"))
+            task_id = (await anext(sender)).task.id
+            working = await anext(sender)
+            assert working.status_update.status.state == S.TASK_STATE_WORKING
+            subs = []
+            for instance in (b, c, b):
+                sub = instance.client.subscribe(SubscribeToTaskRequest(id=task_id))
+                assert (await anext(sub)).task.status.state == S.TASK_STATE_WORKING
+                subs.append(sub)
+            tails = asyncio.gather(*(collect(s) for s in subs))
+            owner.proc.kill()  # SIGKILL: no shutdown, no final frame from the owner
+            await owner.proc.wait()
+            async with asyncio.timeout(LEASE + 1.0):  # the promise: lease + 1 s
+                results = await tails
+            for frames in results:
+                assert last_state(frames) == S.TASK_STATE_FAILED
+                assert "was lost" in frames[-1].status_update.status.message.parts[0].text
+            stored = await c.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
+            assert stored.status.state == S.TASK_STATE_FAILED
+            reaped = b.service.metrics.tasks_reaped + c.service.metrics.tasks_reaped
+            assert reaped == 1, "exactly one survivor claims the task"
+    finally:
+        await client.close()
+        if owner.proc.returncode is None:
+            owner.proc.kill()
+            await owner.proc.wait()
+
+
+async def test_an_instance_shutting_down_ends_its_tasks_failed_on_every_instance_at_once(
+    nats_url: str,
+) -> None:
+    agent = GatedPerTask()
+    async with asyncio.timeout(20), instances(agent, [nats_url], lease=30.0) as (a, b):
+        sender = a.client.send_message_streaming(send_request("go"))
+        task_id = (await anext(sender)).task.id
+        await agent.working(task_id).wait()
+        relayed = b.client.subscribe(SubscribeToTaskRequest(id=task_id))
+        await anext(relayed)
+        tails = asyncio.gather(collect(sender), collect(relayed))
+        await a.service.shutdown(grace=0)  # long lease: only the shutdown itself can end it
+        from_a, from_b = await tails
+        assert last_state(from_a) == last_state(from_b) == S.TASK_STATE_FAILED
+        stored = await b.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
+        assert stored.status.state == S.TASK_STATE_FAILED
+
+
+async def test_relayed_streams_of_an_instance_shutting_down_end_unavailable_not_silently(
+    nats_url: str,
+) -> None:
+    agent = GatedPerTask()
+    async with asyncio.timeout(20), instances(agent, [nats_url]) as (a, b):
+        sender = a.client.send_message_streaming(send_request("go"))
+        task_id = (await anext(sender)).task.id
+        await agent.working(task_id).wait()
+        call = b.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=V1)
+        await anext(aiter(call))
+        await b.service.shutdown(grace=0)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await anext(aiter(call))
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "resubscribe" in (err.value.details() or "")
+        agent.release(task_id)
+        assert last_state(await collect(sender)) == S.TASK_STATE_COMPLETED
+
+
+async def test_losing_a_nats_node_mid_stream_loses_no_task_event_or_final_frame() -> None:
+    agent = FloodAgent(count=200, size=64, window=50)
+    with natsserver.running(3) as cluster:
+        async with (
+            asyncio.timeout(50),
+            instances(agent, cluster.urls, replicas=3, lease=15.0) as (
+                a,
+                b,
+            ),  # above the failover stall
+        ):
+            sender = a.client.send_message_streaming(send_request("go"))
+            task_id = (await anext(sender)).task.id
+            on_a = a.client.subscribe(SubscribeToTaskRequest(id=task_id))
+            on_b = b.client.subscribe(SubscribeToTaskRequest(id=task_id))
+            await anext(on_a)
+            await anext(on_b)
+            agent.release.set()
+            from_b: list[StreamResponse] = []
+            while sum(f.WhichOneof("payload") == "artifact_update" for f in from_b) < 50:
+                from_b.append(await anext(on_b))
+            connected = a.cluster.conn.nc.connected_url
+            assert connected is not None
+            victim = next(n for n in cluster.nodes if n.port == connected.port)
+            victim.kill()  # the node the owner is connected to
+            for _ in range(150):
+                agent.credits.release()
+            from_sender, from_a, rest_b = await asyncio.gather(
+                collect(sender), collect(on_a), collect(on_b)
+            )
+            from_b += rest_b
+            for frames in (from_sender, from_a, from_b):
+                artifacts = [f for f in frames if f.WhichOneof("payload") == "artifact_update"]
+                assert [f.artifact_update.artifact.artifact_id for f in artifacts] == [
+                    f"chunk-{i}" for i in range(200)
+                ]
+                assert last_state(frames) == S.TASK_STATE_COMPLETED
+            stored = await b.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
+            assert stored.status.state == S.TASK_STATE_COMPLETED
+            assert len(stored.artifacts) == 200
