@@ -173,3 +173,13 @@ async def test_a_port_in_use_exits_1_with_a_message(flag: str) -> None:
     assert code == 1
     assert f"127.0.0.1:{port}" in err.decode()
     assert b"Traceback" not in err
+
+
+async def test_an_unreachable_nats_exits_1_with_a_message_not_a_retry_loop() -> None:
+    from .natsserver import free_port
+
+    url = f"nats://127.0.0.1:{free_port()}"
+    code, err = await serve_until_exit("--nats", url, "--port", "0", "--http-port", "0")
+    assert code == 1
+    assert f"cannot connect to NATS at {url}".encode() in err
+    assert b"Traceback" not in err

@@ -154,10 +154,10 @@ class A2AServer:
         return f"{host}:{self.grpc_port}"
 
     async def start(self) -> None:
-        """Bind and serve; logs one line with both addresses when ready.
+        """Join the cluster (with ``nats``), bind and serve; logs one ready line.
 
         Raises:
-            OSError: A port could not be bound.
+            OSError: A port could not be bound, or NATS could not be reached.
         """
         if self._nats is not None:
             from .cluster.node import NatsCluster
@@ -169,7 +169,17 @@ class A2AServer:
             self.service = A2AService(
                 self._executor, self._card, config=self._config, store=self._store, cluster=cluster
             )
-        await self.service.start()
+        try:
+            await self.service.start()
+            await self._serve()
+        except BaseException:
+            if self.service.cluster is not None:
+                await self.service.shutdown(0)
+                await self.service.cluster.close()
+            raise
+
+    async def _serve(self) -> None:
+        """Start the gRPC and HTTP servers (see ``start``)."""
         limit = self.service.config.max_message_bytes
         # gRPC's own limit sits above ours so oversized requests reach our
         # validation and get INVALID_ARGUMENT with an explanation.

@@ -33,6 +33,8 @@ EVENTS_STREAM = "A2A_EVENTS"
 EVENTS_SUBJECT = "a2a.events"
 CONTROL_SUBJECT = "a2a.ctl"
 SETUP_TIMEOUT = 20.0
+CONNECT_ATTEMPTS = 3
+"""Tries per server URL before the first connect gives up."""
 INSTANCES_TTL = 3600.0
 """Seconds a lost instance's heartbeat key lingers (harmless: survivors judge by freshness)."""
 IN_USE = 10058
@@ -106,7 +108,9 @@ async def connect(config: NatsConfig) -> NatsConnection:
             name=name,
             connect_timeout=2,
             reconnect_time_wait=0.25,
-            max_reconnect_attempts=-1,
+            # A bounded first connect (a wrong URL fails fast); once connected,
+            # reconnect forever (below): NATS failing over must not stop us.
+            max_reconnect_attempts=CONNECT_ATTEMPTS,
             allow_reconnect=True,
             error_cb=_log_error,
             disconnected_cb=_log_event("disconnected from NATS"),
@@ -114,6 +118,7 @@ async def connect(config: NatsConfig) -> NatsConnection:
         )
     except (OSError, nats.errors.NoServersError, TimeoutError) as exc:
         raise ConnectionError(f"cannot connect to NATS at {', '.join(config.servers)}") from exc
+    nc.options["max_reconnect_attempts"] = -1
     js = nc.jetstream(timeout=5)
     try:
         async with asyncio.timeout(SETUP_TIMEOUT):
