@@ -160,7 +160,7 @@ class Lease:
         """
         live = self.live()
         won = 0
-        for stored in await self._store.scan():
+        for stored in await self._store.unfinished():
             if taskops.is_final(stored.task) or stored.owner in live or not stored.owner:
                 continue
             won += await self._claim(stored)

@@ -72,13 +72,19 @@ TRANSIENT = (
 
 
 def encode(owner: str, task: Task) -> bytes:
-    """The stored value: owner id, newline, serialized task."""
-    return owner.encode() + b"\n" + task.SerializeToString()
+    """The stored value: owner id, the state number, each ended by a newline; the task."""
+    return f"{owner}\n{task.status.state}\n".encode() + task.SerializeToString()
+
+
+def peek(value: bytes) -> tuple[str, int]:
+    """Owner and state number of a stored value, without decoding the task."""
+    owner, state, _ = value.split(b"\n", 2)
+    return owner.decode(), int(state)
 
 
 def decode(value: bytes) -> tuple[str, Task]:
     """Split a stored value into owner id and task."""
-    owner, _, body = value.partition(b"\n")
+    owner, _, body = value.split(b"\n", 2)
     return owner.decode(), Task.FromString(body)
 
 
@@ -184,12 +190,16 @@ class NatsTaskStore:
             total_size=len(matches),
         )
 
-    async def scan(self) -> builtins.list[StoredTask]:
-        """Every task in the bucket with its version and owner (for the lease reaper)."""
+    async def unfinished(self) -> builtins.list[StoredTask]:
+        """Every task that is not final, with version and owner (for the lease reaper).
+
+        Final tasks are skipped without being decoded.
+        """
         found = []
         for value, revision in await self._scan():
-            owner, task = decode(value)
-            found.append(StoredTask(task, revision, owner))
+            if peek(value)[1] not in taskops.TERMINAL:
+                owner, task = decode(value)
+                found.append(StoredTask(task, revision, owner))
         return found
 
     async def _scan(self) -> builtins.list[tuple[bytes, int]]:
