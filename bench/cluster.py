@@ -120,7 +120,7 @@ def request(text: str, *, immediately: bool = False) -> SendMessageRequest:
 async def subscribe(server: Server, task_id: str) -> AsyncIterator[StreamResponse]:
     """SubscribeToTask; returns once the snapshot frame arrived."""
     call = server.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=V1)
-    stream = aiter(call)
+    stream: AsyncIterator[StreamResponse] = aiter(call)
     await anext(stream)
     return stream
 
@@ -184,7 +184,7 @@ async def cancels(
     return out
 
 
-def summary(samples: list[float]) -> dict[str, float]:
+def summary(samples: list[float]) -> dict[str, object]:
     """Count, p50, p99 and max of ``samples`` (milliseconds)."""
     ordered = sorted(samples)
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
@@ -219,7 +219,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         ]
         s, a, b = servers
         try:
-            results: dict[str, dict[str, dict[str, float]]] = {}
+            results: dict[str, dict[str, dict[str, object]]] = {}
             async with phase():
                 await events_single(s, 20)  # warm-up
                 await events_cluster(a, b, 20)
