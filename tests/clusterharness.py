@@ -108,6 +108,8 @@ async def instances(
         async with asyncio.timeout(1.0):
             for instance in started:
                 await instance.service.wait_idle()
+        relays = {i.name: i.service.metrics.relays_open for i in started}
+        assert not any(relays.values()), f"relays left open: {relays}"
         left = [t for t in our_tasks() if not _infrastructure(t)]
         assert not left, f"coroutines of ours still alive: {left}"
     finally:

@@ -47,6 +47,8 @@ class Metrics:
     """Why streams ended: finished, interrupted, evicted, disconnected, error."""
     evictions: int = 0
     dropped_events: int = 0
+    relays_open: int = 0
+    """Tasks of other instances this instance relays to its subscribers (cluster mode)."""
     tasks_reaped: int = 0
     """Tasks of a lost instance this instance ended FAILED (cluster mode)."""
     cancel_seconds: Histogram = field(default_factory=lambda: Histogram(CANCEL_BUCKETS))
@@ -87,6 +89,12 @@ class Metrics:
             "counter",
             "Executor events dropped (after the task ended).",
             [("", self.dropped_events)],
+        )
+        metric(
+            "relays_open",
+            "gauge",
+            "Tasks of other instances relayed here.",
+            [("", self.relays_open)],
         )
         metric(
             "tasks_reaped_total",

@@ -70,8 +70,6 @@ class Lease:
         self._sweep_requested = False
         self._healthy_since: float | None = None
         self._swept_at_start = False
-        self.swept = asyncio.Event()
-        """Set after each sweep (tests wait on it)."""
 
     def live(self) -> set[str]:
         """Instances heard from within the lease (this one included)."""
@@ -148,9 +146,6 @@ class Lease:
             await self.sweep()
         except StoreError as exc:
             logger.warning("lease sweep failed: %s", exc)
-        finally:
-            self.swept.set()
-            self.swept = asyncio.Event()
 
     async def sweep(self) -> int:
         """End FAILED every live-looking task whose owner is lost; return how many this won.

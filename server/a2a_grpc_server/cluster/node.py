@@ -59,11 +59,6 @@ class NatsCluster:
         """This instance's id."""
         return self.conn.config.instance_id
 
-    @property
-    def relay_count(self) -> int:
-        """Tasks this instance relays now."""
-        return len(self._relays) if self._relays is not None else 0
-
     async def join(self, manager: TaskManager) -> None:
         """Start heartbeating and serving routed requests for ``manager``."""
         config = manager.config

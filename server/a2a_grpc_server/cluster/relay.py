@@ -182,6 +182,7 @@ class Relays:
         channel = TaskChannel(task_id, self._capacity, self._metrics)
         relay = Relay(task_id, channel)
         self._relays[task_id] = relay
+        self._metrics.relays_open += 1
         channel.on_close(lambda: self._ended(relay))
         channel.on_idle = lambda: channel.sever(RelayLostError("no subscriber left"))
         starter = asyncio.create_task(
@@ -200,6 +201,7 @@ class Relays:
             relay.started.set_result(None)
 
     def _ended(self, relay: Relay) -> None:
+        self._metrics.relays_open -= 1
         if self._relays.get(relay.task_id) is relay:
             del self._relays[relay.task_id]
         self._track(asyncio.create_task(self._unsubscribe(relay), name=f"{TASK_PREFIX}:relay-end"))
