@@ -143,3 +143,37 @@ async def test_losing_a_nats_node_mid_stream_loses_no_task_event_or_final_frame(
             stored = await b.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
             assert stored.status.state == S.TASK_STATE_COMPLETED
             assert len(stored.artifacts) == 200
+
+
+async def test_a_restart_under_the_same_instance_id_ends_what_the_dead_process_left(
+    nats_url: str,
+) -> None:
+    args = ("--agent", "tests.agents_for_cli:Hanging", "--nats", nats_url, "--lease", "60")
+    first = await start(*args, "--instance-id", "fixed-id")
+    client = GrpcTransport(grpc.aio.insecure_channel(first.grpc_addr), None)
+    second = None
+    try:
+        async with (
+            asyncio.timeout(20),
+            instances(GatedPerTask(), [nats_url], names=("B",), lease=60) as [b],
+        ):
+            sender = client.send_message_streaming(send_request("go"))
+            task_id = (await anext(sender)).task.id
+            await anext(sender)  # WORKING
+            relayed = b.client.subscribe(SubscribeToTaskRequest(id=task_id))
+            await anext(relayed)
+            tail = asyncio.ensure_future(collect(relayed))
+            first.proc.kill()
+            await first.proc.wait()
+            # A 60 s lease would keep the task WORKING; the restart ends it at once.
+            second = await start(*args, "--instance-id", "fixed-id")
+            frames = await tail
+            assert last_state(frames) == S.TASK_STATE_FAILED
+            text = frames[-1].status_update.status.message.parts[0].text
+            assert text == "instance fixed-id restarted"
+    finally:
+        await client.close()
+        for proc in (first.proc, second.proc if second else None):
+            if proc is not None and proc.returncode is None:
+                proc.kill()
+                await proc.wait()

@@ -77,8 +77,20 @@ class Lease:
         return {i for i, t in self._seen.items() if now - t <= self._lease} | {self._id}
 
     async def start(self) -> None:
-        """Write the first heartbeat, then keep the lease and watch the others."""
+        """Heartbeat, end what an earlier process with this id left, watch the others.
+
+        Tasks still owned by this instance's id when it starts were left by a
+        process that had the same ``--instance-id`` and died: they end FAILED.
+
+        Raises:
+            StoreError: The store could not be read.
+        """
         await self._kv.put(self._id, b"")
+        for stored in await self._store.unfinished():
+            # Nothing runs here yet: a task this id owns was left by a process
+            # that had the same --instance-id and died.
+            if stored.owner == self._id:
+                await self._claim(stored, f"instance {self._id} restarted")
         self._watch = await self._js.subscribe(
             f"$KV.{INSTANCES_BUCKET}.>",
             stream=f"KV_{INSTANCES_BUCKET}",
@@ -158,12 +170,11 @@ class Lease:
         for stored in await self._store.unfinished():
             if taskops.is_final(stored.task) or stored.owner in live or not stored.owner:
                 continue
-            won += await self._claim(stored)
+            won += await self._claim(stored, f"owner instance {stored.owner} was lost")
         return won
 
-    async def _claim(self, stored: StoredTask) -> int:
+    async def _claim(self, stored: StoredTask, text: str) -> int:
         task = taskops.copy(stored.task)
-        text = f"owner instance {stored.owner} was lost"
         frame = taskops.apply(task, taskops.status_event(task, TaskState.TASK_STATE_FAILED, text))
         try:
             version = await self._store.update(task, stored.version)

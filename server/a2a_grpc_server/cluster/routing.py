@@ -26,6 +26,7 @@ from a2a.server.context import ServerCallContext
 from a2a.types.a2a_pb2 import SendMessageRequest, Task
 from a2a.utils.errors import (
     A2AError,
+    InternalError,
     InvalidParamsError,
     TaskNotCancelableError,
     TaskNotFoundError,
@@ -58,6 +59,7 @@ _ERRORS: dict[str, type[Exception]] = {
         UnsupportedOperationError,
         InvalidParamsError,
         ServerShuttingDownError,
+        InternalError,
     )
 }
 
@@ -162,10 +164,12 @@ class Router:
             reply, reply_headers = await serve(msg, call), None
         except (A2AError, ServerError) as exc:
             text = getattr(exc, "message", None) or str(exc)
-            reply, reply_headers = text.encode(), {ERROR: type(exc).__name__}
+            known = next((c.__name__ for c in type(exc).__mro__ if c.__name__ in _ERRORS), None)
+            reply, reply_headers = text.encode(), {ERROR: known or InternalError.__name__}
         except Exception:
             logger.exception("routed %s failed", msg.subject)
-            reply, reply_headers = b"internal error on the owner", {ERROR: "Internal"}
+            reply = b"internal error on the instance running the task; its log has the details"
+            reply_headers = {ERROR: InternalError.__name__}
         try:
             await self._nc.publish(msg.reply, reply, headers=reply_headers)
         except nats.errors.ConnectionClosedError:
