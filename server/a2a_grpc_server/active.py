@@ -68,6 +68,7 @@ class ActiveTask:
         self._version = version
         self._first_message = first_message
         self._events = events
+        self._logged = 0
         self.run: Run | None = None
         """The execution currently feeding this task, if any."""
         self.admitting = False
@@ -229,7 +230,9 @@ class ActiveTask:
     async def _log(self, frame: StreamResponse | None, task: Task) -> None:
         """Log a persisted frame for other instances (persist, log, then broadcast)."""
         if self._events is not None:
-            await self._events.append(self.task_id, self._version, frame, task)
+            seq = self._logged + 1
+            await self._events.append(self.task_id, seq, self._version, frame, task)
+            self._logged = seq
 
     def _answer(self, message: Message) -> None:
         self.answer = message

@@ -31,9 +31,12 @@ class EventLog(Protocol):
     """The durable, ordered log of one task's frames, readable by every instance."""
 
     async def append(
-        self, task_id: str, version: int, frame: StreamResponse | None, snapshot: Task
+        self, task_id: str, seq: int, version: int, frame: StreamResponse | None, snapshot: Task
     ) -> None:
-        """Record a frame persisted at ``version``.
+        """Record a frame persisted at ``version``, as the task's ``seq``-th log entry.
+
+        ``seq`` counts a task's entries from 1 with no gap; ``last_seq`` tells
+        a writer other than the owner (the lease reaper) where to continue.
 
         With ``frame`` None it records a change that has no frame (e.g. a
         follow-up message added to the history); ``snapshot`` is the task after it.
@@ -43,6 +46,14 @@ class EventLog(Protocol):
 
         Raises:
             StoreError: The frame could not be recorded.
+        """
+        ...
+
+    async def last_seq(self, task_id: str) -> int:
+        """The ``seq`` of the task's last entry (0 if it has none).
+
+        Raises:
+            StoreError: The log could not be read.
         """
         ...
 

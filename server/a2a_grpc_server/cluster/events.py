@@ -1,10 +1,11 @@
 """The event log on JetStream: one subject per task, one message per frame.
 
-Each message carries headers ``A2a-Version`` (the task version the frame was
-persisted at; versions only grow within a task) and ``A2a-Kind`` (``frame``,
-or ``snapshot`` for a change without a frame, whose payload is the whole
-task). ``Nats-Msg-Id`` makes a retried append a no-op within JetStream's
-duplicate window.
+Each message carries headers ``A2a-Seq`` (its position in the task's log: 1,
+2, 3, … with no gap), ``A2a-Version`` (the task version the frame was
+persisted at; versions only grow within a task, with gaps) and ``A2a-Kind``
+(``frame``, or ``snapshot`` for a change without a frame, whose payload is
+the whole task). ``Nats-Msg-Id`` (task id and seq) makes a retried append a
+no-op within JetStream's duplicate window.
 
 Who runs what: the owner's consumer calls ``append`` under the task's lock,
 so appends of one task are in version order. A relay calls ``tail`` before it
@@ -25,6 +26,7 @@ from nats.js import JetStreamContext, api
 from ..store.nats import retrying
 from .natsconn import EVENTS_STREAM, EVENTS_SUBJECT
 
+SEQ = "A2a-Seq"
 VERSION = "A2a-Version"
 KIND = "A2a-Kind"
 FRAME = "frame"
@@ -49,7 +51,7 @@ class NatsEventLog:
         self._js = js
 
     async def append(
-        self, task_id: str, version: int, frame: StreamResponse | None, snapshot: Task
+        self, task_id: str, seq: int, version: int, frame: StreamResponse | None, snapshot: Task
     ) -> None:
         """Append a frame (or a snapshot-only change) persisted at ``version``.
 
@@ -58,13 +60,11 @@ class NatsEventLog:
         """
         kind = FRAME if frame is not None else SNAPSHOT
         payload = (frame if frame is not None else snapshot).SerializeToString()
-        final = frame is not None and is_final_frame(frame)
         headers = {
+            SEQ: str(seq),
             VERSION: str(version),
             KIND: kind,
-            # A final frame the store refused shares its version with the last
-            # frame: it gets its own id so deduplication keeps both.
-            "Nats-Msg-Id": f"{task_id}:{version}:{kind}{':final' if final else ''}",
+            "Nats-Msg-Id": f"{task_id}:{seq}",
         }
         await retrying(
             lambda: self._js.publish(subject(task_id), payload, headers=headers),
@@ -72,18 +72,28 @@ class NatsEventLog:
         )
 
     async def tail(self, task_id: str) -> int:
-        """The stream sequence of the task's last frame (0 if it has none).
+        """The stream sequence of the task's last entry (0 if it has none).
 
         Raises:
             StoreUnavailableError: JetStream did not answer.
         """
+        return (await self._last(task_id))[0]
 
-        async def last() -> int:
+    async def last_seq(self, task_id: str) -> int:
+        """The ``A2a-Seq`` of the task's last entry (0 if it has none).
+
+        Raises:
+            StoreUnavailableError: JetStream did not answer.
+        """
+        return (await self._last(task_id))[1]
+
+    async def _last(self, task_id: str) -> tuple[int, int]:
+        async def last() -> tuple[int, int]:
             try:
                 msg = await self._js.get_last_msg(EVENTS_STREAM, subject(task_id))
             except nats.js.errors.NotFoundError:
-                return 0
-            return int(msg.seq or 0)
+                return 0, 0
+            return int(msg.seq or 0), int((msg.headers or {}).get(SEQ, "0"))
 
         return await retrying(last, f"find the last frame of task {task_id}")
 

@@ -180,7 +180,8 @@ class Lease:
             version = await self._store.update(task, stored.version)
         except (VersionConflictError, FinalTaskError, UnknownTaskError):
             return 0  # another survivor won, or the owner wrote after all
-        await self._log.append(task.id, version, frame, task)
+        seq = await self._log.last_seq(task.id) + 1
+        await self._log.append(task.id, seq, version, frame, task)
         self._metrics.tasks_reaped += 1
         logger.warning("task %s ended FAILED: %s", task.id, text)
         return 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import nats
@@ -188,7 +189,7 @@ async def _log_error(exc: Exception) -> None:
     logger.warning("NATS: %s: %s", type(exc).__name__, exc)
 
 
-def _log_event(text: str):  # type: ignore[no-untyped-def]
+def _log_event(text: str) -> Callable[[], Awaitable[None]]:
     async def log() -> None:
         logger.warning(text)
 
