@@ -167,9 +167,18 @@ class TaskChannel:
         task_id: The task this channel carries.
         capacity: Frames buffered per subscriber, the final frame's slot included.
         metrics: Where evictions, final frames and task ends are counted.
+        relayed: The channel relays a task another instance runs; its end is
+            not counted as a task ended here.
     """
 
-    def __init__(self, task_id: str, capacity: int, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        task_id: str,
+        capacity: int,
+        metrics: Metrics | None = None,
+        *,
+        relayed: bool = False,
+    ) -> None:
         self.task_id = task_id
         self._capacity = capacity
         self._subscribers: set[Subscription] = set()
@@ -183,16 +192,12 @@ class TaskChannel:
         self.on_idle: Callable[[], None] | None = None
         """Called when the last subscriber leaves an open channel."""
         self.metrics = metrics or Metrics()
+        self._relayed = relayed
 
     @property
     def closed(self) -> bool:
         """Whether the channel's task has ended."""
         return self._closed
-
-    @property
-    def subscriber_count(self) -> int:
-        """Subscribers currently attached."""
-        return len(self._subscribers)
 
     @property
     def snapshot(self) -> Task | None:
@@ -282,7 +287,9 @@ class TaskChannel:
             self._snapshot = snapshot
         self._closed = True
         ended = self._snapshot
-        self.metrics.tasks_ended[TaskState.Name(ended.status.state) if ended else "MESSAGE"] += 1
+        if not self._relayed:
+            state = TaskState.Name(ended.status.state) if ended else "MESSAGE"
+            self.metrics.tasks_ended[state] += 1
         callbacks, self._close_callbacks = self._close_callbacks, []
         for callback in callbacks:
             callback()

@@ -138,6 +138,7 @@ class Relays:
         self._metrics = metrics
         self._relays: dict[str, Relay] = {}
         self._cleanups: set[asyncio.Task[None]] = set()
+        self._severed: str | None = None
 
     def __len__(self) -> int:
         return len(self._relays)
@@ -152,8 +153,11 @@ class Relays:
             TaskNotFoundError: The task is gone.
             UnsupportedOperationError: The task has ended.
             StoreUnavailableError: NATS did not answer.
+            RelayLostError: This instance is shutting down.
         """
         while True:
+            if self._severed is not None:
+                raise RelayLostError(self._severed)
             relay = self._relays.get(task_id)
             if relay is None:
                 relay = self._create(task_id)
@@ -169,7 +173,8 @@ class Relays:
             return snapshot, sub
 
     def sever_all(self, why: str) -> None:
-        """End every relayed subscription with ``RelayLostError(why)``."""
+        """End every relayed subscription with ``RelayLostError(why)``; relay no more."""
+        self._severed = why
         for relay in list(self._relays.values()):
             relay.channel.sever(RelayLostError(why))
 
@@ -179,7 +184,7 @@ class Relays:
             await asyncio.gather(*self._cleanups, return_exceptions=True)
 
     def _create(self, task_id: str) -> Relay:
-        channel = TaskChannel(task_id, self._capacity, self._metrics)
+        channel = TaskChannel(task_id, self._capacity, self._metrics, relayed=True)
         relay = Relay(task_id, channel)
         self._relays[task_id] = relay
         self._metrics.relays_open += 1
