@@ -1,0 +1,222 @@
+"""``python -m bench``: ours beside a2a-sdk and a bare grpc.aio servicer, in one run.
+
+    .venv/bin/python -m bench [--reps 3] [--servers ours,ours-nats,sdk,raw]
+                              [--seconds 2] [--memory 1000,10000] [--uvloop] [--json PATH]
+
+Each server runs in its own process on 127.0.0.1 (``bench.servers``), started
+fresh for every repetition and for every memory measurement; this process is
+the load generator (plain generated gRPC stubs, four connections). For each
+scenario it prints the median over the repetitions with the spread
+[min-max], and the ratios ours/a2a-sdk and ours/raw, paired per repetition
+(then the median), plus server and client CPU so a saturated machine can be
+told from a slow server. Writes everything, raw per-repetition results
+included, as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import statistics
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+from tests import natsserver
+
+from . import load
+from .load import Result, Target
+
+ROOT = Path(__file__).resolve().parent.parent
+Scenario = tuple[str, list[str], Callable[[Target], Awaitable[Result]]]
+
+
+def scenarios(seconds: float) -> list[Scenario]:
+    """The throughput and latency scenarios: (name, headline metrics, run)."""
+    out: list[Scenario] = []
+    for callers in (1, 16, 64):
+        out.append(
+            (
+                f"SendMessage x{callers}",
+                ["tasks_per_s", "p50_ms", "p99_ms"],
+                lambda t, c=callers: load.send_message(t, c, seconds, 200_000),  # type: ignore[misc]
+            )
+        )
+    for callers in (16, 64):
+        out.append(
+            (
+                f"streaming x{callers}",
+                ["streams_per_s", "frames_per_s"],
+                lambda t, c=callers: load.streaming(t, c, seconds, 100_000),  # type: ignore[misc]
+            )
+        )
+    for subs in (1, 10, 100):
+        out.append(
+            (
+                f"fan-out 1000 to {subs}",
+                ["frames_per_s", "lag_p50_ms", "lag_p99_ms"],
+                lambda t, s=subs: load.fan_out(t, s),  # type: ignore[misc]
+            )
+        )
+    out.append(("cancel -> final frame", ["p50_ms", "p99_ms", "missing_final_frames"], load.cancel))
+    return out
+
+
+async def run_kind(
+    kind: str, plan: list[Scenario], nats: str | None, uvloop: bool
+) -> dict[str, Result]:
+    """Every scenario against one fresh server of ``kind``."""
+    target = await load.start(kind, nats=nats, uvloop=uvloop)
+    try:
+        await load.send_message(target, 4, 0.5, 500)  # warm-up
+        results = {}
+        for name, _, run in plan:
+            results[name] = await run(target)
+            print(f"  {kind:10} {name:24} {_brief(results[name])}", flush=True)
+        return results
+    finally:
+        await load.stop(target)
+
+
+async def memory(kind: str, sizes: list[int], nats: str | None, uvloop: bool) -> dict[str, Result]:
+    """Resident bytes per parked task, alone and with a subscriber, each on a fresh server."""
+    out = {}
+    for size in sizes:
+        for subscribe in (False, True):
+            name = f"RSS per parked task{' + subscriber' if subscribe else ''} at {size}"
+            target = await load.start(kind, nats=nats, uvloop=uvloop)
+            try:
+                await load.send_message(target, 4, 0.5, 500)  # warm-up
+                out[name] = await load.parked_memory(target, size, subscribe=subscribe, seconds=90)
+            finally:
+                await load.stop(target)
+            print(f"  {kind:10} {name:40} {_brief(out[name])}", flush=True)
+    return out
+
+
+def _brief(result: Result) -> str:
+    return ", ".join(f"{k}={v:.4g}" for k, v in result.items())
+
+
+@contextlib.contextmanager
+def maybe_nats(wanted: bool) -> Iterator[str | None]:
+    """A nats-server for ``ours-nats``, if it is among the servers."""
+    if not wanted:
+        yield None
+        return
+    with natsserver.running(1) as cluster:
+        yield cluster.urls[0]
+
+
+def summarize(
+    reps: list[dict[str, dict[str, Result]]], plan: list[tuple[str, list[str]]], kinds: list[str]
+) -> list[dict[str, object]]:
+    """Median and spread per metric and server; paired ratios per repetition."""
+    rows: list[dict[str, object]] = []
+    for name, metrics in plan:
+        for metric in [*metrics, "server_cpu_pct", "client_cpu_pct"]:
+            row: dict[str, object] = {"scenario": name, "metric": metric}
+            for kind in kinds:
+                values = [r[kind][name][metric] for r in reps if name in r.get(kind, {})]
+                if values:
+                    row[kind] = {
+                        "median": statistics.median(values),
+                        "min": min(values),
+                        "max": max(values),
+                    }
+            for other in ("sdk", "raw"):
+                pairs = [
+                    r["ours"][name][metric] / r[other][name][metric]
+                    for r in reps
+                    if "ours" in r and other in r and r[other][name][metric]
+                ]
+                if pairs:
+                    row[f"ours/{other}"] = statistics.median(pairs)
+            rows.append(row)
+    return rows
+
+
+def table(rows: list[dict[str, object]], kinds: list[str]) -> str:
+    """The summary as text: median [min-max] per server, then the ratios."""
+    head = f"{'scenario':26} {'metric':22}" + "".join(f"{k:>24}" for k in kinds)
+    head += f"{'ours/sdk':>10}{'ours/raw':>10}"
+    lines = [head]
+    for row in rows:
+        cells = []
+        for kind in kinds:
+            cell = row.get(kind)
+            if isinstance(cell, dict):
+                cells.append(f"{_num(cell['median'])} [{_num(cell['min'])}-{_num(cell['max'])}]")
+            else:
+                cells.append("-")
+        ratios = [row.get("ours/sdk"), row.get("ours/raw")]
+        line = f"{row['scenario']!s:26} {row['metric']!s:22}" + "".join(f"{c:>24}" for c in cells)
+        line += "".join(f"{r:>10.2f}" if isinstance(r, float) else f"{'-':>10}" for r in ratios)
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _num(value: object) -> str:
+    assert isinstance(value, float | int)
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.2f}"
+
+
+async def main(args: argparse.Namespace) -> dict[str, object]:
+    """Run every repetition, then the memory measurements."""
+    kinds = args.servers.split(",")
+    plan = scenarios(args.seconds)
+    reps: list[dict[str, dict[str, Result]]] = []
+    mem: dict[str, dict[str, Result]] = {}
+    with maybe_nats("ours-nats" in kinds) as nats:
+        for rep in range(args.reps):
+            print(f"repetition {rep + 1}/{args.reps}", flush=True)
+            reps.append({k: await run_kind(k, plan, nats, args.uvloop) for k in kinds})
+        sizes = [int(s) for s in args.memory.split(",") if s]
+        if sizes:
+            print("memory", flush=True)
+            for kind in kinds:
+                mem[kind] = await memory(kind, sizes, nats, args.uvloop)
+    rows = summarize(reps, [(n, m) for n, m, _ in plan], kinds)
+    mem_plan = sorted({name for per in mem.values() for name in per})
+    rows += summarize([mem], [(n, ["bytes_per_task"]) for n in mem_plan], kinds) if mem else []
+    return {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loop": "uvloop" if args.uvloop else "asyncio",
+        },
+        "params": vars(args) | {"json": str(args.json)},
+        "summary": rows,
+        "repetitions": reps,
+        "memory": mem,
+    }
+
+
+def cli() -> None:
+    """Entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--servers", default="ours,ours-nats,sdk,raw")
+    parser.add_argument("--seconds", type=float, default=2.0, help="per throughput scenario")
+    parser.add_argument("--memory", default="1000,10000", help="parked-task counts ('' for none)")
+    parser.add_argument("--uvloop", action="store_true", help="servers on uvloop")
+    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "bench.json")
+    args = parser.parse_args()
+    report = asyncio.run(main(args))
+    kinds = args.servers.split(",")
+    summary = report["summary"]
+    assert isinstance(summary, list)
+    print()
+    print(table(summary, kinds))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nJSON: {args.json}")
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,270 @@
+"""The load generator's scenarios: each drives one server process with real gRPC clients.
+
+Every scenario is bounded in count and in time, and reports the server's and
+this process's CPU over its wall time, so a saturated machine can be told
+from a slow server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from a2a.types import a2a_pb2_grpc
+from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    StreamResponse,
+    SubscribeToTaskRequest,
+    TaskState,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+V1 = (("a2a-version", "1.0"),)
+TICK = os.sysconf("SC_CLK_TCK")
+Result = dict[str, float]
+
+
+@dataclass
+class Target:
+    """One server process under test and clients of it."""
+
+    kind: str
+    proc: asyncio.subprocess.Process
+    address: str
+    channels: list[grpc.aio.Channel] = field(default_factory=list)
+
+    def stub(self, i: int = 0) -> a2a_pb2_grpc.A2AServiceStub:
+        """A stub on the ``i``-th channel (callers spread over a few connections)."""
+        return a2a_pb2_grpc.A2AServiceStub(self.channels[i % len(self.channels)])
+
+    def cpu(self) -> float:
+        """CPU seconds the server process used so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+
+    def rss(self) -> int:
+        """The server's resident memory in bytes."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+
+async def start(kind: str, *, nats: str | None = None, uvloop: bool = False) -> Target:
+    """Start ``python -m bench.servers kind``; return once it printed its port."""
+    args = [sys.executable, "-m", "bench.servers", kind]
+    args += ["--nats", nats] if nats else []
+    args += ["--uvloop"] if uvloop else []
+    proc = await asyncio.create_subprocess_exec(
+        *args, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
+    assert proc.stdout is not None
+    async with asyncio.timeout(30):
+        line = (await proc.stdout.readline()).decode().split()
+    if line[:1] != ["ready"]:
+        raise RuntimeError(f"{kind} did not start")
+    address = f"127.0.0.1:{line[1]}"
+    channels = [grpc.aio.insecure_channel(address) for _ in range(4)]
+    return Target(kind, proc, address, channels)
+
+
+async def stop(target: Target) -> None:
+    """Stop the server and close the clients."""
+    for channel in target.channels:
+        await channel.close()
+    if target.proc.returncode is None:
+        target.proc.terminate()
+        try:
+            async with asyncio.timeout(10):
+                await target.proc.wait()
+        except TimeoutError:
+            target.proc.kill()
+            await target.proc.wait()
+
+
+def request(text: str, *, immediately: bool = False) -> SendMessageRequest:
+    """A SendMessageRequest with one text part."""
+    return SendMessageRequest(
+        message=Message(
+            message_id=os.urandom(8).hex(), role=Role.ROLE_USER, parts=[Part(text=text)]
+        ),
+        configuration=SendMessageConfiguration(return_immediately=immediately),
+    )
+
+
+def pct(samples: list[float], q: float) -> float:
+    """The ``q`` quantile of ``samples`` (nearest rank)."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else float("nan")
+
+
+async def measured(target: Target, body: Callable[[], Awaitable[Result]]) -> Result:
+    """Run ``body`` and add wall time and server / client CPU use to its result."""
+    cpu0, mine0, t0 = target.cpu(), time.process_time(), time.perf_counter()
+    result = await body()
+    wall = time.perf_counter() - t0
+    result["server_cpu_pct"] = 100 * (target.cpu() - cpu0) / wall
+    result["client_cpu_pct"] = 100 * (time.process_time() - mine0) / wall
+    return result
+
+
+async def send_message(target: Target, callers: int, seconds: float, most: int) -> Result:
+    """Blocking SendMessage ("unary") from ``callers`` concurrent callers."""
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def caller(i: int) -> None:
+        stub = target.stub(i)
+        while time.perf_counter() < deadline and len(latencies) < most:
+            t = time.perf_counter()
+            await stub.SendMessage(request("unary"), metadata=V1)
+            latencies.append((time.perf_counter() - t) * 1000)
+
+    async def body() -> Result:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(caller(i) for i in range(callers)))
+        wall = time.perf_counter() - t0
+        return {
+            "tasks_per_s": len(latencies) / wall,
+            "p50_ms": statistics.median(latencies),
+            "p99_ms": pct(latencies, 0.99),
+            "n": len(latencies),
+        }
+
+    return await measured(target, body)
+
+
+async def streaming(target: Target, callers: int, seconds: float, most: int) -> Result:
+    """SendStreamingMessage ("stream", 13 frames) from ``callers`` concurrent callers."""
+    frames = 0
+    streams = 0
+    deadline = time.perf_counter() + seconds
+
+    async def caller(i: int) -> None:
+        nonlocal frames, streams
+        stub = target.stub(i)
+        while time.perf_counter() < deadline and streams < most:
+            async for _ in stub.SendStreamingMessage(request("stream"), metadata=V1):
+                frames += 1
+            streams += 1
+
+    async def body() -> Result:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(caller(i) for i in range(callers)))
+        wall = time.perf_counter() - t0
+        return {"streams_per_s": streams / wall, "frames_per_s": frames / wall, "n": streams}
+
+    return await measured(target, body)
+
+
+async def _subscribe(target: Target, task_id: str, i: int) -> AsyncIterator[StreamResponse]:
+    call = target.stub(i).SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=V1)
+    stream: AsyncIterator[StreamResponse] = aiter(call)
+    first = await anext(stream)
+    assert first.WhichOneof("payload") == "task"
+    return stream
+
+
+async def fan_out(target: Target, subscribers: int, count: int = 1000) -> Result:
+    """One task producing ``count`` updates to ``subscribers`` SubscribeToTask streams."""
+    delay_ms = 500 + 20 * subscribers
+    started = await target.stub().SendMessage(
+        request(f"fanout {count} {delay_ms}", immediately=True), metadata=V1
+    )
+    task_id = started.task.id
+    attach_by = time.perf_counter() + delay_ms / 1000
+    streams = [await _subscribe(target, task_id, i) for i in range(subscribers)]
+    if time.perf_counter() > attach_by:
+        raise RuntimeError("subscribers attached after the producer started; raise the delay")
+    lags: list[float] = []
+    first: list[float] = []
+    last: list[float] = []
+    got = 0
+
+    async def read(stream: AsyncIterator[StreamResponse]) -> None:
+        nonlocal got
+        async for frame in stream:
+            if frame.WhichOneof("payload") == "artifact_update":
+                now = time.time_ns()
+                if not first:
+                    first.append(time.perf_counter())
+                lags.append((now - int(frame.artifact_update.artifact.parts[0].text)) / 1e6)
+                got += 1
+        last.append(time.perf_counter())
+
+    async def body() -> Result:
+        async with asyncio.timeout(120):
+            await asyncio.gather(*(read(s) for s in streams))
+        span = max(last) - first[0] if first else float("nan")
+        return {
+            "frames_per_s": got / span,
+            "delivered": got,
+            "expected": count * subscribers,
+            "lag_p50_ms": statistics.median(lags),
+            "lag_p99_ms": pct(lags, 0.99),
+        }
+
+    return await measured(target, body)
+
+
+async def cancel(target: Target, tasks: int = 200) -> Result:
+    """Park ``tasks`` tasks, each with a subscriber; cancel each; time to its final frame."""
+    parked = []
+    for i in range(tasks):
+        reply = await target.stub(i).SendMessage(request("park", immediately=True), metadata=V1)
+        parked.append((reply.task.id, await _subscribe(target, reply.task.id, i)))
+    latencies: list[float] = []
+    missing = 0
+
+    async def body() -> Result:
+        nonlocal missing
+        for i, (task_id, stream) in enumerate(parked):
+            t = time.perf_counter()
+            reply = target.stub(i).CancelTask(CancelTaskRequest(id=task_id), metadata=V1)
+            final = None
+            async for frame in stream:
+                if frame.WhichOneof("payload") == "status_update":
+                    final = frame.status_update.status.state
+                    if final == TaskState.TASK_STATE_CANCELED:
+                        latencies.append((time.perf_counter() - t) * 1000)
+                        break
+            if final != TaskState.TASK_STATE_CANCELED:
+                missing += 1
+            await reply
+        return {
+            "p50_ms": statistics.median(latencies) if latencies else float("nan"),
+            "p99_ms": pct(latencies, 0.99),
+            "missing_final_frames": missing,
+        }
+
+    return await measured(target, body)
+
+
+async def parked_memory(target: Target, tasks: int, *, subscribe: bool, seconds: float) -> Result:
+    """Resident memory per parked task (with one open subscriber each, if asked)."""
+    base = target.rss()
+    streams = []
+    deadline = time.perf_counter() + seconds
+    made = 0
+    for i in range(tasks):
+        if time.perf_counter() > deadline:
+            break
+        reply = await target.stub(i).SendMessage(request("park", immediately=True), metadata=V1)
+        if subscribe:
+            streams.append(await _subscribe(target, reply.task.id, i))
+        made += 1
+    await asyncio.sleep(0.5)  # let the server settle its allocations before reading RSS
+    per_task = (target.rss() - base) / max(made, 1)
+    return {"bytes_per_task": per_task, "tasks": made}

@@ -1,0 +1,95 @@
+"""Start one server under test in this process: ``python -m bench.servers KIND``.
+
+KIND is ``ours`` (A2AService, in-memory), ``ours-nats`` (A2AService joined to
+the NATS given by ``--nats``), ``sdk`` (a2a-sdk 1.3.0: ``GrpcHandler`` over
+``DefaultRequestHandler`` and ``InMemoryTaskStore``, the same agent) or
+``raw`` (``bench.raw``). Each binds 127.0.0.1 on a free port, prints
+``ready <port>`` on stdout and serves until SIGTERM. ``--uvloop`` runs it on
+uvloop (the ``perf`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import signal
+import sys
+
+import grpc
+from a2a.server.request_handlers import DefaultRequestHandler, GrpcHandler
+from a2a.server.tasks import InMemoryTaskStore
+from a2a.types import a2a_pb2_grpc
+
+from a2a_grpc_server import A2AService, ServerConfig
+from a2a_grpc_server.card import default_card
+
+from .agents import Workload
+from .raw import RawServicer
+
+KINDS = ("ours", "ours-nats", "sdk", "raw")
+
+
+async def build(kind: str, nats: str | None) -> tuple[grpc.aio.Server, A2AService | None]:
+    """A grpc.aio server with the servicer of ``kind`` added (not started)."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    service: A2AService | None = None
+    if kind in ("ours", "ours-nats"):
+        cluster = None
+        if kind == "ours-nats":
+            from a2a_grpc_server.cluster.natsconn import NatsConfig
+            from a2a_grpc_server.cluster.node import NatsCluster
+
+            assert nats, "ours-nats needs --nats"
+            cluster = await NatsCluster.connect(NatsConfig(servers=[nats]))
+        # A buffer as deep as the fan-out so no subscriber is evicted mid-run.
+        config = ServerConfig(subscriber_buffer=2048)
+        service = A2AService(Workload(), default_card(), config=config, cluster=cluster)
+        await service.start()
+        service.add_to_server(server)
+    elif kind == "sdk":
+        handler = DefaultRequestHandler(Workload(), InMemoryTaskStore(), default_card())
+        a2a_pb2_grpc.add_A2AServiceServicer_to_server(GrpcHandler(handler), server)  # type: ignore[no-untyped-call]
+    else:
+        a2a_pb2_grpc.add_A2AServiceServicer_to_server(RawServicer(), server)  # type: ignore[no-untyped-call]
+    return server, service
+
+
+async def serve(kind: str, nats: str | None) -> None:
+    """Serve until SIGTERM."""
+    server, service = await build(kind, nats)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    gc.collect()
+    gc.freeze()  # as `a2a-grpc-server serve` does, for every server alike
+    print(f"ready {port}", flush=True)
+    await stop.wait()
+    if service is not None:
+        await service.shutdown(0)
+        if service.cluster is not None:
+            await service.cluster.close()
+    await server.stop(None)
+
+
+def main() -> None:
+    """Entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=KINDS)
+    parser.add_argument("--nats")
+    parser.add_argument("--uvloop", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    if args.uvloop:
+        import uvloop
+
+        uvloop.run(serve(args.kind, args.nats))
+    else:
+        asyncio.run(serve(args.kind, args.nats))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
