@@ -15,8 +15,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
 
 from a2a.server.agent_execution import AgentExecutor
 from a2a.types.a2a_pb2 import AgentCard
@@ -109,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cluster.add_argument("--instance-id", help="this instance's id (default: a new one per start)")
     serve.add_argument(
+        "--loop",
+        default="auto",
+        choices=["auto", "asyncio", "uvloop"],
+        help="event loop; auto: uvloop if installed (pip install '.[perf]'), else asyncio",
+    )
+    serve.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper
     )
     return parser
@@ -155,6 +161,23 @@ async def serve(args: argparse.Namespace) -> None:
     logger.info("stopped")
 
 
+def _run(main: Coroutine[Any, Any, None], loop: str) -> None:
+    """Run ``main`` on the chosen event loop (see ``--loop``)."""
+    if loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if loop == "uvloop":
+                main.close()
+                raise ValueError(
+                    "--loop uvloop: uvloop is not installed (pip install '.[perf]')"
+                ) from None
+        else:
+            uvloop.run(main)
+            return
+    asyncio.run(main)
+
+
 def _nats_config(args: argparse.Namespace) -> NatsConfig | None:
     if not args.nats:
         return None
@@ -178,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        asyncio.run(serve(args))
+        _run(serve(args), args.loop)
     except (AgentLoadError, ValueError) as exc:
         print(f"a2a-grpc-server: {exc}", file=sys.stderr)
         return 2

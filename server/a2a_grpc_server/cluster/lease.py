@@ -44,6 +44,21 @@ logger = logging.getLogger(__name__)
 DELETED = ("DEL", "PURGE")
 
 
+async def stop_task(task: asyncio.Task[None], within: float) -> None:
+    """Let ``task`` end on its own for ``within`` seconds, then cancel it until it ends.
+
+    Cancelled more than once on purpose: Python 3.11's ``asyncio.wait_for``
+    (used inside nats-py's requests) can swallow a cancellation that arrives
+    as its inner call completes, and a loop would then run on.
+    """
+    await asyncio.wait([task], timeout=within)
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=0.1)
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("lease task failed", exc_info=task.exception())
+
+
 class Lease:
     """This instance's heartbeat, and the reaper of lost instances' tasks.
 
@@ -65,6 +80,7 @@ class Lease:
         self._metrics = metrics
         self._seen: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
         self._watch: JetStreamContext.PushSubscription | None = None
         self._js = conn.js
         self._sweep_requested = False
@@ -104,8 +120,8 @@ class Lease:
     async def stop(self, *, release: bool) -> None:
         """Stop heartbeating; with ``release`` delete the key so survivors act at once."""
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            self._stopping.set()
+            await stop_task(self._task, within=self._lease)
             self._task = None
         if self._watch is not None:
             with contextlib.suppress(nats.errors.Error):
@@ -119,7 +135,7 @@ class Lease:
 
     async def _heartbeat(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._stopping.is_set():
             try:
                 await self._kv.put(self._id, b"")
             except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
@@ -139,7 +155,9 @@ class Lease:
                 self._swept_at_start = self._swept_at_start or due
                 self._sweep_requested = False
                 await self._sweep_logged()
-            await asyncio.sleep(self._lease / 4)  # the heartbeat period
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._lease / 4):  # the heartbeat period
+                    await self._stopping.wait()
 
     async def _heard(self, msg: Msg) -> None:
         key = msg.subject.rsplit(".", 1)[-1]
