@@ -120,7 +120,9 @@ def summarize(
         for metric in [*metrics, "server_cpu_pct", "client_cpu_pct"]:
             row: dict[str, object] = {"scenario": name, "metric": metric}
             for kind in kinds:
-                values = [r[kind][name][metric] for r in reps if name in r.get(kind, {})]
+                values = [
+                    r[kind][name][metric] for r in reps if metric in r.get(kind, {}).get(name, {})
+                ]
                 if values:
                     row[kind] = {
                         "median": statistics.median(values),
@@ -131,11 +133,13 @@ def summarize(
                 pairs = [
                     r["ours"][name][metric] / r[other][name][metric]
                     for r in reps
-                    if "ours" in r and other in r and r[other][name][metric]
+                    if metric in r.get("ours", {}).get(name, {})
+                    and r.get(other, {}).get(name, {}).get(metric)
                 ]
                 if pairs:
                     row[f"ours/{other}"] = statistics.median(pairs)
-            rows.append(row)
+            if len(row) > 2:
+                rows.append(row)
     return rows
 
 
