@@ -35,13 +35,14 @@ def nats_url() -> Iterator[str]:
 
 
 async def start_task(
-    owner: Instance, agent: GatedPerTask
+    owner: Instance,
 ) -> tuple[str, AsyncIterator[StreamResponse]]:
-    """A streaming send on ``owner``; returns once the executor is WORKING."""
+    """A streaming send on ``owner``; returns once WORKING is persisted and broadcast."""
     sender = owner.client.send_message_streaming(send_request("go"))
     first = await anext(sender)
     assert first.WhichOneof("payload") == "task"
-    await agent.working(first.task.id).wait()
+    working = await anext(sender)  # so every later snapshot, local or relayed, has it
+    assert working.status_update.status.state == S.TASK_STATE_WORKING
     return first.task.id, sender
 
 
@@ -67,7 +68,7 @@ async def test_cancel_through_the_non_owner_ends_every_stream_on_both_instances_
     agent = GatedPerTask(cooperative=cooperative)
     async with asyncio.timeout(50), instances(agent, [nats_url]) as (a, b):
         for run in range(20):
-            task_id, sender = await start_task(a, agent)
+            task_id, sender = await start_task(a)
             streams = [sender, await attach(a, task_id), await attach(b, task_id)]
             streams.append(await attach(b, task_id))
             tails = asyncio.gather(*(collect(s) for s in streams))
@@ -84,7 +85,7 @@ async def test_executor_crash_on_the_owner_ends_streams_on_both_instances_failed
 ) -> None:
     agent = GatedPerTask(crash=True)
     async with asyncio.timeout(20), instances(agent, [nats_url]) as (a, b):
-        task_id, sender = await start_task(a, agent)
+        task_id, sender = await start_task(a)
         streams = [sender, await attach(a, task_id), await attach(b, task_id)]
         tails = asyncio.gather(*(collect(s) for s in streams))
         agent.release(task_id)
@@ -100,7 +101,7 @@ async def test_completion_on_the_owner_reaches_the_other_instance_with_every_fra
 ) -> None:
     agent = GatedPerTask()
     async with asyncio.timeout(20), instances(agent, [nats_url]) as (a, b):
-        task_id, sender = await start_task(a, agent)
+        task_id, sender = await start_task(a)
         on_a, on_b = await attach(a, task_id), await attach(b, task_id)
         tails = asyncio.gather(collect(sender), collect(on_a), collect(on_b))
         agent.release(task_id)
@@ -181,7 +182,7 @@ async def test_cancel_of_an_ended_task_through_the_non_owner_is_refused_clearly(
 ) -> None:
     agent = GatedPerTask()
     async with asyncio.timeout(20), instances(agent, [nats_url]) as (a, b):
-        task_id, sender = await start_task(a, agent)
+        task_id, sender = await start_task(a)
         agent.release(task_id)
         await collect(sender)
         with pytest.raises(grpc.aio.AioRpcError) as err:
