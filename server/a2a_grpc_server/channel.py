@@ -186,7 +186,8 @@ class TaskChannel:
         self._seq = 0
         self._closed = False
         self._final_published = False
-        self._changed = asyncio.Event()
+        # Made only when someone waits: a parked task with no waiter pays nothing.
+        self._changed: asyncio.Event | None = None
         self._close_callbacks: list[Callable[[], None]] = []
         self._severed: Exception | None = None
         self.on_idle: Callable[[], None] | None = None
@@ -336,8 +337,11 @@ class TaskChannel:
         """Wait until the next publish or close."""
         if self._closed:
             return
+        if self._changed is None:
+            self._changed = asyncio.Event()
         await self._changed.wait()
 
     def _signal_changed(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None

@@ -80,7 +80,7 @@ class Started:
             is final, interrupted by this message's run, or idle again.
         """
         active, channel = self.active, self.active.channel
-        while not channel.closed and not self.run.finished.is_set():
+        while not channel.closed and not self.run.finished:
             if immediately and active.task is not None:
                 break
             if channel.seq > self.start_seq and active.state in taskops.INTERRUPTED:
@@ -397,7 +397,7 @@ class TaskManager:
         active = self._active.get(stored.id)
         if active is None or active.channel.closed:
             raise _no_more_messages(stored)
-        if active.admitting or (active.run is not None and not active.run.finished.is_set()):
+        if active.admitting or (active.run is not None and not active.run.finished):
             raise UnsupportedOperationError(
                 f"task {stored.id!r} is still {TaskState.Name(stored.status.state)}; send "
                 "follow-ups only when it asks for input, or cancel it"

@@ -32,6 +32,7 @@ from a2a.utils.errors import InvalidAgentResponseError
 
 from . import taskops
 from .active import ActiveTask
+from .mailbox import Mailbox
 from .store import StoreError
 from .taskops import Event
 
@@ -52,7 +53,7 @@ class RunQueue(EventQueue):
 
     def __init__(self, run: Run, maxsize: int) -> None:
         self._run = run
-        self._queue: asyncio.Queue[Event | _SourceDone] = asyncio.Queue(maxsize)
+        self._queue: Mailbox[Event | _SourceDone] = Mailbox(maxsize)
 
     async def enqueue_event(self, event: Event) -> None:
         """Queue ``event`` for the consumer; after the task ended, drop it.
@@ -67,7 +68,7 @@ class RunQueue(EventQueue):
             if current is not None and current in self._run.sources:
                 current.cancel()
             return
-        if self._run.finished.is_set():
+        if self._run.finished:
             # execute() returned (e.g. the task is waiting for input) and
             # something it left behind is still emitting.
             self._run.active.drop(event, "its execute() had already returned")
@@ -112,13 +113,14 @@ class Run:
         self._cancel_requested = cancel
         self.sources: set[asyncio.Task[None]] = set()
         self._consumer: asyncio.Task[None] | None = None
-        self.finished = asyncio.Event()
+        self.finished = False
+        """The run has ended (its TaskGroup exited)."""
 
     async def run(self) -> None:
         """Execute under the run's TaskGroup until the task ends or is interrupted."""
         channel = self.active.channel
         if channel.closed:
-            self.finished.set()
+            self.finished = True
             return
         channel.on_close(self.stop)
         try:
@@ -138,7 +140,7 @@ class Run:
             await self.active.finalize(TaskState.TASK_STATE_FAILED, "internal server error")
         finally:
             self._group = None
-            self.finished.set()
+            self.finished = True
             channel.remove_on_close(self.stop)
             channel.notify()
 
@@ -148,7 +150,7 @@ class Run:
         Returns:
             False if the run has ended or is ending (the caller starts a new one).
         """
-        if self.finished.is_set() or self.active.channel.closed:
+        if self.finished or self.active.channel.closed:
             return False
         if self._cancel_requested:
             return True

@@ -1,0 +1,74 @@
+"""Mailbox: bounded, FIFO, one reader, and no buffer held while it is empty."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from a2a_grpc_server.mailbox import Mailbox
+
+
+async def test_items_come_out_in_order_and_a_drained_mailbox_holds_no_buffer() -> None:
+    box: Mailbox[int] = Mailbox(10)
+    for i in range(5):
+        await box.put(i)
+    assert [await box.get() for _ in range(5)] == [0, 1, 2, 3, 4]
+    assert box.empty()
+    assert box._items is None and box._putters is None and box._getter is None
+
+
+async def test_the_getter_waits_for_a_put() -> None:
+    box: Mailbox[str] = Mailbox(1)
+    getter = asyncio.ensure_future(box.get())
+    await asyncio.sleep(0)  # sync-ok: let the getter reach its wait
+    assert not getter.done()
+    await box.put("x")
+    async with asyncio.timeout(1):
+        assert await getter == "x"
+
+
+async def test_a_full_mailbox_makes_putters_wait_in_order() -> None:
+    box: Mailbox[int] = Mailbox(1)
+    await box.put(0)
+    second = asyncio.ensure_future(box.put(1))
+    third = asyncio.ensure_future(box.put(2))
+    await asyncio.sleep(0)  # sync-ok: both putters reach their wait
+    assert not second.done() and not third.done()
+    async with asyncio.timeout(1):
+        assert await box.get() == 0
+        await second
+        assert await box.get() == 1
+        await third
+        assert await box.get() == 2
+
+
+async def test_a_cancelled_putter_leaves_its_place_to_the_next() -> None:
+    box: Mailbox[int] = Mailbox(1)
+    await box.put(0)
+    cancelled = asyncio.ensure_future(box.put(1))
+    waiting = asyncio.ensure_future(box.put(2))
+    await asyncio.sleep(0)  # sync-ok: both putters reach their wait
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    async with asyncio.timeout(1):
+        assert await box.get() == 0
+        await waiting
+        assert await box.get() == 2
+    assert box.empty()
+
+
+async def test_a_putter_woken_then_cancelled_passes_the_slot_on() -> None:
+    box: Mailbox[int] = Mailbox(1)
+    await box.put(0)
+    first = asyncio.ensure_future(box.put(1))
+    second = asyncio.ensure_future(box.put(2))
+    await asyncio.sleep(0)  # sync-ok: both putters reach their wait
+    assert await box.get() == 0  # wakes `first`...
+    first.cancel()  # ...which is cancelled before it runs
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    async with asyncio.timeout(1):
+        await second
+        assert await box.get() == 2
