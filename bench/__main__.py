@@ -90,7 +90,9 @@ async def memory(kind: str, sizes: list[int], nats: str | None, uvloop: bool) ->
             target = await load.start(kind, nats=nats, uvloop=uvloop)
             try:
                 await load.send_message(target, 4, 0.5, 500)  # warm-up
-                out[name] = await load.parked_memory(target, size, subscribe=subscribe, seconds=90)
+                out[name] = await load.parked_memory(
+                    target, size, with_subscriber=subscribe, seconds=90
+                )
             finally:
                 await load.stop(target)
             print(f"  {kind:10} {name:40} {_brief(out[name])}", flush=True)

@@ -43,16 +43,13 @@ import grpc
 from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
-    Message,
-    Part,
-    Role,
-    SendMessageConfiguration,
-    SendMessageRequest,
     StreamResponse,
-    SubscribeToTaskRequest,
     TaskState,
 )
 from tests import natsserver
+
+from . import load
+from .load import request
 
 ROOT = Path(__file__).resolve().parent.parent
 V1 = (("a2a-version", "1.0"),)
@@ -107,22 +104,9 @@ async def _drain(stream: asyncio.StreamReader) -> None:
         pass
 
 
-def request(text: str, *, immediately: bool = False) -> SendMessageRequest:
-    """A SendMessageRequest with one text part."""
-    return SendMessageRequest(
-        message=Message(
-            message_id=os.urandom(8).hex(), role=Role.ROLE_USER, parts=[Part(text=text)]
-        ),
-        configuration=SendMessageConfiguration(return_immediately=immediately),
-    )
-
-
 async def subscribe(server: Server, task_id: str) -> AsyncIterator[StreamResponse]:
-    """SubscribeToTask; returns once the snapshot frame arrived."""
-    call = server.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=V1)
-    stream: AsyncIterator[StreamResponse] = aiter(call)
-    await anext(stream)
-    return stream
+    """SubscribeToTask on ``server``; returns once the snapshot frame arrived."""
+    return await load.subscribe(server.stub, task_id)
 
 
 async def tick_latencies(stream: AsyncIterator[StreamResponse]) -> list[float]:

@@ -169,8 +169,11 @@ async def streaming(target: Target, callers: int, seconds: float, most: int) -> 
     return await measured(target, body)
 
 
-async def _subscribe(target: Target, task_id: str, i: int) -> AsyncIterator[StreamResponse]:
-    call = target.stub(i).SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=V1)
+async def subscribe(
+    stub: a2a_pb2_grpc.A2AServiceStub, task_id: str
+) -> AsyncIterator[StreamResponse]:
+    """SubscribeToTask; returns once the snapshot frame arrived."""
+    call = stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=V1)
     stream: AsyncIterator[StreamResponse] = aiter(call)
     first = await anext(stream)
     assert first.WhichOneof("payload") == "task"
@@ -185,7 +188,7 @@ async def fan_out(target: Target, subscribers: int, count: int = 1000) -> Result
     )
     task_id = started.task.id
     attach_by = time.perf_counter() + delay_ms / 1000
-    streams = [await _subscribe(target, task_id, i) for i in range(subscribers)]
+    streams = [await subscribe(target.stub(i), task_id) for i in range(subscribers)]
     if time.perf_counter() > attach_by:
         raise RuntimeError("subscribers attached after the producer started; raise the delay")
     lags: list[float] = []
@@ -224,7 +227,7 @@ async def cancel(target: Target, tasks: int = 200) -> Result:
     parked = []
     for i in range(tasks):
         reply = await target.stub(i).SendMessage(request("park", immediately=True), metadata=V1)
-        parked.append((reply.task.id, await _subscribe(target, reply.task.id, i)))
+        parked.append((reply.task.id, await subscribe(target.stub(i), reply.task.id)))
     latencies: list[float] = []
     missing = 0
 
@@ -252,7 +255,9 @@ async def cancel(target: Target, tasks: int = 200) -> Result:
     return await measured(target, body)
 
 
-async def parked_memory(target: Target, tasks: int, *, subscribe: bool, seconds: float) -> Result:
+async def parked_memory(
+    target: Target, tasks: int, *, with_subscriber: bool, seconds: float
+) -> Result:
     """Resident memory per parked task (with one open subscriber each, if asked)."""
     base = target.rss()
     streams = []
@@ -262,8 +267,8 @@ async def parked_memory(target: Target, tasks: int, *, subscribe: bool, seconds:
         if time.perf_counter() > deadline:
             break
         reply = await target.stub(i).SendMessage(request("park", immediately=True), metadata=V1)
-        if subscribe:
-            streams.append(await _subscribe(target, reply.task.id, i))
+        if with_subscriber:
+            streams.append(await subscribe(target.stub(i), reply.task.id))
         made += 1
     await asyncio.sleep(0.5)  # let the server settle its allocations before reading RSS
     per_task = (target.rss() - base) / max(made, 1)

@@ -7,8 +7,11 @@ in ``store.memory``.
 
 from __future__ import annotations
 
+import base64
+import binascii
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import grpc
 from a2a.types.a2a_pb2 import Task, TaskState
@@ -75,6 +78,14 @@ class TaskQuery:
     page_size: int = 50
     page_token: str = ""
 
+    def matches(self, context_id: str, state: TaskState, status_ns: int) -> bool:
+        """Whether a task with these fields passes the filters."""
+        return (
+            (not self.context_id or context_id == self.context_id)
+            and self.state in (TaskState.TASK_STATE_UNSPECIFIED, state)
+            and status_ns >= self.status_after_ns
+        )
+
 
 @dataclass(slots=True)
 class TaskPage:
@@ -87,6 +98,51 @@ class TaskPage:
 
 class InvalidPageTokenError(StoreError):
     """The page token was not issued by this store."""
+
+
+T = TypeVar("T")
+
+
+def status_ns(task: Task) -> int:
+    """The task's status timestamp in nanoseconds since the epoch."""
+    ts = task.status.timestamp
+    return int(ts.seconds) * 1_000_000_000 + int(ts.nanos)
+
+
+def paginate(
+    matches: list[tuple[int, T]], query: TaskQuery, mark: str, to_task: Callable[[T], Task]
+) -> TaskPage:
+    """One page of ``(revision, item)`` matches, newest revision first.
+
+    Page tokens are the last revision of the previous page, tagged with
+    ``mark`` so a token of one store kind is refused by another.
+
+    Raises:
+        InvalidPageTokenError: ``query.page_token`` was not issued with ``mark``.
+    """
+    before = _decode_token(query.page_token, mark) if query.page_token else None
+    matches.sort(key=lambda m: m[0], reverse=True)
+    page = [m for m in matches if before is None or m[0] < before][: query.page_size]
+    remaining = page and any(rev < page[-1][0] for rev, _ in matches)
+    return TaskPage(
+        tasks=[to_task(item) for _, item in page],
+        next_page_token=_encode_token(page[-1][0], mark) if remaining else "",
+        total_size=len(matches),
+    )
+
+
+def _encode_token(rev: int, mark: str) -> str:
+    return base64.urlsafe_b64encode(f"{mark}{rev}".encode()).decode()
+
+
+def _decode_token(token: str, mark: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(token.encode()).decode()
+        if not raw.startswith(mark):
+            raise ValueError(raw)
+        return int(raw[len(mark) :])
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise InvalidPageTokenError(f"page_token {token!r} was not issued by this server") from exc
 
 
 class TaskStore(Protocol):

@@ -9,8 +9,6 @@ oldest final task goes first), so memory stays flat under sustained load.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -22,13 +20,14 @@ from .. import taskops
 from ..taskops import TERMINAL
 from . import (
     FinalTaskError,
-    InvalidPageTokenError,
     StoredTask,
     TaskExistsError,
     TaskPage,
     TaskQuery,
     UnknownTaskError,
     VersionConflictError,
+    paginate,
+    status_ns,
 )
 
 
@@ -118,26 +117,15 @@ class InMemoryTaskStore:
             InvalidPageTokenError: The token is malformed.
         """
         self._prune()
-        before = _decode_token(query.page_token) if query.page_token else None
-        matches = [
-            e
+        found = [
+            (e.rev, e)
             for e in self._entries.values()
-            if (not query.context_id or e.context_id == query.context_id)
-            and (query.state == TaskState.TASK_STATE_UNSPECIFIED or e.state == query.state)
-            and e.status_ns >= query.status_after_ns
+            if query.matches(e.context_id, e.state, e.status_ns)
         ]
-        matches.sort(key=lambda e: e.rev, reverse=True)
-        page = [e for e in matches if before is None or e.rev < before][: query.page_size]
-        remaining = page and any(e.rev < page[-1].rev for e in matches)
-        return TaskPage(
-            tasks=[_copy(e) for e in page],
-            next_page_token=_encode_token(page[-1].rev) if remaining else "",
-            total_size=len(matches),
-        )
+        return paginate(found, query, "r", _copy)
 
     def _put(self, task: Task, version: int) -> None:
         self._rev += 1
-        ts = task.status.timestamp
         final = task.status.state in TERMINAL
         self._entries[task.id] = _Entry(
             live=None if final else task,
@@ -146,7 +134,7 @@ class InMemoryTaskStore:
             rev=self._rev,
             context_id=task.context_id,
             state=task.status.state,
-            status_ns=ts.seconds * 1_000_000_000 + ts.nanos,
+            status_ns=status_ns(task),
         )
         if final:
             self._final[task.id] = self._clock()
@@ -165,17 +153,3 @@ def _copy(entry: _Entry) -> Task:
     if entry.live is None:
         return Task.FromString(entry.blob)
     return taskops.copy(entry.live)
-
-
-def _encode_token(rev: int) -> str:
-    return base64.urlsafe_b64encode(f"r{rev}".encode()).decode()
-
-
-def _decode_token(token: str) -> int:
-    try:
-        raw = base64.urlsafe_b64decode(token.encode()).decode()
-        if not raw.startswith("r"):
-            raise ValueError(raw)
-        return int(raw[1:])
-    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
-        raise InvalidPageTokenError(f"page_token {token!r} was not issued by this server") from exc

@@ -21,8 +21,6 @@ holding exactly the bytes it wrote, the first attempt landed and counts.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import builtins
 import contextlib
 import logging
@@ -33,14 +31,13 @@ from typing import TypeVar
 
 import nats.errors
 import nats.js.errors
-from a2a.types.a2a_pb2 import Task, TaskState
+from a2a.types.a2a_pb2 import Task
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
 from .. import taskops
 from . import (
     FinalTaskError,
-    InvalidPageTokenError,
     StoredTask,
     StoreUnavailableError,
     TaskExistsError,
@@ -48,6 +45,8 @@ from . import (
     TaskQuery,
     UnknownTaskError,
     VersionConflictError,
+    paginate,
+    status_ns,
 )
 
 logger = logging.getLogger(__name__)
@@ -167,28 +166,12 @@ class NatsTaskStore:
         Raises:
             InvalidPageTokenError: The token is malformed.
         """
-        before = _decode_token(query.page_token) if query.page_token else None
-        matches: list[tuple[int, Task]] = []
+        found: builtins.list[tuple[int, Task]] = []
         for value, revision in await self._scan():
             _, task = decode(value)
-            ts = task.status.timestamp
-            if (
-                (not query.context_id or task.context_id == query.context_id)
-                and (
-                    query.state == TaskState.TASK_STATE_UNSPECIFIED
-                    or task.status.state == query.state
-                )
-                and ts.seconds * 1_000_000_000 + ts.nanos >= query.status_after_ns
-            ):
-                matches.append((revision, task))
-        matches.sort(key=lambda m: m[0], reverse=True)
-        page = [m for m in matches if before is None or m[0] < before][: query.page_size]
-        remaining = page and any(rev < page[-1][0] for rev, _ in matches)
-        return TaskPage(
-            tasks=[t for _, t in page],
-            next_page_token=_encode_token(page[-1][0]) if remaining else "",
-            total_size=len(matches),
-        )
+            if query.matches(task.context_id, task.status.state, status_ns(task)):
+                found.append((revision, task))
+        return paginate(found, query, "n", lambda task: task)
 
     async def unfinished(self) -> builtins.list[StoredTask]:
         """Every task that is not final, with version and owner (for the lease reaper).
@@ -288,17 +271,3 @@ async def retrying(attempt: Callable[[], Awaitable[T]], what: str) -> T:
             logger.warning("%s: %s; retrying", what, type(exc).__name__)
             await asyncio.sleep(pause)  # back off while NATS fails over
             pause = min(pause * 2, 1.0)
-
-
-def _encode_token(rev: int) -> str:
-    return base64.urlsafe_b64encode(f"n{rev}".encode()).decode()
-
-
-def _decode_token(token: str) -> int:
-    try:
-        raw = base64.urlsafe_b64decode(token.encode()).decode()
-        if not raw.startswith("n"):
-            raise ValueError(raw)
-        return int(raw[1:])
-    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
-        raise InvalidPageTokenError(f"page_token {token!r} was not issued by this server") from exc
