@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,14 +137,3 @@ def running(size: int = 1) -> Iterator[Cluster]:
             yield cluster
         finally:
             cluster.stop()
-
-
-def wait_port_closed(port: int, within: float = 5.0) -> None:
-    """Wait until nothing accepts on ``port`` (a killed node is really gone)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) != 0:
-                return
-        time.sleep(0.02)  # sync-ok: polling a socket with a deadline
-    raise TimeoutError(f"port {port} still open")
