@@ -6,7 +6,8 @@ one ``asyncio.TaskGroup`` owns every coroutine of the execution:
 * the producer, ``executor.execute(context, queue)``;
 * a canceller, ``executor.cancel(context, queue)``, once CancelTask asks;
 * the consumer, which takes events off the run's queue in order and hands
-  each to ``ActiveTask.commit`` (validate, persist, broadcast).
+  each to ``ActiveTask.commit`` (validate, persist, broadcast); it is the
+  group's own body, running in the run's task (one task fewer per run).
 
 Producer and canceller never write the task themselves: they enqueue, and
 when they end they enqueue a marker saying how. The consumer turns markers
@@ -14,7 +15,9 @@ into outcomes: ``execute()`` raised -> FAILED naming the error class;
 ``execute()`` returned with the task neither final nor interrupted -> FAILED;
 ``cancel()`` ended with the task not final -> CANCELED. When the task's
 channel closes it cancels the producer, the canceller and the consumer
-(``Run.stop``); the group then exits, which is the only way they end.
+(``Run.stop``; cancelling the consumer from outside cancels the run's task,
+and the group cancels the sources with it); the group then exits, which is
+the only way they end.
 """
 
 from __future__ import annotations
@@ -130,9 +133,11 @@ class Run:
                     self._start_source("execute", self._executor.execute)
                 if self._cancel_requested:
                     self._start_source("cancel", self._executor.cancel)
-                self._consumer = group.create_task(
-                    self._consume(), name=f"{TASK_PREFIX}:consumer:{self.active.task_id}"
-                )
+                # The group's own body is the consumer (one task fewer per run):
+                # the group still supervises it, and cancelling it (``stop``)
+                # cancels the sources with it.
+                self._consumer = asyncio.current_task()
+                await self._consume()
         except Exception:
             # A fault of ours (the consumer handles the executor's and the
             # store's): the streams still get their final frame.
