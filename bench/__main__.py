@@ -3,6 +3,10 @@
     .venv/bin/python -m bench [--reps 3] [--servers ours,ours-nats,sdk,raw]
                               [--seconds 2] [--memory 1000,10000] [--uvloop] [--json PATH]
 
+A server name may end in ``+uvloop`` to run it on uvloop beside the others, e.g.
+``--servers ours,ours+uvloop,raw,raw+uvloop`` compares both loops in one run;
+``--uvloop`` puts every server on uvloop.
+
 Each server runs in its own process on 127.0.0.1 (``bench.servers``), started
 fresh for every repetition and for every memory measurement; this process is
 the load generator (plain generated gRPC stubs, four connections). For each
@@ -178,7 +182,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     plan = scenarios(args.seconds)
     reps: list[dict[str, dict[str, Result]]] = []
     mem: dict[str, dict[str, Result]] = {}
-    with maybe_nats("ours-nats" in kinds) as nats:
+    with maybe_nats(any(k.startswith("ours-nats") for k in kinds)) as nats:
         for rep in range(args.reps):
             print(f"repetition {rep + 1}/{args.reps}", flush=True)
             reps.append({k: await run_kind(k, plan, nats, args.uvloop) for k in kinds})
@@ -194,7 +198,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
-            "loop": "uvloop" if args.uvloop else "asyncio",
+            "loop": "uvloop" if args.uvloop else "asyncio (per server: +uvloop)",
         },
         "params": vars(args) | {"json": str(args.json)},
         "summary": rows,

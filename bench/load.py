@@ -63,8 +63,13 @@ class Target:
 
 
 async def start(kind: str, *, nats: str | None = None, uvloop: bool = False) -> Target:
-    """Start ``python -m bench.servers kind``; return once it printed its port."""
-    args = [sys.executable, "-m", "bench.servers", kind]
+    """Start ``python -m bench.servers kind``; return once it printed its port.
+
+    A kind ending in ``+uvloop`` (e.g. ``ours+uvloop``) runs that server on uvloop.
+    """
+    base, _, loop = kind.partition("+")
+    uvloop = uvloop or loop == "uvloop"
+    args = [sys.executable, "-m", "bench.servers", base]
     args += ["--nats", nats] if nats else []
     args += ["--uvloop"] if uvloop else []
     proc = await asyncio.create_subprocess_exec(
