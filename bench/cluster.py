@@ -87,13 +87,19 @@ async def start_server(name: str, *args: str) -> Server:
         stderr=asyncio.subprocess.PIPE,
     )
     assert proc.stderr is not None
-    async with asyncio.timeout(30):
-        while True:
-            line = (await proc.stderr.readline()).decode()
-            if not line:
-                raise RuntimeError(f"server {name} exited before it was ready")
-            if match := READY.search(line):
-                break
+    try:
+        async with asyncio.timeout(30):
+            while True:
+                line = (await proc.stderr.readline()).decode()
+                if not line:
+                    raise RuntimeError(f"server {name} exited before it was ready")
+                if match := READY.search(line):
+                    break
+    except BaseException:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+        raise
     asyncio.get_running_loop().create_task(_drain(proc.stderr))
     channel = grpc.aio.insecure_channel(match.group(1))
     return Server(name, proc, a2a_pb2_grpc.A2AServiceStub(channel), channel)

@@ -76,10 +76,16 @@ async def start(kind: str, *, nats: str | None = None, uvloop: bool = False) -> 
         *args, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
     )
     assert proc.stdout is not None
-    async with asyncio.timeout(30):
-        line = (await proc.stdout.readline()).decode().split()
-    if line[:1] != ["ready"]:
-        raise RuntimeError(f"{kind} did not start")
+    try:
+        async with asyncio.timeout(30):
+            line = (await proc.stdout.readline()).decode().split()
+        if line[:1] != ["ready"]:
+            raise RuntimeError(f"{kind} did not start")
+    except BaseException:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+        raise
     address = f"127.0.0.1:{line[1]}"
     channels = [grpc.aio.insecure_channel(address) for _ in range(4)]
     return Target(kind, proc, address, channels)
