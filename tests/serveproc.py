@@ -37,9 +37,15 @@ async def start(*args: str) -> Process:
         env={**os.environ, "COUNTDOWN_TICK": "0.05"},
     )
     assert proc.stderr is not None
-    async with asyncio.timeout(20):
-        while True:
-            line = (await proc.stderr.readline()).decode()
-            assert line, "server exited before it was ready"
-            if match := READY.search(line):
-                return Process(proc, match.group(1), match.group(2))
+    try:
+        async with asyncio.timeout(20):
+            while True:
+                line = (await proc.stderr.readline()).decode()
+                assert line, "server exited before it was ready"
+                if match := READY.search(line):
+                    return Process(proc, match.group(1), match.group(2))
+    except BaseException:
+        if proc.returncode is None:
+            proc.kill()  # never leave a server behind a failed start
+        await proc.wait()
+        raise
