@@ -31,9 +31,7 @@ import gc
 import json
 import os
 import platform
-import re
 import statistics
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -46,14 +44,13 @@ from a2a.types.a2a_pb2 import (
     StreamResponse,
     TaskState,
 )
-from tests import natsserver
+from tests import natsserver, serveproc
 
 from . import load
 from .load import request
 
 ROOT = Path(__file__).resolve().parent.parent
 V1 = (("a2a-version", "1.0"),)
-READY = re.compile(r"ready: grpc (\S+),")
 PHASE_LIMIT = 120.0
 """Seconds any one phase may take before the benchmark gives up."""
 
@@ -70,39 +67,11 @@ class Server:
 
 async def start_server(name: str, *args: str) -> Server:
     """Start ``serve`` with ``args`` on free ports; return once it is ready."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "a2a_grpc_server.cli",
-        "serve",
-        "--agent",
-        "bench.agents:Ticker",
-        "--port",
-        "0",
-        "--http-port",
-        "0",
-        *args,
-        cwd=ROOT,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert proc.stderr is not None
-    try:
-        async with asyncio.timeout(30):
-            while True:
-                line = (await proc.stderr.readline()).decode()
-                if not line:
-                    raise RuntimeError(f"server {name} exited before it was ready")
-                if match := READY.search(line):
-                    break
-    except BaseException:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
-        raise
-    asyncio.get_running_loop().create_task(_drain(proc.stderr))
-    channel = grpc.aio.insecure_channel(match.group(1))
-    return Server(name, proc, a2a_pb2_grpc.A2AServiceStub(channel), channel)
+    started = await serveproc.start("--agent", "bench.agents:Ticker", *args)
+    assert started.proc.stderr is not None
+    asyncio.get_running_loop().create_task(_drain(started.proc.stderr))
+    channel = grpc.aio.insecure_channel(started.grpc_addr)
+    return Server(name, started.proc, a2a_pb2_grpc.A2AServiceStub(channel), channel)
 
 
 async def _drain(stream: asyncio.StreamReader) -> None:

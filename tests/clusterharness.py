@@ -26,7 +26,7 @@ from a2a_grpc_server import A2AService, ServerConfig
 from a2a_grpc_server.cluster.natsconn import NatsConfig
 from a2a_grpc_server.cluster.node import NatsCluster
 
-from .harness import our_tasks
+from .harness import expose, our_tasks
 
 S = TaskState
 
@@ -72,15 +72,8 @@ async def start_instance(
         executor, config=config or ServerConfig(cancel_timeout=1.0), cluster=cluster
     )
     await service.start()
-    server = grpc.aio.server()
-    service.add_to_server(server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    address = f"127.0.0.1:{port}"
-    channel = grpc.aio.insecure_channel(address)
-    client = GrpcTransport(grpc.aio.insecure_channel(address), None)
-    stub = a2a_pb2_grpc.A2AServiceStub(channel)
-    return Instance(name, service, cluster, server, address, channel, stub, client)
+    h = await expose(service)
+    return Instance(name, service, cluster, h.server, h.address, h.channel, h.stub, h.client)
 
 
 async def stop_instance(instance: Instance) -> None:

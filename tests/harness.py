@@ -81,6 +81,19 @@ def _runs_our_code(coro: object) -> bool:
     return False
 
 
+async def expose(service: A2AService) -> Harness:
+    """Serve ``service`` on a real grpc.aio server on 127.0.0.1:0, with clients of it."""
+    server = grpc.aio.server()
+    service.add_to_server(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    address = f"127.0.0.1:{port}"
+    channel = grpc.aio.insecure_channel(address)
+    client = GrpcTransport(grpc.aio.insecure_channel(address), None)
+    stub = a2a_pb2_grpc.A2AServiceStub(channel)
+    return Harness(service, server, address, channel, stub, client)
+
+
 @contextlib.asynccontextmanager
 async def serve(
     executor: AgentExecutor, config: ServerConfig | None = None, store: TaskStore | None = None
@@ -92,16 +105,8 @@ async def serve(
     more than 300 ms; tests that leave a task running fail here.
     """
     service = A2AService(executor, config=config or ServerConfig(cancel_timeout=1.0), store=store)
-    server = grpc.aio.server()
-    service.add_to_server(server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    address = f"127.0.0.1:{port}"
-    channel = grpc.aio.insecure_channel(address)
-    client = GrpcTransport(grpc.aio.insecure_channel(address), None)
-    harness = Harness(
-        service, server, address, channel, a2a_pb2_grpc.A2AServiceStub(channel), client
-    )
+    harness = await expose(service)
+    server, channel, client = harness.server, harness.channel, harness.client
     try:
         yield harness
         # Every test ends with nothing of ours alive: no run, no stream, no
