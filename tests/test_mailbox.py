@@ -13,19 +13,15 @@ async def test_items_come_out_in_order_and_a_drained_mailbox_holds_no_buffer() -
     box: Mailbox[int] = Mailbox(10)
     for i in range(5):
         await box.put(i)
-    assert [await box.get() for _ in range(5)] == [0, 1, 2, 3, 4]
+    assert [box.get_nowait() for _ in range(5)] == [0, 1, 2, 3, 4]
     assert box.empty()
-    assert box._items is None and box._putters is None and box._getter is None
+    assert box._items is None and box._putters is None
 
 
-async def test_the_getter_waits_for_a_put() -> None:
+def test_reading_an_empty_mailbox_is_an_error() -> None:
     box: Mailbox[str] = Mailbox(1)
-    getter = asyncio.ensure_future(box.get())
-    await asyncio.sleep(0)  # sync-ok: let the getter reach its wait
-    assert not getter.done()
-    await box.put("x")
-    async with asyncio.timeout(1):
-        assert await getter == "x"
+    with pytest.raises(IndexError):
+        box.get_nowait()
 
 
 async def test_a_full_mailbox_makes_putters_wait_in_order() -> None:
@@ -36,11 +32,11 @@ async def test_a_full_mailbox_makes_putters_wait_in_order() -> None:
     await asyncio.sleep(0)  # sync-ok: both putters reach their wait
     assert not second.done() and not third.done()
     async with asyncio.timeout(1):
-        assert await box.get() == 0
+        assert box.get_nowait() == 0
         await second
-        assert await box.get() == 1
+        assert box.get_nowait() == 1
         await third
-        assert await box.get() == 2
+        assert box.get_nowait() == 2
 
 
 async def test_a_cancelled_putter_leaves_its_place_to_the_next() -> None:
@@ -53,9 +49,9 @@ async def test_a_cancelled_putter_leaves_its_place_to_the_next() -> None:
     with pytest.raises(asyncio.CancelledError):
         await cancelled
     async with asyncio.timeout(1):
-        assert await box.get() == 0
+        assert box.get_nowait() == 0
         await waiting
-        assert await box.get() == 2
+        assert box.get_nowait() == 2
     assert box.empty()
 
 
@@ -65,10 +61,10 @@ async def test_a_putter_woken_then_cancelled_passes_the_slot_on() -> None:
     first = asyncio.ensure_future(box.put(1))
     second = asyncio.ensure_future(box.put(2))
     await asyncio.sleep(0)  # sync-ok: both putters reach their wait
-    assert await box.get() == 0  # wakes `first`...
+    assert box.get_nowait() == 0  # wakes `first`...
     first.cancel()  # ...which is cancelled before it runs
     with pytest.raises(asyncio.CancelledError):
         await first
     async with asyncio.timeout(1):
         await second
-        assert await box.get() == 2
+        assert box.get_nowait() == 2

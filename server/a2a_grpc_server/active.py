@@ -45,6 +45,23 @@ class ActiveTask:
         events: Where frames are logged for other instances (cluster mode).
     """
 
+    __slots__ = (
+        "_events",
+        "_first_message",
+        "_index",
+        "_logged",
+        "_store",
+        "_task",
+        "_version",
+        "admitting",
+        "answer",
+        "channel",
+        "context_id",
+        "lock",
+        "run",
+        "task_id",
+    )
+
     def __init__(
         self,
         task_id: str,
@@ -216,6 +233,7 @@ class ActiveTask:
             task = taskops.new_task(self.task_id, self.context_id, self._first_message)
         self._version = await self._store.create(task)
         self._task = task
+        self._first_message = None  # in the task's history now
         self._index = taskops.index_artifacts(task)
         frame = StreamResponse(task=task)
         await self._log(frame, task)

@@ -171,6 +171,22 @@ class TaskChannel:
             not counted as a task ended here.
     """
 
+    __slots__ = (
+        "_capacity",
+        "_changed",
+        "_close_callbacks",
+        "_closed",
+        "_final_published",
+        "_relayed",
+        "_seq",
+        "_severed",
+        "_snapshot",
+        "_subscribers",
+        "metrics",
+        "on_idle",
+        "task_id",
+    )
+
     def __init__(
         self,
         task_id: str,
@@ -181,7 +197,8 @@ class TaskChannel:
     ) -> None:
         self.task_id = task_id
         self._capacity = capacity
-        self._subscribers: set[Subscription] = set()
+        # A dict as an ordered set: empty, it costs a quarter of an empty set.
+        self._subscribers: dict[Subscription, None] = {}
         self._snapshot: Task | None = None
         self._seq = 0
         self._closed = False
@@ -236,7 +253,7 @@ class TaskChannel:
         if self._closed:
             raise ChannelClosedError(self.task_id)
         sub = Subscription(self, self._capacity)
-        self._subscribers.add(sub)
+        self._subscribers[sub] = None
         if self._snapshot is None:
             return None, sub
         return taskops.copy(self._snapshot), sub
@@ -320,7 +337,7 @@ class TaskChannel:
     def _discard(self, sub: Subscription) -> None:
         if sub not in self._subscribers:
             return
-        self._subscribers.discard(sub)
+        self._subscribers.pop(sub, None)
         if not self._subscribers and not self._closed and self.on_idle is not None:
             self.on_idle()
 

@@ -3,10 +3,12 @@
 ``asyncio.Queue`` allocates three deques up front (over 2 KB); a parked task
 keeps its run's queue for as long as it waits, empty. A mailbox allocates its
 buffer on the first put and drops it when it drains, and makes a waiter
-future only when someone has to wait.
+future only when a putter has to wait.
 
 Who runs what: any number of putters (the executor's ``execute()`` and
-``cancel()``, and the run's end markers); exactly one getter (the consumer).
+``cancel()``, and the run's end markers); one reader (the run's consumer),
+which never waits on the mailbox: it is started when something is put and
+ends when it has drained it (``supervisor.Run``).
 """
 
 from __future__ import annotations
@@ -25,12 +27,11 @@ class Mailbox(Generic[T]):
         maxsize: Items held before ``put`` waits.
     """
 
-    __slots__ = ("_getter", "_items", "_maxsize", "_putters")
+    __slots__ = ("_items", "_maxsize", "_putters")
 
     def __init__(self, maxsize: int) -> None:
         self._maxsize = maxsize
         self._items: deque[T] | None = None
-        self._getter: asyncio.Future[None] | None = None
         self._putters: deque[asyncio.Future[None]] | None = None
 
     def __len__(self) -> int:
@@ -58,17 +59,15 @@ class Mailbox(Generic[T]):
         if self._items is None:
             self._items = deque()
         self._items.append(item)
-        if self._getter is not None and not self._getter.done():
-            self._getter.set_result(None)
 
-    async def get(self) -> T:
-        """Remove and return the oldest item, waiting for one if there is none."""
-        while not self._items:
-            self._getter = asyncio.get_running_loop().create_future()
-            try:
-                await self._getter
-            finally:
-                self._getter = None
+    def get_nowait(self) -> T:
+        """Remove and return the oldest item.
+
+        Raises:
+            IndexError: The mailbox is empty.
+        """
+        if not self._items:
+            raise IndexError("get_nowait from an empty mailbox")
         item = self._items.popleft()
         if not self._items:
             self._items = None  # a drained mailbox holds no buffer

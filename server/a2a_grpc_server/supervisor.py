@@ -3,11 +3,14 @@
 Who runs what: the manager starts ``Run.run()`` as an asyncio task. Inside it
 one ``asyncio.TaskGroup`` owns every coroutine of the execution:
 
-* the producer, ``executor.execute(context, queue)``;
+* the producer, ``executor.execute(context, queue)``; it is the group's own
+  body, running in the run's task (one task fewer per run);
 * a canceller, ``executor.cancel(context, queue)``, once CancelTask asks;
 * the consumer, which takes events off the run's queue in order and hands
-  each to ``ActiveTask.commit`` (validate, persist, broadcast); it is the
-  group's own body, running in the run's task (one task fewer per run).
+  each to ``ActiveTask.commit`` (validate, persist, broadcast). It runs only
+  while the queue holds something: the first event put into an empty queue
+  starts it, and it ends when it has drained the queue, so a task parked in
+  ``execute()`` keeps one asyncio task, not two.
 
 Producer and canceller never write the task themselves: they enqueue, and
 when they end they enqueue a marker saying how. The consumer turns markers
@@ -15,9 +18,9 @@ into outcomes: ``execute()`` raised -> FAILED naming the error class;
 ``execute()`` returned with the task neither final nor interrupted -> FAILED;
 ``cancel()`` ended with the task not final -> CANCELED. When the task's
 channel closes it cancels the producer, the canceller and the consumer
-(``Run.stop``; cancelling the consumer from outside cancels the run's task,
-and the group cancels the sources with it); the group then exits, which is
-the only way they end.
+(``Run.stop``; cancelling the producer cancels the run's task, and the group
+cancels its children with it); the group then exits, which is the only way
+they end.
 """
 
 from __future__ import annotations
@@ -76,7 +79,12 @@ class RunQueue(EventQueue):
             # something it left behind is still emitting.
             self._run.active.drop(event, "its execute() had already returned")
             return
-        await self._queue.put(event)
+        await self.put(event)
+
+    async def put(self, item: Event | _SourceDone) -> None:
+        """Queue ``item`` and make sure a consumer is draining the queue."""
+        await self._queue.put(item)
+        self._run.wake_consumer()
 
 
 class Run:
@@ -93,6 +101,20 @@ class Run:
             cancels an idle interrupted task.
         cancel: Whether to call ``cancel()`` as soon as the run starts.
     """
+
+    __slots__ = (
+        "_cancel_requested",
+        "_cancel_timeout",
+        "_consumer",
+        "_context",
+        "_execute",
+        "_executor",
+        "_group",
+        "_queue",
+        "active",
+        "finished",
+        "sources",
+    )
 
     def __init__(
         self,
@@ -112,9 +134,9 @@ class Run:
         self._execute = execute
         self._cancel_timeout = cancel_timeout
         self._group: asyncio.TaskGroup | None = None
-        self._pending = 0
         self._cancel_requested = cancel
-        self.sources: set[asyncio.Task[None]] = set()
+        self.sources: list[asyncio.Task[None]] = []
+        """The producer and canceller tasks still running (a list: at most two)."""
         self._consumer: asyncio.Task[None] | None = None
         self.finished = False
         """The run has ended (its TaskGroup exited)."""
@@ -129,15 +151,20 @@ class Run:
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
-                if self._execute:
-                    self._start_source("execute", self._executor.execute)
                 if self._cancel_requested:
                     self._start_source("cancel", self._executor.cancel)
-                # The group's own body is the consumer (one task fewer per run):
-                # the group still supervises it, and cancelling it (``stop``)
-                # cancels the sources with it.
-                self._consumer = asyncio.current_task()
-                await self._consume()
+                if self._execute:
+                    # The group's own body is the producer (one task fewer per
+                    # run): the group still supervises it, and cancelling it
+                    # (``stop``) cancels the canceller and the consumer with it.
+                    body = asyncio.current_task()
+                    assert body is not None
+                    self.sources.append(body)
+                    try:
+                        await self._source("execute", self._executor.execute)
+                    finally:
+                        self._source_ended(body)
+                # Leaving the block waits for the consumer and the canceller.
         except Exception:
             # A fault of ours (the consumer handles the executor's and the
             # store's): the streams still get their final frame.
@@ -183,9 +210,12 @@ class Run:
         task = self._group.create_task(
             self._source(kind, call), name=f"{TASK_PREFIX}:{kind}:{self.active.task_id}"
         )
-        self._pending += 1
-        self.sources.add(task)
-        task.add_done_callback(self.sources.discard)
+        self.sources.append(task)
+        task.add_done_callback(self._source_ended)
+
+    def _source_ended(self, task: asyncio.Task[None]) -> None:
+        if task in self.sources:
+            self.sources.remove(task)
 
     async def _source(
         self,
@@ -210,24 +240,41 @@ class Run:
                 type(exc).__name__,
                 exc_info=exc,
             )
-        await self._queue._queue.put(_SourceDone(kind, error))
+        await self._queue.put(_SourceDone(kind, error))
+
+    def wake_consumer(self) -> None:
+        """Start the consumer unless it is running (something was just queued)."""
+        if self._consumer is not None or self._group is None:
+            return
+        try:
+            self._consumer = self._group.create_task(
+                self._consume(), name=f"{TASK_PREFIX}:consume:{self.active.task_id}"
+            )
+        except RuntimeError:
+            # The group is shutting down (a fault of ours, being handled by
+            # run()): nothing more is consumed, the task ends FAILED.
+            return
 
     async def _consume(self) -> None:
         queue = self._queue._queue
-        while not self.active.channel.closed:
-            item = await queue.get()
-            if isinstance(item, _SourceDone):
-                self._pending -= 1
-                await self._settle(item)
-            else:
-                await self._commit(item)
-            if queue.empty():
-                if self._pending == 0:
-                    return
-            else:
-                # A producer that never waits would otherwise have the consumer
-                # publish its whole burst before any stream writer runs.
-                await asyncio.sleep(0)
+        try:
+            while not queue.empty() and not self.active.channel.closed:
+                item = queue.get_nowait()
+                if isinstance(item, _SourceDone):
+                    await self._settle(item)
+                else:
+                    await self._commit(item)
+                # Not kept past its turn: what a finished consumer held would
+                # otherwise live as long as the run (a protobuf arena, ~1.5 KB).
+                del item
+                if not queue.empty():
+                    # A producer that never waits would otherwise have the consumer
+                    # publish its whole burst before any stream writer runs.
+                    await asyncio.sleep(0)
+        finally:
+            # No await between the last emptiness check and this: whatever is
+            # queued after it starts a new consumer (wake_consumer).
+            self._consumer = None
 
     async def _commit(self, event: Event) -> None:
         try:
