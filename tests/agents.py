@@ -259,3 +259,30 @@ class LeakyAgent(AgentExecutor):
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         await _updater(context, event_queue).cancel()
+
+
+class CallerAgent(AgentExecutor):
+    """Records what it sees of each call (headers, extensions, tenant); asks for
+    input on a new task, completes on the follow-up."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[dict[str, str], set[str], str, bool]] = []
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        call = context.call_context
+        self.seen.append(
+            (
+                dict(call.state["headers"]),
+                set(context.requested_extensions),
+                context.tenant,
+                call is context.call_context,
+            )
+        )
+        updater = _updater(context, event_queue)
+        if context.current_task is None:
+            await updater.requires_input()
+        else:
+            await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).cancel()

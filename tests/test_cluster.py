@@ -21,7 +21,7 @@ from a2a_grpc_server.cluster.events import KIND, SEQ, VERSION, subject
 from a2a_grpc_server.cluster.natsconn import EVENTS_STREAM
 
 from . import natsserver
-from .agents import FloodAgent, InputAgent
+from .agents import CallerAgent, FloodAgent, InputAgent
 from .clusterharness import GatedPerTask, Instance, collect, instances, last_state
 from .harness import V1, rich_status, send_request
 
@@ -175,6 +175,22 @@ async def test_a_blocking_follow_up_through_the_non_owner_returns_the_completed_
         done = await b.client.send_message(send_request("Bo", task_id=asked.task.id))
         assert done.task.status.state == S.TASK_STATE_COMPLETED
         assert done.task.status.message.parts[0].text == "hello Bo"
+
+
+async def test_the_owner_executor_sees_the_metadata_of_a_follow_up_sent_through_the_non_owner(
+    nats_url: str,
+) -> None:
+    agent = CallerAgent()
+    async with asyncio.timeout(20), instances(agent, [nats_url]) as (a, b):
+        asked = await a.stub.SendMessage(send_request("who"), metadata=V1)
+        metadata = (*V1, ("x-team", "green"), ("a2a-extensions", "urn:x,urn:y"))
+        done = await b.stub.SendMessage(
+            send_request("me", task_id=asked.task.id), metadata=metadata
+        )
+        assert done.task.status.state == S.TASK_STATE_COMPLETED
+        headers, extensions, _, _ = agent.seen[-1]
+        assert headers["x-team"] == "green"
+        assert extensions == {"urn:x", "urn:y"}
 
 
 async def test_cancel_of_an_ended_task_through_the_non_owner_is_refused_clearly(

@@ -22,7 +22,7 @@ from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError, Unsuppor
 from a2a_grpc_server import ServerConfig
 from a2a_grpc_server.agents.echo import EchoAgent
 
-from .agents import GatedAgent, InputAgent, MessageAgent, TaskFirstAgent
+from .agents import CallerAgent, GatedAgent, InputAgent, MessageAgent, TaskFirstAgent
 from .harness import V1, kinds, send_request, serve, user_message
 
 S = TaskState
@@ -225,6 +225,32 @@ async def test_stub_client_without_version_metadata_is_served_as_0_3_except_v1_o
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         ok = await h.stub.ListTasks(ListTasksRequest(), metadata=V1)
         assert ok.total_size == 1
+
+
+async def test_executor_sees_the_callers_metadata_and_extensions() -> None:
+    agent = CallerAgent()
+    metadata = (
+        *V1,
+        ("x-team", "blue"),
+        ("a2a-extensions", "urn:a, urn:b"),
+        ("a2a-extensions", "urn:c"),
+        ("x-blob-bin", b"\x00\x01"),
+    )
+    async with asyncio.timeout(10), serve(agent) as h:
+        asked = await h.stub.SendMessage(send_request("who"), metadata=metadata)
+        assert asked.task.status.state == S.TASK_STATE_INPUT_REQUIRED
+        done = await h.stub.SendMessage(
+            send_request("me", task_id=asked.task.id), metadata=(*V1, ("x-team", "red"))
+        )
+        assert done.task.status.state == S.TASK_STATE_COMPLETED
+        [(headers, extensions, tenant, same_object), (follow_up, none, _, _)] = agent.seen
+        assert headers["x-team"] == "blue" and headers["a2a-version"] == "1.0"
+        assert "x-blob-bin" not in headers
+        assert extensions == {"urn:a", "urn:b", "urn:c"}
+        assert tenant == ""
+        assert same_object  # one ServerCallContext per call, however often it is read
+        assert follow_up["x-team"] == "red" and none == set()
+        await h.settle()
 
 
 async def test_send_request_configuration_history_length_trims_the_answer() -> None:

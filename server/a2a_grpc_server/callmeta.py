@@ -3,11 +3,21 @@
 ``a2a-version`` and ``a2a-extensions`` arrive as gRPC metadata. An absent or
 empty version means 0.3 (spec v1.0.1 §3.6); this server speaks 1.0, and
 serves 0.3 clients only the RPCs whose meaning did not change.
+
+An executor sees the call as a2a-sdk's ``ServerCallContext`` (the metadata as
+``state["headers"]``, the requested extensions). That object is a pydantic
+model of about 1 KB; a task parked in ``execute()`` would keep it for as long
+as it waits, read or not. So a call is kept as a ``Caller`` (its text
+metadata) and the ``ServerCallContext`` is built the first time the executor
+asks for it (``request_context``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
+from a2a.server.agent_execution import RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.utils.errors import VersionNotSupportedError
 
@@ -19,31 +29,94 @@ V1_ONLY_METHODS = frozenset({"ListTasks"})
 """RPCs that did not exist in 0.3: a 0.3 client cannot mean them."""
 
 
-def call_context(
-    context: grpc.aio.ServicerContext[object, object], method: str
-) -> ServerCallContext:
-    """Check the client's A2A version and build the executor-facing call context.
+class Caller:
+    """Who made a call: its text metadata, and the ``ServerCallContext`` made from it.
+
+    Args:
+        headers: The call's metadata, binary (``-bin``) keys left out.
+    """
+
+    __slots__ = ("_context", "headers")
+
+    def __init__(self, headers: tuple[tuple[str, str], ...]) -> None:
+        self.headers = headers
+        self._context: ServerCallContext | None = None
+
+    def header_map(self) -> dict[str, str]:
+        """The metadata as a dict (a repeated key keeps its last value)."""
+        return dict(self.headers)
+
+    def extensions(self) -> set[str]:
+        """The extension URIs the client asked for (``a2a-extensions``, comma-separated)."""
+        found: set[str] = set()
+        for key, value in self.headers:
+            if key == EXTENSIONS_KEY:
+                found.update(uri.strip() for uri in value.split(",") if uri.strip())
+        return found
+
+    def server_context(self) -> ServerCallContext:
+        """The executor-facing call context (made once, on first use)."""
+        if self._context is None:
+            self._context = ServerCallContext(
+                state={"headers": self.header_map()}, requested_extensions=self.extensions()
+            )
+        return self._context
+
+
+def caller(context: grpc.aio.ServicerContext[object, object], method: str) -> Caller:
+    """Check the client's A2A version and capture the call's metadata.
 
     Args:
         context: The gRPC servicer context.
         method: The RPC's name, e.g. ``SendMessage``.
 
-    Returns:
-        The ``ServerCallContext`` an executor sees, carrying the metadata as
-        ``state["headers"]`` and the requested extensions.
-
     Raises:
         VersionNotSupportedError: The client asked for a version this server
             does not serve, or for a 1.0-only RPC as a 0.3 client.
     """
-    headers: dict[str, str] = {}
-    for key, value in context.invocation_metadata() or ():
-        if not key.endswith("-bin"):
-            headers[key] = value if isinstance(value, str) else value.decode()
-    version = headers.get(VERSION_KEY, "").strip() or LEGACY_VERSION
-    _check_version(version, method)
-    extensions = {uri.strip() for uri in headers.get(EXTENSIONS_KEY, "").split(",") if uri.strip()}
-    return ServerCallContext(state={"headers": headers}, requested_extensions=extensions)
+    headers = tuple(
+        (key, value if isinstance(value, str) else value.decode())
+        for key, value in context.invocation_metadata() or ()
+        if not key.endswith("-bin")
+    )
+    version = ""
+    for key, value in headers:
+        if key == VERSION_KEY:
+            version = value  # a repeated key: the last one counts
+    _check_version(version.strip() or LEGACY_VERSION, method)
+    return Caller(headers)
+
+
+def request_context(call: Caller, **kwargs: Any) -> RequestContext:
+    """An a2a-sdk ``RequestContext`` whose call context is made on first use.
+
+    Args:
+        call: The caller.
+        **kwargs: ``RequestContext``'s other arguments.
+    """
+    return _DeferredRequestContext(call, **kwargs)
+
+
+class _DeferredRequestContext(RequestContext):
+    """``RequestContext`` with ``_call_context`` made from the caller when first read.
+
+    ``RequestContext`` reads its call context only through ``_call_context``
+    (``call_context``, ``tenant``, ``requested_extensions``), so this one
+    attribute is all that is deferred.
+    """
+
+    def __init__(self, call: Caller, **kwargs: Any) -> None:
+        self._caller = call
+        super().__init__(call_context=None, **kwargs)  # type: ignore[arg-type]
+
+    @property  # type: ignore[override]
+    def _call_context(self) -> ServerCallContext:
+        return self._caller.server_context()
+
+    @_call_context.setter
+    def _call_context(self, value: ServerCallContext | None) -> None:
+        if value is not None:
+            self._caller._context = value
 
 
 def _check_version(version: str, method: str) -> None:

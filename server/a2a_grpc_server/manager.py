@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
-from a2a.server.context import ServerCallContext
 from a2a.server.id_generator import UUIDGenerator
 from a2a.types.a2a_pb2 import Message, SendMessageRequest, Task, TaskState
 from a2a.utils.errors import (
@@ -35,6 +34,7 @@ from a2a.utils.errors import (
 
 from . import taskops
 from .active import ActiveTask
+from .callmeta import Caller, request_context
 from .channel import ChannelClosedError, Subscription, TaskChannel
 from .config import ServerConfig
 from .errors import ServerShuttingDownError
@@ -191,7 +191,7 @@ class TaskManager:
     async def send(
         self,
         request: SendMessageRequest,
-        call: ServerCallContext,
+        call: Caller,
         *,
         subscribe: bool,
         route: bool = True,
@@ -233,8 +233,8 @@ class TaskManager:
                     "start a new task (omit message.task_id)"
                 )
             snapshot, sub = active.channel.subscribe() if subscribe else (None, None)
-            context = RequestContext(
-                call_context=call,
+            context = request_context(
+                call,
                 request=request,
                 task_id=active.task_id,
                 context_id=active.context_id,
@@ -282,7 +282,7 @@ class TaskManager:
             and stored.owner != self._cluster.instance_id
         )
 
-    async def cancel(self, task_id: str, call: ServerCallContext, *, route: bool = True) -> Task:
+    async def cancel(self, task_id: str, call: Caller, *, route: bool = True) -> Task:
         """Cancel a task; every stream of it, on every instance, ends with CANCELED.
 
         The executor's ``cancel()`` gets ``cancel_timeout`` seconds to end the
@@ -315,8 +315,8 @@ class TaskManager:
             )
         run = active.run
         if run is None or not run.request_cancel():
-            context = RequestContext(
-                call_context=call,
+            context = request_context(
+                call,
                 task_id=task_id,
                 context_id=active.context_id,
                 task=taskops.copy(active.task) if active.task else None,
@@ -417,7 +417,7 @@ class TaskManager:
         return active
 
     async def _route_send(
-        self, found: StoredTask, request: SendMessageRequest, call: ServerCallContext
+        self, found: StoredTask, request: SendMessageRequest, call: Caller
     ) -> Routed:
         assert self._cluster is not None
         # Subscribed before the owner starts: no frame of this message is missed.

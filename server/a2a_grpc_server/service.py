@@ -46,7 +46,7 @@ from a2a.utils.errors import (
 from google.protobuf.empty_pb2 import Empty
 
 from . import errors, taskops, validation
-from .callmeta import call_context
+from .callmeta import caller
 from .channel import Subscription
 from .config import ServerConfig
 from .errors import InvalidFieldError, SlowSubscriberError
@@ -116,7 +116,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         self, request: SendMessageRequest, context: Context
     ) -> SendMessageResponse:
         """Send a message; wait for a terminal or interrupted state unless asked not to."""
-        call = call_context(context, "SendMessage")
+        call = caller(context, "SendMessage")
         validation.check_send(request, self._config, self._input_modes)
         started = await self._manager.send(request, call, subscribe=False)
         answer = await started.outcome(immediately=request.configuration.return_immediately)
@@ -129,7 +129,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
     @_handled
     async def SendStreamingMessage(self, request: SendMessageRequest, context: Context) -> None:
         """Send a message and stream the task's frames until it ends or needs input."""
-        call = call_context(context, "SendStreamingMessage")
+        call = caller(context, "SendStreamingMessage")
         validation.check_send(request, self._config, self._input_modes)
         started = await self._manager.send(request, call, subscribe=True)
         assert started.subscription is not None
@@ -138,7 +138,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
     @_handled
     async def SubscribeToTask(self, request: SubscribeToTaskRequest, context: Context) -> None:
         """Stream a live task: its snapshot first, then every frame until it ends."""
-        call_context(context, "SubscribeToTask")
+        caller(context, "SubscribeToTask")
         validation.check_task_id(request.id)
         snapshot, sub = await self._manager.subscribe(request.id)
         await self._pump(sub, snapshot, context, stop_at_interrupt=False)
@@ -146,7 +146,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
     @_handled
     async def GetTask(self, request: GetTaskRequest, context: Context) -> Task:
         """Return a task, its history trimmed to ``history_length``."""
-        call_context(context, "GetTask")
+        caller(context, "GetTask")
         validation.check_task_id(request.id)
         validation.check_history_length(request.history_length, request.HasField("history_length"))
         task = await self._manager.get(request.id)
@@ -156,7 +156,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
     @_handled
     async def ListTasks(self, request: ListTasksRequest, context: Context) -> ListTasksResponse:
         """List tasks, most recently updated first, with cursor pagination."""
-        call_context(context, "ListTasks")
+        caller(context, "ListTasks")
         page_size = validation.check_list(request)
         after = request.status_timestamp_after
         query = TaskQuery(
@@ -184,7 +184,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
     @_handled
     async def CancelTask(self, request: CancelTaskRequest, context: Context) -> Task:
         """Cancel a task; returns it CANCELED once every stream has the frame."""
-        call = call_context(context, "CancelTask")
+        call = caller(context, "CancelTask")
         validation.check_task_id(request.id)
         return await self._manager.cancel(request.id, call)
 
@@ -193,7 +193,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         self, request: GetExtendedAgentCardRequest, context: Context
     ) -> AgentCard:
         """Return the extended agent card, if one is configured."""
-        call_context(context, "GetExtendedAgentCard")
+        caller(context, "GetExtendedAgentCard")
         if self._extended_card is None:
             raise ExtendedAgentCardNotConfiguredError(
                 "this agent has no extended agent card; use the public card"
@@ -229,7 +229,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         return await self._no_push(context, "DeleteTaskPushNotificationConfig")
 
     async def _no_push(self, context: Context, method: str) -> NoReturn:
-        call_context(context, method)
+        caller(context, method)
         raise PushNotificationNotSupportedError(
             "this agent does not send push notifications (capabilities.pushNotifications is "
             "false); use SendStreamingMessage or SubscribeToTask"

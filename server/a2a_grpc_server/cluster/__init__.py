@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from a2a.types.a2a_pb2 import SendMessageRequest, StreamResponse, Task
 
 if TYPE_CHECKING:
-    from a2a.server.context import ServerCallContext
-
+    from ..callmeta import Caller
     from ..channel import Subscription
     from ..manager import TaskManager
     from ..store import StoredTask
@@ -87,7 +86,7 @@ class Cluster(Protocol):
         """
         ...
 
-    async def cancel(self, stored: StoredTask, call: ServerCallContext) -> Task:
+    async def cancel(self, stored: StoredTask, call: Caller) -> Task:
         """Have the owner cancel the task; returns the task once CANCELED.
 
         Raises:
@@ -96,9 +95,7 @@ class Cluster(Protocol):
         """
         ...
 
-    async def send(
-        self, stored: StoredTask, request: SendMessageRequest, call: ServerCallContext
-    ) -> None:
+    async def send(self, stored: StoredTask, request: SendMessageRequest, call: Caller) -> None:
         """Have the owner start a follow-up message on its interrupted task.
 
         Raises:

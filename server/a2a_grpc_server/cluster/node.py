@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from a2a.server.context import ServerCallContext
 from a2a.types.a2a_pb2 import SendMessageRequest, Task
 
+from ..callmeta import Caller
 from ..channel import Subscription
 from ..store import StoredTask
 from ..store.nats import NatsTaskStore
@@ -92,14 +92,12 @@ class NatsCluster:
         assert self._relays is not None, "join() first"
         return await self._relays.subscribe(stored.task.id)
 
-    async def cancel(self, stored: StoredTask, call: ServerCallContext) -> Task:
+    async def cancel(self, stored: StoredTask, call: Caller) -> Task:
         """Have the owner cancel the task (see ``Cluster.cancel``)."""
         assert self._router is not None, "join() first"
         return await self._router.cancel(stored.owner, stored.task.id, call)
 
-    async def send(
-        self, stored: StoredTask, request: SendMessageRequest, call: ServerCallContext
-    ) -> None:
+    async def send(self, stored: StoredTask, request: SendMessageRequest, call: Caller) -> None:
         """Have the owner start a follow-up (see ``Cluster.send``)."""
         assert self._router is not None, "join() first"
         await self._router.send(stored.owner, request, call)

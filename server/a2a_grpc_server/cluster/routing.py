@@ -22,7 +22,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import nats.errors
-from a2a.server.context import ServerCallContext
 from a2a.types.a2a_pb2 import SendMessageRequest, Task
 from a2a.utils.errors import (
     A2AError,
@@ -36,6 +35,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
+from ..callmeta import Caller
 from ..errors import OwnerUnavailableError, ServerError, ServerShuttingDownError
 from ..supervisor import TASK_PREFIX
 from .natsconn import CONTROL_SUBJECT
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 ERROR = "A2a-Error"
 CALL_HEADERS = "A2a-Call-Headers"
-EXTENSIONS = "A2a-Extensions"
+"""The caller's gRPC metadata, a JSON list of [key, value] pairs."""
 REPLY_SLACK = 2.0
 """Seconds the asking instance waits beyond the owner's own bound."""
 
@@ -104,7 +104,7 @@ class Router:
         while self._serving:
             await asyncio.gather(*self._serving, return_exceptions=True)
 
-    async def cancel(self, owner: str, task_id: str, call: ServerCallContext) -> Task:
+    async def cancel(self, owner: str, task_id: str, call: Caller) -> Task:
         """Ask ``owner`` to cancel ``task_id``; return the task it ended.
 
         Raises:
@@ -114,7 +114,7 @@ class Router:
         reply = await self._request(owner, "cancel", task_id.encode(), call)
         return Task.FromString(reply)
 
-    async def send(self, owner: str, request: SendMessageRequest, call: ServerCallContext) -> None:
+    async def send(self, owner: str, request: SendMessageRequest, call: Caller) -> None:
         """Ask ``owner`` to start a follow-up message on its task.
 
         Raises:
@@ -123,11 +123,8 @@ class Router:
         """
         await self._request(owner, "send", request.SerializeToString(), call)
 
-    async def _request(self, owner: str, op: str, payload: bytes, call: ServerCallContext) -> bytes:
-        headers = {
-            CALL_HEADERS: json.dumps(call.state.get("headers", {})),
-            EXTENSIONS: ",".join(sorted(call.requested_extensions)),
-        }
+    async def _request(self, owner: str, op: str, payload: bytes, call: Caller) -> bytes:
+        headers = {CALL_HEADERS: json.dumps(call.headers)}
         try:
             msg = await self._nc.request(
                 control_subject(owner, op),
@@ -152,13 +149,10 @@ class Router:
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
 
-    async def _serve(
-        self, msg: Msg, serve: Callable[[Msg, ServerCallContext], Awaitable[bytes]]
-    ) -> None:
+    async def _serve(self, msg: Msg, serve: Callable[[Msg, Caller], Awaitable[bytes]]) -> None:
         headers = msg.headers or {}
-        call = ServerCallContext(
-            state={"headers": json.loads(headers.get(CALL_HEADERS, "{}"))},
-            requested_extensions={e for e in headers.get(EXTENSIONS, "").split(",") if e},
+        call = Caller(
+            tuple((str(k), str(v)) for k, v in json.loads(headers.get(CALL_HEADERS, "[]")))
         )
         try:
             reply, reply_headers = await serve(msg, call), None
@@ -175,12 +169,12 @@ class Router:
         except nats.errors.ConnectionClosedError:
             logger.warning("could not answer routed %s: connection closed", msg.subject)
 
-    async def _serve_cancel(self, msg: Msg, call: ServerCallContext) -> bytes:
+    async def _serve_cancel(self, msg: Msg, call: Caller) -> bytes:
         assert self._manager is not None
         task = await self._manager.cancel(msg.data.decode(), call, route=False)
         return task.SerializeToString()
 
-    async def _serve_send(self, msg: Msg, call: ServerCallContext) -> bytes:
+    async def _serve_send(self, msg: Msg, call: Caller) -> bytes:
         assert self._manager is not None
         await self._manager.send(
             SendMessageRequest.FromString(msg.data), call, subscribe=False, route=False
