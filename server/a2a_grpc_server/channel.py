@@ -223,6 +223,11 @@ class TaskChannel:
         return self._snapshot
 
     @property
+    def subscribed(self) -> bool:
+        """Whether any stream is subscribed."""
+        return bool(self._subscribers)
+
+    @property
     def seq(self) -> int:
         """How many frames were published so far."""
         return self._seq

@@ -267,9 +267,12 @@ class Run:
                 # Not kept past its turn: what a finished consumer held would
                 # otherwise live as long as the run (a protobuf arena, ~1.5 KB).
                 del item
-                if not queue.empty():
+                if not queue.empty() and self.active.channel.subscribed:
                     # A producer that never waits would otherwise have the consumer
-                    # publish its whole burst before any stream writer runs.
+                    # publish its whole burst before any stream writer runs. With
+                    # no stream to write, the burst goes through in one step: the
+                    # producer cannot queue more meanwhile, so it is bounded by
+                    # the queue.
                     await asyncio.sleep(0)
         finally:
             # No await between the last emptiness check and this: whatever is
