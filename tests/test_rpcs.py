@@ -253,6 +253,27 @@ async def test_executor_sees_the_callers_metadata_and_extensions() -> None:
         await h.settle()
 
 
+async def test_a_task_parked_in_execute_keeps_one_asyncio_task_and_no_queued_event() -> None:
+    agent = GatedAgent()
+    async with asyncio.timeout(10), serve(agent) as h:
+        parked = await h.client.send_message(send_request("wait", immediately=True))
+        task_id = parked.task.id
+        sub = h.client.subscribe(SubscribeToTaskRequest(id=task_id))
+        frame = await anext(sub)  # WORKING is persisted and broadcast once it is seen
+        while (
+            frame.status_update.status.state
+            if frame.HasField("status_update")
+            else frame.task.status.state
+        ) != S.TASK_STATE_WORKING:
+            frame = await anext(sub)
+        ours = [t.get_name() for t in asyncio.all_tasks() if task_id in t.get_name()]
+        assert ours == [f"a2a-grpc-server:run:{task_id}"]  # no consumer while nothing is queued
+        agent.release.set()
+        frames = await _collect(sub)
+        assert frames[-1].status_update.status.state == S.TASK_STATE_COMPLETED
+        await h.settle()
+
+
 async def test_send_request_configuration_history_length_trims_the_answer() -> None:
     async with asyncio.timeout(10), serve(EchoAgent()) as h:
         request = SendMessageRequest(

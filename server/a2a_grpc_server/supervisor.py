@@ -264,9 +264,6 @@ class Run:
                     await self._settle(item)
                 else:
                     await self._commit(item)
-                # Not kept past its turn: what a finished consumer held would
-                # otherwise live as long as the run (a protobuf arena, ~1.5 KB).
-                del item
                 if not queue.empty() and self.active.channel.subscribed:
                     # A producer that never waits would otherwise have the consumer
                     # publish its whole burst before any stream writer runs. With
