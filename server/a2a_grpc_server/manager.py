@@ -296,23 +296,22 @@ class TaskManager:
             OwnerUnavailableError: The task's owner did not answer (cluster mode).
         """
         started = time.monotonic()
-        found = await self._get_stored(task_id)
-        stored = found.task
         active = self._active.get(task_id)
-        if (
-            active is None
-            and not taskops.is_final(stored)
-            and route
-            and self._owned_elsewhere(found)
-        ):
-            assert self._cluster is not None
-            final = await self._cluster.cancel(found, call)
-            self.metrics.cancel_seconds.observe(time.monotonic() - started)
-            return final
-        if taskops.is_final(stored) or active is None:
-            raise TaskNotCancelableError(
-                f"task {task_id!r} is {TaskState.Name(stored.status.state)} and cannot be canceled"
-            )
+        if active is None or active.task is None or taskops.is_final(active.task):
+            # Not running here (or not yet created): the store decides.
+            found = await self._get_stored(task_id)
+            stored = found.task
+            if not taskops.is_final(stored) and route and self._owned_elsewhere(found):
+                assert self._cluster is not None
+                final = await self._cluster.cancel(found, call)
+                self.metrics.cancel_seconds.observe(time.monotonic() - started)
+                return final
+            active = self._active.get(task_id)
+            if taskops.is_final(stored) or active is None:
+                raise TaskNotCancelableError(
+                    f"task {task_id!r} is {TaskState.Name(stored.status.state)} "
+                    "and cannot be canceled"
+                )
         run = active.run
         if run is None or not run.request_cancel():
             context = request_context(
