@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -152,7 +151,7 @@ class Run:
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 if self._cancel_requested:
-                    self._start_source("cancel", self._executor.cancel)
+                    self._start_canceller()
                 if self._execute:
                     # The group's own body is the producer (one task fewer per
                     # run): the group still supervises it, and cancelling it
@@ -160,10 +159,19 @@ class Run:
                     body = asyncio.current_task()
                     assert body is not None
                     self.sources.append(body)
+                    # (Inline rather than in a coroutine of its own: a parked
+                    # task keeps this frame for as long as it waits.)
                     try:
-                        await self._source("execute", self._executor.execute)
+                        error: BaseException | None = None
+                        try:
+                            await self._executor.execute(self._context, self._queue)
+                        except asyncio.CancelledError:
+                            raise  # the run is being stopped: never an outcome
+                        except BaseException as exc:  # even SystemExit: see _failed
+                            error = self._failed("execute", exc)
+                        await self._queue.put(_SourceDone("execute", error))
                     finally:
-                        self._source_ended(body)
+                        self._source_ended(body)  # stop() cancels it until here
                 # Leaving the block waits for the consumer and the canceller.
         except Exception:
             # A fault of ours (the consumer handles the executor's and the
@@ -188,7 +196,7 @@ class Run:
             return True
         if self._group is not None:
             try:
-                self._start_source("cancel", self._executor.cancel)
+                self._start_canceller()
             except RuntimeError:  # the group is exiting: its children have all ended
                 return False
         self._cancel_requested = True
@@ -201,14 +209,10 @@ class Run:
             if task is not None and task is not current and not task.done():
                 task.cancel()
 
-    def _start_source(
-        self,
-        kind: Literal["execute", "cancel"],
-        call: Callable[[RequestContext, EventQueue], Awaitable[None]],
-    ) -> None:
+    def _start_canceller(self) -> None:
         assert self._group is not None
         task = self._group.create_task(
-            self._source(kind, call), name=f"{TASK_PREFIX}:{kind}:{self.active.task_id}"
+            self._cancel(), name=f"{TASK_PREFIX}:cancel:{self.active.task_id}"
         )
         self.sources.append(task)
         task.add_done_callback(self._source_ended)
@@ -217,30 +221,31 @@ class Run:
         if task in self.sources:
             self.sources.remove(task)
 
-    async def _source(
-        self,
-        kind: Literal["execute", "cancel"],
-        call: Callable[[RequestContext, EventQueue], Awaitable[None]],
-    ) -> None:
+    async def _cancel(self) -> None:
         error: BaseException | None = None
         try:
-            if kind == "cancel":
-                async with asyncio.timeout(self._cancel_timeout):
-                    await call(self._context, self._queue)
-            else:
-                await call(self._context, self._queue)
+            async with asyncio.timeout(self._cancel_timeout):
+                await self._executor.cancel(self._context, self._queue)
         except asyncio.CancelledError:
             raise  # the run is being stopped: never turned into an outcome
-        except BaseException as exc:  # even SystemExit: an agent cannot stop the server
-            error = exc
-            logger.warning(
-                "executor %s() of task %s raised %s",
-                kind,
-                self.active.task_id,
-                type(exc).__name__,
-                exc_info=exc,
-            )
-        await self._queue.put(_SourceDone(kind, error))
+        except BaseException as exc:  # even SystemExit: see _failed
+            error = self._failed("cancel", exc)
+        await self._queue.put(_SourceDone("cancel", error))
+
+    def _failed(self, kind: Literal["execute", "cancel"], exc: BaseException) -> BaseException:
+        """Log what the executor's ``kind()`` raised and return it.
+
+        An agent's error, even SystemExit, becomes the task's outcome, never
+        the server's.
+        """
+        logger.warning(
+            "executor %s() of task %s raised %s",
+            kind,
+            self.active.task_id,
+            type(exc).__name__,
+            exc_info=exc,
+        )
+        return exc
 
     def wake_consumer(self) -> None:
         """Start the consumer unless it is running (something was just queued)."""

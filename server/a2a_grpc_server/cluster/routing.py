@@ -151,10 +151,9 @@ class Router:
 
     async def _serve(self, msg: Msg, serve: Callable[[Msg, Caller], Awaitable[bytes]]) -> None:
         headers = msg.headers or {}
-        call = Caller(
-            tuple((str(k), str(v)) for k, v in json.loads(headers.get(CALL_HEADERS, "[]")))
-        )
         try:
+            pairs = json.loads(headers.get(CALL_HEADERS, "[]"))
+            call = Caller(tuple((str(k), str(v)) for k, v in pairs))
             reply, reply_headers = await serve(msg, call), None
         except (A2AError, ServerError) as exc:
             text = getattr(exc, "message", None) or str(exc)
