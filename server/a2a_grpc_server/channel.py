@@ -127,13 +127,15 @@ class Subscription:
         self._buffer.clear()
         self._wake()
 
-    def _offer(self, frame: StreamResponse) -> None:
+    def _offer(self, frame: StreamResponse) -> int:
+        """Buffer ``frame`` (or evict this slow subscriber); return the frames waiting."""
         # The last slot is reserved for the final frame.
         if len(self._buffer) >= self._capacity - 1:
             self._evict()
-            return
+            return 0
         self._buffer.append(frame)
         self._wake()
+        return len(self._buffer)
 
     def _offer_final(self, frame: StreamResponse) -> None:
         self._buffer.append(frame)
@@ -172,6 +174,7 @@ class TaskChannel:
     """
 
     __slots__ = (
+        "_backlog",
         "_capacity",
         "_changed",
         "_close_callbacks",
@@ -201,6 +204,7 @@ class TaskChannel:
         self._subscribers: dict[Subscription, None] = {}
         self._snapshot: Task | None = None
         self._seq = 0
+        self._backlog = 0
         self._closed = False
         self._final_published = False
         # Made only when someone waits: a parked task with no waiter pays nothing.
@@ -223,9 +227,9 @@ class TaskChannel:
         return self._snapshot
 
     @property
-    def subscribed(self) -> bool:
-        """Whether any stream is subscribed."""
-        return bool(self._subscribers)
+    def backlog(self) -> int:
+        """The most frames any subscriber had waiting right after the last publish."""
+        return self._backlog if self._subscribers else 0
 
     @property
     def seq(self) -> int:
@@ -286,8 +290,10 @@ class TaskChannel:
             for sub in self._subscribers:
                 sub._offer_final(frame)
         else:
+            backlog = 0
             for sub in tuple(self._subscribers):
-                sub._offer(frame)
+                backlog = max(backlog, sub._offer(frame))
+            self._backlog = backlog
         self._signal_changed()
 
     def close(self, final: StreamResponse | None = None, snapshot: Task | None = None) -> None:

@@ -46,6 +46,11 @@ logger = logging.getLogger(__name__)
 TASK_PREFIX = "a2a-grpc-server"
 """Every asyncio task this package creates is named with this prefix."""
 
+YIELD_BACKLOG = 8
+"""Frames a stream may have waiting before the consumer lets stream writers run
+between two events (a writer sends about one frame per loop iteration, so from
+there on the consumer yields after every event and the backlog stays put)."""
+
 
 @dataclass(frozen=True, slots=True)
 class _SourceDone:
@@ -269,12 +274,12 @@ class Run:
                     await self._settle(item)
                 else:
                     await self._commit(item)
-                if not queue.empty() and self.active.channel.subscribed:
+                if not queue.empty() and self.active.channel.backlog >= YIELD_BACKLOG:
                     # A producer that never waits would otherwise have the consumer
-                    # publish its whole burst before any stream writer runs. With
-                    # no stream to write, the burst goes through in one step: the
-                    # producer cannot queue more meanwhile, so it is bounded by
-                    # the queue.
+                    # publish its whole burst before any stream writer runs. Until
+                    # a stream has YIELD_BACKLOG frames waiting (or with no stream
+                    # at all) the burst goes on in the same step: the producer
+                    # cannot queue more meanwhile, so it is bounded by the queue.
                     await asyncio.sleep(0)
         finally:
             # No await between the last emptiness check and this: whatever is

@@ -107,7 +107,6 @@ class InMemoryTaskStore:
                 f"{task.id}: at {entry.version}, expected {expected_version}"
             )
         self._put(task, expected_version + 1)
-        self._prune()
         return expected_version + 1
 
     async def list(self, query: TaskQuery) -> TaskPage:
@@ -126,18 +125,36 @@ class InMemoryTaskStore:
 
     def _put(self, task: Task, version: int) -> None:
         self._rev += 1
-        final = task.status.state in TERMINAL
+        state = task.status.state
+        if state in TERMINAL:
+            self._entries[task.id] = _Entry(
+                live=None,
+                blob=task.SerializeToString(),
+                version=version,
+                rev=self._rev,
+                context_id=task.context_id,
+                state=state,
+                status_ns=status_ns(task),
+            )
+            self._final[task.id] = self._clock()
+            self._prune()
+            return
+        entry = self._entries.get(task.id)
+        if entry is not None and entry.live is task:
+            # The live task was updated in place (the usual case, event by
+            # event): only what ListTasks filters and sorts on moves.
+            entry.version, entry.rev, entry.state = version, self._rev, state
+            entry.status_ns = status_ns(task)
+            return
         self._entries[task.id] = _Entry(
-            live=None if final else task,
-            blob=task.SerializeToString() if final else b"",
+            live=task,
+            blob=b"",
             version=version,
             rev=self._rev,
             context_id=task.context_id,
-            state=task.status.state,
+            state=state,
             status_ns=status_ns(task),
         )
-        if final:
-            self._final[task.id] = self._clock()
 
     def _prune(self) -> None:
         horizon = self._clock() - self._ttl
