@@ -172,3 +172,22 @@ async def test_a_handed_over_task_changed_and_updated_again_reads_back_each_vers
     final = await store.get("a")
     assert final is not None
     assert (final.version, final.task.status.state) == (v3, S.TASK_STATE_COMPLETED)
+
+
+async def test_a_task_updated_in_place_lists_by_its_new_state_time_and_recency(
+    store: TaskStore,
+) -> None:
+    live = task("a")
+    version = await store.create(live)
+    await store.create(task("b"))
+    live.status.state = S.TASK_STATE_WORKING
+    live.status.timestamp.FromSeconds(4_000_000_000)  # later than any other task's
+    await store.update(live, version)
+    everything = await store.list(TaskQuery())
+    assert [t.id for t in everything.tasks] == ["a", "b"], "most recently updated first"
+    working = await store.list(TaskQuery(state=S.TASK_STATE_WORKING))
+    assert [t.id for t in working.tasks] == ["a"]
+    later = await store.list(TaskQuery(status_after_ns=4_000_000_000 * 10**9))
+    assert [t.id for t in later.tasks] == ["a"]
+    submitted = await store.list(TaskQuery(state=S.TASK_STATE_SUBMITTED))
+    assert [t.id for t in submitted.tasks] == ["b"]
