@@ -254,15 +254,16 @@ class Run:
 
     def wake_consumer(self) -> None:
         """Start the consumer unless it is running (something was just queued)."""
-        if self._consumer is not None or self._group is None:
-            return
+        consumer = self._consumer
+        if (consumer is not None and not consumer.done()) or self._group is None:
+            return  # (a consumer cancelled before its first step never clears itself)
         try:
             self._consumer = self._group.create_task(
                 self._consume(), name=f"{TASK_PREFIX}:consume:{self.active.task_id}"
             )
         except RuntimeError:
-            # The group is shutting down (a fault of ours, being handled by
-            # run()): nothing more is consumed, the task ends FAILED.
+            # The group is shutting down (the run is being stopped, or a fault
+            # of ours that run() ends FAILED): nothing more is consumed.
             return
 
     async def _consume(self) -> None:
