@@ -126,35 +126,26 @@ class InMemoryTaskStore:
     def _put(self, task: Task, version: int) -> None:
         self._rev += 1
         state = task.status.state
-        if state in TERMINAL:
-            self._entries[task.id] = _Entry(
-                live=None,
-                blob=task.SerializeToString(),
-                version=version,
-                rev=self._rev,
-                context_id=task.context_id,
-                state=state,
-                status_ns=status_ns(task),
-            )
-            self._final[task.id] = self._clock()
-            self._prune()
-            return
+        final = state in TERMINAL
         entry = self._entries.get(task.id)
-        if entry is not None and entry.live is task:
+        if not final and entry is not None and entry.live is task:
             # The live task was updated in place (the usual case, event by
             # event): only what ListTasks filters and sorts on moves.
             entry.version, entry.rev, entry.state = version, self._rev, state
             entry.status_ns = status_ns(task)
             return
         self._entries[task.id] = _Entry(
-            live=task,
-            blob=b"",
+            live=None if final else task,
+            blob=task.SerializeToString() if final else b"",
             version=version,
             rev=self._rev,
             context_id=task.context_id,
             state=state,
             status_ns=status_ns(task),
         )
+        if final:
+            self._final[task.id] = self._clock()
+            self._prune()
 
     def _prune(self) -> None:
         horizon = self._clock() - self._ttl
