@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 from a2a.server.agent_execution import RequestContext
 from a2a.server.context import ServerCallContext
+from a2a.server.id_generator import UUIDGenerator
 from a2a.utils.errors import VersionNotSupportedError
 
 VERSION_KEY = "a2a-version"
@@ -27,6 +28,11 @@ SERVED_VERSION = "1.0"
 LEGACY_VERSION = "0.3"
 V1_ONLY_METHODS = frozenset({"ListTasks"})
 """RPCs that did not exist in 0.3: a 0.3 client cannot mean them."""
+
+
+_IDS = UUIDGenerator()
+"""One stateless id generator for every RequestContext (it would make two per
+request; the ids are always given, so it is never even called)."""
 
 
 class Caller:
@@ -92,9 +98,11 @@ def request_context(call: Caller, **kwargs: Any) -> RequestContext:
 
     Args:
         call: The caller.
-        **kwargs: ``RequestContext``'s other arguments.
+        **kwargs: ``RequestContext``'s other arguments (ids always given).
     """
-    return _DeferredRequestContext(call, **kwargs)
+    return _DeferredRequestContext(
+        call, task_id_generator=_IDS, context_id_generator=_IDS, **kwargs
+    )
 
 
 class _DeferredRequestContext(RequestContext):

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
-from a2a.server.id_generator import UUIDGenerator
 from a2a.types.a2a_pb2 import Message, SendMessageRequest, Task, TaskState
 from a2a.utils.errors import (
     InvalidParamsError,
@@ -46,11 +45,6 @@ if TYPE_CHECKING:
     from .cluster import Cluster, EventLog
 
 logger = logging.getLogger(__name__)
-
-_IDS = UUIDGenerator()
-"""One stateless id generator for every RequestContext (it would make two per
-request; ids are always given here, so it is never even called)."""
-
 
 CANCEL_SLACK = 1.0
 """Seconds CancelTask waits beyond ``cancel_timeout`` before it ends the task itself."""
@@ -239,8 +233,6 @@ class TaskManager:
                 task_id=active.task_id,
                 context_id=active.context_id,
                 task=taskops.copy(active.task) if active.task else None,
-                task_id_generator=_IDS,
-                context_id_generator=_IDS,
             )
             start_seq = active.channel.seq
             run = self._spawn(active, context)
@@ -319,8 +311,6 @@ class TaskManager:
                 task_id=task_id,
                 context_id=active.context_id,
                 task=taskops.copy(active.task) if active.task else None,
-                task_id_generator=_IDS,
-                context_id_generator=_IDS,
             )
             self._spawn(active, context, execute=False, cancel=True)
         try:
