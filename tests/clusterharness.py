@@ -172,14 +172,3 @@ class GatedPerTask(AgentExecutor):
 async def collect(stream: AsyncIterator[StreamResponse]) -> list[StreamResponse]:
     """Every frame of a stream, until it ends."""
     return [frame async for frame in stream]
-
-
-def last_state(frames: list[StreamResponse]) -> TaskState:
-    """The state the last frame of a stream carries."""
-    assert frames, "stream ended without any frame"
-    last = frames[-1]
-    kind = last.WhichOneof("payload")
-    if kind == "status_update":
-        return last.status_update.status.state
-    assert kind == "task", f"stream ended with a {kind} frame"
-    return last.task.status.state

@@ -19,6 +19,7 @@ from a2a.types.a2a_pb2 import (
     SendMessageConfiguration,
     SendMessageRequest,
     StreamResponse,
+    TaskState,
 )
 from google.rpc import error_details_pb2, status_pb2
 
@@ -155,6 +156,17 @@ def rich_status(err: grpc.aio.AioRpcError) -> tuple[status_pb2.Status, error_det
                 if detail.Unpack(info):
                     return status, info
     raise AssertionError(f"no ErrorInfo in {err!r}")
+
+
+def last_state(frames: list[StreamResponse]) -> TaskState:
+    """The state the last frame of a stream carries."""
+    assert frames, "stream ended without any frame"
+    last = frames[-1]
+    kind = last.WhichOneof("payload")
+    if kind == "status_update":
+        return last.status_update.status.state
+    assert kind == "task", f"stream ended with a {kind} frame"
+    return last.task.status.state
 
 
 def kinds(frames: Iterable[StreamResponse]) -> list[str]:

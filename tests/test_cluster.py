@@ -22,8 +22,8 @@ from a2a_grpc_server.cluster.natsconn import EVENTS_STREAM
 
 from . import natsserver
 from .agents import CallerAgent, FloodAgent, InputAgent
-from .clusterharness import GatedPerTask, Instance, collect, instances, last_state
-from .harness import V1, rich_status, send_request
+from .clusterharness import GatedPerTask, Instance, collect, instances
+from .harness import V1, last_state, rich_status, send_request
 
 S = TaskState
 

@@ -13,8 +13,8 @@ from a2a.types.a2a_pb2 import GetTaskRequest, StreamResponse, SubscribeToTaskReq
 
 from . import natsserver
 from .agents import FloodAgent
-from .clusterharness import GatedPerTask, collect, instances, last_state
-from .harness import V1, send_request
+from .clusterharness import GatedPerTask, collect, instances
+from .harness import V1, last_state, send_request
 from .serveproc import start
 
 S = TaskState

@@ -23,7 +23,7 @@ from a2a_grpc_server import ServerConfig
 from a2a_grpc_server.agents.echo import EchoAgent
 
 from .agents import CallerAgent, GatedAgent, InputAgent, MessageAgent, TaskFirstAgent
-from .harness import V1, kinds, send_request, serve, user_message
+from .harness import V1, kinds, last_state, send_request, serve, user_message
 
 S = TaskState
 
@@ -260,11 +260,7 @@ async def test_a_task_parked_in_execute_keeps_one_asyncio_task_and_no_queued_eve
         task_id = parked.task.id
         sub = h.client.subscribe(SubscribeToTaskRequest(id=task_id))
         frame = await anext(sub)  # WORKING is persisted and broadcast once it is seen
-        while (
-            frame.status_update.status.state
-            if frame.HasField("status_update")
-            else frame.task.status.state
-        ) != S.TASK_STATE_WORKING:
+        while last_state([frame]) != S.TASK_STATE_WORKING:
             frame = await anext(sub)
         ours = [t.get_name() for t in asyncio.all_tasks() if task_id in t.get_name()]
         assert ours == [f"a2a-grpc-server:run:{task_id}"]  # no consumer while nothing is queued
