@@ -22,7 +22,7 @@ from a2a.server.request_handlers import DefaultRequestHandler, GrpcHandler
 from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import a2a_pb2_grpc
 
-from a2a_grpc_server import A2AService, ServerConfig
+from a2a_grpc_server import A2AService
 from a2a_grpc_server.card import default_card
 
 from .agents import Workload
@@ -38,14 +38,13 @@ async def build(kind: str, nats: str | None) -> tuple[grpc.aio.Server, A2AServic
     if kind in ("ours", "ours-nats"):
         cluster = None
         if kind == "ours-nats":
-            from a2a_grpc_server.cluster.natsconn import NatsConfig
-            from a2a_grpc_server.cluster.node import NatsCluster
+            from a2a_grpc_server.jetstream.conn import NatsConfig
+            from a2a_grpc_server.jetstream.node import NatsCluster
 
             assert nats, "ours-nats needs --nats"
             cluster = await NatsCluster.connect(NatsConfig(servers=[nats]))
-        # A buffer as deep as the fan-out so no subscriber is evicted mid-run.
-        config = ServerConfig(subscriber_buffer=2048)
-        service = A2AService(Workload(), default_card(), config=config, cluster=cluster)
+        # The defaults a user gets.
+        service = A2AService(Workload(), default_card(), cluster=cluster)
         await service.start()
         service.add_to_server(server)
     elif kind == "sdk":

@@ -286,3 +286,46 @@ class CallerAgent(AgentExecutor):
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         await _updater(context, event_queue).cancel()
+
+
+class BurstAgent(AgentExecutor):
+    """Emits WORKING, waits for ``release``, then ``count`` artifact updates of ``size``
+    bytes at once (as fast as the consumer takes them), then COMPLETED."""
+
+    def __init__(self, count: int, size: int = 16) -> None:
+        self.count, self.size = count, size
+        self.release = asyncio.Event()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = _updater(context, event_queue)
+        await updater.start_work()
+        await self.release.wait()
+        payload = "x" * self.size
+        for i in range(self.count):
+            await updater.add_artifact([Part(text=payload)], artifact_id=f"chunk-{i}")
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).cancel()
+
+
+class ChunkAgent(AgentExecutor):
+    """Emits WORKING, waits for ``release``, then appends ``count`` chunks to one
+    artifact (``append: true``), then COMPLETED: a duplicated frame shows as a
+    longer artifact."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.release = asyncio.Event()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = _updater(context, event_queue)
+        await updater.start_work()
+        await self.release.wait()
+        await updater.add_artifact([Part(text="start;")], artifact_id="doc")
+        for i in range(self.count):
+            await updater.add_artifact([Part(text=f"{i};")], artifact_id="doc", append=True)
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).cancel()

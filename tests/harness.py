@@ -24,7 +24,7 @@ from a2a.types.a2a_pb2 import (
 from google.rpc import error_details_pb2, status_pb2
 
 from a2a_grpc_server import A2AService, ServerConfig
-from a2a_grpc_server.store import TaskStore
+from a2a_grpc_server.journal import TaskJournal
 
 PACKAGE_DIR = "a2a_grpc_server"
 V1 = (("a2a-version", "1.0"),)
@@ -46,7 +46,7 @@ class Harness:
         assert that no coroutine of this package is left on the loop."""
         async with asyncio.timeout(within):
             await self.service.servicer.wait_streams_closed()
-            await self.service.manager.wait_idle()
+            await self.service.engine.wait_idle()
         left = our_tasks()
         assert not left, f"coroutines of ours still alive: {left}"
 
@@ -97,7 +97,9 @@ async def expose(service: A2AService) -> Harness:
 
 @contextlib.asynccontextmanager
 async def serve(
-    executor: AgentExecutor, config: ServerConfig | None = None, store: TaskStore | None = None
+    executor: AgentExecutor,
+    config: ServerConfig | None = None,
+    journal: TaskJournal | None = None,
 ) -> AsyncIterator[Harness]:
     """Start the service on a real grpc.aio server on port 0.
 
@@ -105,7 +107,9 @@ async def serve(
     that no run, stream or coroutine of the package outlived the test by
     more than 300 ms; tests that leave a task running fail here.
     """
-    service = A2AService(executor, config=config or ServerConfig(cancel_timeout=1.0), store=store)
+    service = A2AService(
+        executor, config=config or ServerConfig(cancel_timeout=1.0), journal=journal
+    )
     harness = await expose(service)
     server, channel, client = harness.server, harness.channel, harness.client
     try:

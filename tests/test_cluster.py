@@ -17,8 +17,6 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import taskops
-from a2a_grpc_server.cluster.events import KIND, SEQ, VERSION, subject
-from a2a_grpc_server.cluster.natsconn import EVENTS_STREAM
 
 from . import natsserver
 from .agents import CallerAgent, FloodAgent, InputAgent
@@ -207,21 +205,20 @@ async def test_cancel_of_an_ended_task_through_the_non_owner_is_refused_clearly(
         assert rich_status(err.value)[1].reason == "TASK_NOT_CANCELABLE"
 
 
-async def test_the_event_log_numbers_a_tasks_entries_without_gaps_and_versions_only_grow(
+async def test_the_record_numbers_a_tasks_changes_without_gaps_in_stream_order(
     nats_url: str,
 ) -> None:
     async with asyncio.timeout(20), instances(InputAgent(), [nats_url]) as (a, b):
         asked = await a.client.send_message(send_request("hi"))
         await b.client.send_message(send_request("Cy", task_id=asked.task.id))
-        js = a.cluster.conn.js
-        sub = await js.pull_subscribe(subject(asked.task.id), stream=EVENTS_STREAM)
-        last = await a.cluster.events.last_seq(asked.task.id)
-        entries = await sub.fetch(batch=last, timeout=5)
-        await sub.unsubscribe()
-        headers = [m.headers or {} for m in entries]
-        assert [int(h[SEQ]) for h in headers] == list(range(1, last + 1))
-        versions = [int(h[VERSION]) for h in headers]
-        assert versions == sorted(versions)
-        assert [h[KIND] for h in headers].count("snapshot") == 1, "the follow-up message"
+        entries = await a.cluster.journal.entries(asked.task.id, 0)
+        assert [e.seq for e in entries] == list(range(1, len(entries) + 1))
+        positions = [e.pos for e in entries]
+        assert positions == sorted(positions)
+        assert [e.kind for e in entries].count("message") == 1, "the follow-up message"
         final = StreamResponse.FromString(entries[-1].data)
         assert final.status_update.status.state == S.TASK_STATE_COMPLETED
+        assert entries[-1].final
+        recorded = await b.cluster.journal.get(asked.task.id)
+        assert recorded is not None
+        assert (recorded.seq, recorded.version) == (entries[-1].seq, entries[-1].pos)

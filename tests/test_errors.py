@@ -217,8 +217,8 @@ async def test_error_codes_for_unknown_terminal_and_not_cancelable_tasks() -> No
         assert rich_status(caught.value)[1].reason == "UNSUPPORTED_OPERATION"
 
 
-class BrokenStore:
-    """A store whose every read fails: the server must answer INTERNAL, generically."""
+class BrokenJournal:
+    """A journal whose every read fails: the server must answer INTERNAL, generically."""
 
     async def get(self, task_id: str) -> None:
         raise RuntimeError("disk on fire: secret path /var/lib/x")
@@ -232,7 +232,7 @@ async def test_unexpected_errors_are_internal_with_a_generic_message() -> None:
 
     from a2a_grpc_server import A2AService
 
-    service = A2AService(GatedAgent(), store=BrokenStore())  # type: ignore[arg-type]
+    service = A2AService(GatedAgent(), journal=BrokenJournal())  # type: ignore[arg-type]
     server = _grpc.aio.server()
     service.add_to_server(server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -18,8 +18,8 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.store import VersionConflictError
-from a2a_grpc_server.store.memory import InMemoryTaskStore
+from a2a_grpc_server.journal import Change, VersionConflictError
+from a2a_grpc_server.journal.memory import MemoryJournal
 
 from .agents import EndingAgent, GatedAgent, LeakyAgent, MisbehavingAgent, StubbornAgent
 from .harness import V1, Harness, send_request, serve
@@ -149,7 +149,7 @@ async def test_shutdown_ends_every_stream_failed_after_the_grace_period() -> Non
 
     async def shutdown(h: Harness, task_id: str) -> None:
         await h.service.shutdown(grace=0.05)
-        stored = await h.service.store.get(task_id)
+        stored = await h.service.journal.get(task_id)
         assert stored is not None and stored.task.status.state == S.TASK_STATE_FAILED
 
     streams, _, text = await run_row(agent, agent.working, shutdown)
@@ -167,32 +167,32 @@ async def test_executor_ignoring_cancellation_cannot_reopen_a_canceled_task() ->
         await agent.emitted_late.wait()
         stored = await h.client.get_task(GetTaskRequest(id=task_id))
         assert stored.status.state == S.TASK_STATE_CANCELED
-        assert h.service.manager.active_count == 0
+        assert h.service.engine.live_count == 0
         assert h.service.metrics.dropped_events == 4, "3 late WORKING + 1 late COMPLETED"
         await h.settle()
 
 
-class FlakyStore(InMemoryTaskStore):
+class FlakyJournal(MemoryJournal):
     """Refuses every update once ``broken`` is set."""
 
     def __init__(self) -> None:
         super().__init__()
         self.broken = False
 
-    async def update(self, task: Task, expected_version: int) -> int:
+    async def update(self, task: Task, expected_version: int, change: Change) -> int:
         if self.broken:
-            raise VersionConflictError("store unavailable")
-        return await super().update(task, expected_version)
+            raise VersionConflictError("journal unavailable")
+        return await super().update(task, expected_version, change)
 
 
-async def test_store_refusing_an_event_ends_every_stream_failed() -> None:
+async def test_journal_refusing_an_event_ends_every_stream_failed() -> None:
     agent = GatedAgent()
-    store = FlakyStore()
+    journal = FlakyJournal()
     service_config = ServerConfig(cancel_timeout=1.0)
-    async with asyncio.timeout(10), serve(agent, service_config, store=store) as h:
+    async with asyncio.timeout(10), serve(agent, service_config, journal=journal) as h:
 
         async def break_store(h: Harness, task_id: str) -> None:
-            store.broken = True
+            journal.broken = True
             agent.release.set()
 
         sender, subs, _ = await fan_out(h, agent.working, break_store)

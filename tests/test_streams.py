@@ -1,4 +1,4 @@
-"""Streams that end on the subscriber's side: too slow, or gone."""
+"""Streams as cursors into the task's log: bursts, readers that stop, readers that leave."""
 
 from __future__ import annotations
 
@@ -12,15 +12,70 @@ from a2a.types.a2a_pb2 import StreamResponse, SubscribeToTaskRequest, TaskState
 
 from a2a_grpc_server import ServerConfig
 
-from .agents import FloodAgent, GatedAgent
+from . import readerproc
+from .agents import BurstAgent, FloodAgent, GatedAgent
 from .harness import V1, rich_status, send_request, serve
 
 S = TaskState
 
 
-async def read_until_end(call: Any, into: list[object]) -> None:
+async def read_all(call: Any, into: list[StreamResponse]) -> None:
     while (frame := await call.read()) is not grpc.aio.EOF:
         into.append(frame)
+
+
+def chunk_ids(frames: list[StreamResponse]) -> list[str]:
+    return [
+        f.artifact_update.artifact.artifact_id
+        for f in frames
+        if f.WhichOneof("payload") == "artifact_update"
+    ]
+
+
+@pytest.mark.timeout(120)
+async def test_a_burst_reaches_every_subscriber_whole_in_order_with_the_outcome() -> None:
+    agent = BurstAgent(count=10_000)
+    async with asyncio.timeout(110), serve(agent) as h:
+        sender = h.stub.SendStreamingMessage(send_request("go"), metadata=V1)
+        task_id = (await sender.read()).task.id
+        assert (await sender.read()).status_update.status.state == S.TASK_STATE_WORKING
+        readers = await readerproc.start(h.address, task_id, 100)
+        agent.release.set()
+        from_sender: list[StreamResponse] = []
+        await read_all(sender, from_sender)
+        expected = [f"chunk-{i}" for i in range(10_000)]
+        assert chunk_ids(from_sender) == expected
+        assert from_sender[-1].status_update.status.state == S.TASK_STATE_COMPLETED
+        for stream in await readers.results():
+            assert stream["ids"] == expected
+            assert stream["last_state"] == S.TASK_STATE_COMPLETED
+            assert stream["same_as_first"]
+        assert h.service.metrics.frames_dropped == 0
+        assert h.service.metrics.streams_ended["finished"] == 101
+        await h.settle(within=2)
+
+
+async def test_a_subscriber_that_stops_reading_slows_nothing_and_later_gets_every_frame() -> None:
+    agent = BurstAgent(count=2000, size=100)
+    async with asyncio.timeout(30), serve(agent) as h:
+        sender = h.client.send_message_streaming(send_request("go"))
+        task_id = (await anext(sender)).task.id
+        stalled = h.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=V1)
+        assert (await stalled.read()).task.id == task_id  # attached; now it stops reading
+        sibling = h.client.subscribe(SubscribeToTaskRequest(id=task_id))
+        assert (await anext(sibling)).task.id == task_id
+        agent.release.set()
+        sender_frames = [f async for f in sender]
+        sibling_frames = [f async for f in sibling]
+        expected = [f"chunk-{i}" for i in range(2000)]
+        for frames in (sender_frames, sibling_frames):
+            assert chunk_ids(frames) == expected
+            assert frames[-1].status_update.status.state == S.TASK_STATE_COMPLETED
+        late: list[StreamResponse] = []
+        await read_all(stalled, late)  # it reads again: nothing was lost meanwhile
+        assert chunk_ids(late) == expected
+        assert late[-1].status_update.status.state == S.TASK_STATE_COMPLETED
+        await h.settle()
 
 
 class Readers:
@@ -42,15 +97,15 @@ class Readers:
         return frames
 
 
-async def test_slow_subscriber_alone_is_evicted_and_siblings_keep_every_frame() -> None:
-    agent = FloodAgent(count=600, size=32 * 1024, window=16)
-    config = ServerConfig(subscriber_buffer=64)
+async def test_a_reader_behind_the_logs_budget_ends_out_of_range_and_memory_stays_bounded() -> None:
+    agent = FloodAgent(count=600, size=32 * 1024, window=16)  # 19 MB: past any transport buffer
+    config = ServerConfig(cancel_timeout=1.0, log_max_frames=64)
     async with asyncio.timeout(30), serve(agent, config) as h:
-        sender = h.client.send_message_streaming(send_request("flood"))
+        sender = h.client.send_message_streaming(send_request("go"))
         task_id = (await anext(sender)).task.id
         assert (await anext(sender)).status_update.status.state == S.TASK_STATE_WORKING
-        slow = h.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=V1)
-        assert (await slow.read()).task.id == task_id  # attached; now it stops reading
+        stalled = h.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=V1)
+        assert (await stalled.read()).task.id == task_id  # attached; now it stops reading
         sibling = h.client.subscribe(SubscribeToTaskRequest(id=task_id))
         assert (await anext(sibling)).task.id == task_id
         agent.release.set()
@@ -58,23 +113,24 @@ async def test_slow_subscriber_alone_is_evicted_and_siblings_keep_every_frame() 
         sender_frames, sibling_frames = await asyncio.gather(
             readers.read(0, sender), readers.read(1, sibling)
         )
+        expected = [f"chunk-{i}" for i in range(600)]
         for frames in (sender_frames, sibling_frames):
-            assert len(frames) == 601
-            assert [f.artifact_update.artifact.artifact_id for f in frames[:-1]] == [
-                f"chunk-{i}" for i in range(600)
-            ]
+            assert chunk_ids(frames) == expected, "readers that keep up lose nothing"
             assert frames[-1].status_update.status.state == S.TASK_STATE_COMPLETED
-        got: list[object] = []
+        pool = h.service.engine.pool
+        assert pool.peak <= 64 * (32 * 1024 + 200), "the log kept at most its budget"
+        got: list[StreamResponse] = []
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await read_until_end(slow, got)
-        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            await read_all(stalled, got)  # it reads again: every frame kept, then the gap
+        assert caught.value.code() == grpc.StatusCode.OUT_OF_RANGE
         status, info = rich_status(caught.value)
-        assert info.reason == "SLOW_SUBSCRIBER"
-        assert "SubscribeToTask" in status.message
-        assert len(got) < 600
-        assert h.service.metrics.evictions == 1
-        stored = await h.service.store.get(task_id)  # 19 MB of artifacts: past a client's limit
-        assert stored is not None and stored.task.status.state == S.TASK_STATE_COMPLETED
+        assert info.reason == "FRAME_NOT_KEPT"
+        assert "resubscribe" in status.message
+        ids = chunk_ids(got)
+        assert ids == expected[: len(ids)], "what it got is every frame up to the gap"
+        assert int(info.metadata["oldestKeptSeq"]) > int(info.metadata["wantedSeq"])
+        assert h.service.metrics.streams_ended["out_of_range"] == 1
+        assert h.service.metrics.frames_dropped > 0
         await h.settle()
 
 

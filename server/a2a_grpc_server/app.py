@@ -1,7 +1,7 @@
 """Lifecycle: the embeddable service, and the standalone server around it.
 
 ``A2AService`` is what a team adds to its own ``grpc.aio`` server: the
-servicer plus the task manager, with ``start()`` (joins the cluster, if
+servicer plus the task engine, with ``start()`` (joins the cluster, if
 any) and ``shutdown(grace)`` to end its tasks with a final frame.
 ``A2AServer`` is the whole process: gRPC (A2A, health, reflection) and the
 HTTP agent card, with ``start()`` / ``stop(grace)``.
@@ -15,24 +15,26 @@ from typing import TYPE_CHECKING
 
 import grpc
 from a2a.server.agent_execution import AgentExecutor
-from a2a.types import a2a_pb2, a2a_pb2_grpc
+from a2a.types import a2a_pb2
 from a2a.types.a2a_pb2 import AgentCard
 from google.protobuf import json_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from .card import WELL_KNOWN_PATH, default_card, with_grpc_endpoint
+from . import rpc
+from .card import WELL_KNOWN_PATH, default_card, with_extension, with_grpc_endpoint
 from .config import ServerConfig
+from .engine import TaskEngine
 from .http import Fixed, HttpServer, Live, Route
-from .manager import TaskManager
+from .journal import TaskJournal
+from .journal.memory import MemoryJournal
 from .metrics import Metrics
-from .service import A2AServicer
-from .store import TaskStore
-from .store.memory import InMemoryTaskStore
+from .resume import extension as resume_extension
+from .rpc import RpcServicer
 
 if TYPE_CHECKING:
-    from .cluster.natsconn import NatsConfig
-    from .cluster.node import NatsCluster
+    from .cluster import Cluster
+    from .jetstream.conn import NatsConfig
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +46,11 @@ class A2AService:
 
     Args:
         executor: The agent (an a2a-sdk ``AgentExecutor``).
-        card: The agent card; a default one if None.
+        card: The agent card; a default one if None. The resume extension is
+            added to its ``capabilities.extensions``.
         config: Limits.
-        store: The task store; the cluster's, or in-memory with ``config``'s
-            retention, if None.
+        journal: Where tasks are recorded; the cluster's, or in memory with
+            ``config``'s retention, if None.
         extended_card: Card for GetExtendedAgentCard, if any.
         cluster: The cluster this instance joins at ``start()`` (None: alone).
     """
@@ -58,46 +61,41 @@ class A2AService:
         card: AgentCard | None = None,
         *,
         config: ServerConfig | None = None,
-        store: TaskStore | None = None,
+        journal: TaskJournal | None = None,
         extended_card: AgentCard | None = None,
-        cluster: NatsCluster | None = None,
+        cluster: Cluster | None = None,
     ) -> None:
         self.config = config or ServerConfig()
-        self.card = card or default_card()
-        self.cluster = cluster
-        self.store: TaskStore
-        if store is not None:
-            self.store = store
-        elif cluster is not None:
-            self.store = cluster.store
-        else:
-            self.store = InMemoryTaskStore(self.config.max_final_tasks, self.config.final_task_ttl)
-        self.metrics = Metrics()
-        self.manager = TaskManager(
-            executor,
-            self.store,
-            self.config,
-            self.metrics,
-            cluster=cluster,
-            events=cluster.events if cluster is not None else None,
+        self.card = with_extension(
+            card or default_card(), resume_extension(self.config.resume_window)
         )
-        self.servicer = A2AServicer(self.manager, self.config, self.card, extended_card)
+        self.cluster = cluster
+        self.journal: TaskJournal
+        if journal is not None:
+            self.journal = journal
+        elif cluster is not None:
+            self.journal = cluster.journal
+        else:
+            self.journal = MemoryJournal(self.config.max_final_tasks, self.config.final_task_ttl)
+        self.metrics = Metrics()
+        self.engine = TaskEngine(executor, self.journal, self.config, self.metrics, cluster=cluster)
+        self.servicer = RpcServicer(self.engine, self.config, self.card, extended_card)
 
     async def start(self) -> None:
         """Join the cluster (no-op for a single instance); call before serving."""
         if self.cluster is not None:
-            await self.cluster.join(self.manager)
+            await self.cluster.join(self.engine)
 
     async def wait_idle(self) -> None:
         """Wait until no run, stream or relay cleanup of this service is alive."""
         await self.servicer.wait_streams_closed()
-        await self.manager.wait_idle()
+        await self.engine.wait_idle()
         if self.cluster is not None:
             await self.cluster.wait_idle()
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the A2A servicer on ``server``."""
-        a2a_pb2_grpc.add_A2AServiceServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
+        rpc.add_to_server(self.servicer, server)
 
     async def shutdown(self, grace: float | None = None) -> None:
         """Refuse new work, give running tasks ``grace`` seconds, then end them FAILED.
@@ -106,7 +104,7 @@ class A2AService:
         cluster mode, streams relayed from other instances end UNAVAILABLE
         RELAY_LOST, and this instance then leaves the cluster).
         """
-        await self.manager.shutdown(self.config.shutdown_grace if grace is None else grace)
+        await self.engine.shutdown(self.config.shutdown_grace if grace is None else grace)
         if self.cluster is not None:
             await self.cluster.leave()
 
@@ -121,7 +119,7 @@ class A2AServer:
         port: gRPC port (0 for any free port).
         http_port: Agent-card HTTP port (0 for any free port, None for none).
         config: Limits.
-        store: The task store (in-memory if None).
+        journal: Where tasks are recorded (in memory if None).
         nats: Join a cluster on NATS JetStream with this configuration.
     """
 
@@ -134,12 +132,12 @@ class A2AServer:
         port: int = 50051,
         http_port: int | None = 8080,
         config: ServerConfig | None = None,
-        store: TaskStore | None = None,
+        journal: TaskJournal | None = None,
         nats: NatsConfig | None = None,
     ) -> None:
-        self._executor, self._card, self._config, self._store = executor, card, config, store
+        self._executor, self._card, self._config, self._journal = executor, card, config, journal
         self._nats = nats
-        self.service = A2AService(executor, card, config=config, store=store)
+        self.service = A2AService(executor, card, config=config, journal=journal)
         self._host, self._port, self._http_port = host, port, http_port
         self._grpc: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
@@ -160,14 +158,18 @@ class A2AServer:
             OSError: A port could not be bound, or NATS could not be reached.
         """
         if self._nats is not None:
-            from .cluster.node import NatsCluster
+            from .jetstream.node import NatsCluster
 
             try:
                 cluster = await NatsCluster.connect(self._nats)
             except ConnectionError as exc:
                 raise OSError(str(exc)) from exc
             self.service = A2AService(
-                self._executor, self._card, config=self._config, store=self._store, cluster=cluster
+                self._executor,
+                self._card,
+                config=self._config,
+                journal=self._journal,
+                cluster=cluster,
             )
         try:
             await self.service.start()

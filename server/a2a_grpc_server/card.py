@@ -6,7 +6,13 @@ Clients (and the conformance kit) fetch ``/.well-known/agent-card.json``
 
 from __future__ import annotations
 
-from a2a.types.a2a_pb2 import AgentCapabilities, AgentCard, AgentInterface, AgentSkill
+from a2a.types.a2a_pb2 import (
+    AgentCapabilities,
+    AgentCard,
+    AgentExtension,
+    AgentInterface,
+    AgentSkill,
+)
 
 WELL_KNOWN_PATH = "/.well-known/agent-card.json"
 PROTOCOL_VERSION = "1.0"
@@ -47,4 +53,14 @@ def with_grpc_endpoint(card: AgentCard, address: str) -> AgentCard:
         AgentInterface(url=address, protocol_binding="GRPC", protocol_version=PROTOCOL_VERSION)
     )
     result.supported_interfaces.extend(kept)
+    return result
+
+
+def with_extension(card: AgentCard, extension: AgentExtension) -> AgentCard:
+    """Return a copy of ``card`` declaring ``extension`` (replacing one of the same URI)."""
+    result = AgentCard()
+    result.CopyFrom(card)
+    kept = [e for e in card.capabilities.extensions if e.uri != extension.uri]
+    del result.capabilities.extensions[:]
+    result.capabilities.extensions.extend([*kept, extension])
     return result

@@ -25,7 +25,7 @@ from .app import A2AServer
 from .config import ServerConfig
 
 if TYPE_CHECKING:
-    from .cluster.natsconn import NatsConfig
+    from .jetstream.conn import NatsConfig
 
 logger = logging.getLogger("a2a_grpc_server")
 
@@ -182,7 +182,7 @@ def _nats_config(args: argparse.Namespace) -> NatsConfig | None:
     if not args.nats:
         return None
     try:
-        from .cluster.natsconn import NatsConfig as Config
+        from .jetstream.conn import NatsConfig as Config
     except ImportError as exc:
         raise ValueError(
             f"--nats needs the cluster extra (pip install '.[cluster]'): {exc}"

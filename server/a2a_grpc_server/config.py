@@ -10,23 +10,35 @@ class ServerConfig:
     """Tunable limits of an A2A server instance.
 
     Attributes:
-        subscriber_buffer: Frames buffered per stream subscriber, including the
-            slot reserved for the final frame. A subscriber that falls this far
-            behind is evicted (its stream ends RESOURCE_EXHAUSTED).
+        log_max_frames: Most frames a task's log keeps (the oldest go first; the
+            final frame is never dropped). A stream whose next frame was dropped
+            ends OUT_OF_RANGE. The default holds a burst of 10,000 frames.
+        log_max_bytes: Most bytes a task's log keeps (each frame counts its size
+            plus 64).
+        log_total_bytes: Most bytes the logs of all tasks keep together; beyond
+            it, ended tasks kept for resumption go first, then the oldest frames
+            of the task being appended to.
+        resume_window: Seconds a frame stays in the log after it was appended,
+            for clients that activated the resume extension (an ended task
+            stays resumable that long); frames nobody can resume from are
+            released once every open stream has read them.
         event_queue_size: Events an executor may have in flight before
             ``enqueue_event`` waits for the consumer (back-pressure).
         cancel_timeout: Seconds CancelTask waits for the executor's ``cancel()``
             to end the task before the server synthesizes CANCELED itself.
-        max_final_tasks: Final tasks kept in the in-memory store; the oldest
+        max_final_tasks: Final tasks kept in the in-memory journal; the oldest
             final task is evicted first.
-        final_task_ttl: Seconds a final task is kept in the in-memory store.
+        final_task_ttl: Seconds a final task is kept in the in-memory journal.
         max_message_bytes: Largest request the gRPC server accepts.
         max_parts: Most parts one message may carry.
         shutdown_grace: Seconds running tasks get to finish on shutdown before
             they are ended FAILED.
     """
 
-    subscriber_buffer: int = 256
+    log_max_frames: int = 16_384
+    log_max_bytes: int = 16 * 1024 * 1024
+    log_total_bytes: int = 256 * 1024 * 1024
+    resume_window: float = 60.0
     event_queue_size: int = 1024
     cancel_timeout: float = 3.0
     max_final_tasks: int = 10_000
@@ -36,8 +48,12 @@ class ServerConfig:
     shutdown_grace: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.subscriber_buffer < 2:
-            raise ValueError("subscriber_buffer must be at least 2 (one slot is reserved)")
+        if self.log_max_frames < 1 or self.log_max_bytes < 1:
+            raise ValueError("log_max_frames and log_max_bytes must be positive")
+        if self.log_total_bytes < self.log_max_bytes:
+            raise ValueError("log_total_bytes must be at least log_max_bytes")
+        if self.resume_window < 0:
+            raise ValueError("resume_window must not be negative")
         if self.event_queue_size < 1:
             raise ValueError("event_queue_size must be positive")
         if self.cancel_timeout <= 0:

@@ -12,7 +12,8 @@ executor raising one of them is reported faithfully):
     * ``ContentTypeNotSupportedError``, ``InvalidParamsError``,
       ``InvalidRequestError`` -> INVALID_ARGUMENT
     * ``InvalidAgentResponseError``, ``InternalError`` -> INTERNAL
-* ``SlowSubscriberError`` (ours) -> RESOURCE_EXHAUSTED
+* ``FrameNotKeptError`` (ours: a stream's next frame left the task's log, or a
+  resumption asked for one that did) -> OUT_OF_RANGE
 * ``ServerShuttingDownError``, ``OwnerUnavailableError``,
   ``RelayLostError`` (ours) -> UNAVAILABLE
 * ``StoreUnavailableError`` (ours, store backend down) -> UNAVAILABLE
@@ -52,12 +53,52 @@ class ServerError(Exception):
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     reason: str = "INTERNAL"
 
+    def details(self) -> dict[str, str]:
+        """Machine-readable facts for the ErrorInfo's metadata (none by default)."""
+        return {}
 
-class SlowSubscriberError(ServerError):
-    """The stream fell behind by a whole buffer and was evicted."""
 
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    reason = "SLOW_SUBSCRIBER"
+class FrameNotKeptError(ServerError):
+    """A stream needs a frame that the task's log no longer keeps.
+
+    Raised to a reader that fell so far behind that its next frame left the
+    log's budget, and to a resumption whose cursor is older than what is kept
+    (or past the log's end). Either way the client resubscribes without a
+    cursor: it gets the current task, then every frame after it.
+
+    Args:
+        task_id: The task.
+        wanted: The sequence number of the frame the stream needed.
+        first_kept: The oldest frame still kept (``last + 1`` if none is).
+        last: The task's newest frame.
+    """
+
+    code = grpc.StatusCode.OUT_OF_RANGE
+    reason = "FRAME_NOT_KEPT"
+
+    def __init__(self, task_id: str, wanted: int, first_kept: int, last: int) -> None:
+        self.task_id, self.wanted, self.first_kept, self.last = task_id, wanted, first_kept, last
+        if wanted > last + 1:
+            what = f"task {_short(task_id)} has only {last} frames; frame {wanted} does not exist"
+        elif first_kept > last:
+            what = f"frame {wanted} of task {_short(task_id)} is no longer kept (none is)"
+        else:
+            what = (
+                f"frame {wanted} of task {_short(task_id)} is no longer kept "
+                f"(oldest kept: {first_kept}, newest: {last})"
+            )
+        super().__init__(
+            f"{what}; resubscribe without a resume cursor to get the current task and what follows"
+        )
+
+    def details(self) -> dict[str, str]:
+        """The frame wanted and the range still kept."""
+        return {
+            "taskId": self.task_id,
+            "wantedSeq": str(self.wanted),
+            "oldestKeptSeq": str(self.first_kept),
+            "lastSeq": str(self.last),
+        }
 
 
 class ServerShuttingDownError(ServerError):
@@ -106,6 +147,7 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str, status_pb2.Stat
         ``google.rpc.Status`` to send in the trailing metadata.
     """
     details: list[any_pb2.Any] = []
+    metadata: dict[str, str] = {}
     if isinstance(exc, A2AError):
         mapping = A2A_ERROR_MAPPING[_mapped_class(exc)]
         code = getattr(grpc.StatusCode, mapping.grpc_status)
@@ -116,11 +158,12 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str, status_pb2.Stat
             details.append(_pack(bad))
     elif isinstance(exc, ServerError):
         code, message, domain, reason = exc.code, str(exc), SERVER_DOMAIN, exc.reason
+        metadata = exc.details()
     else:
         logger.error("internal error while serving a call", exc_info=exc)
         code, domain, reason = grpc.StatusCode.INTERNAL, SERVER_DOMAIN, "INTERNAL"
         message = "internal server error; the server log has the details"
-    info = error_details_pb2.ErrorInfo(domain=domain, reason=reason)
+    info = error_details_pb2.ErrorInfo(domain=domain, reason=reason, metadata=metadata)
     status = status_pb2.Status(code=code.value[0], message=message)
     status.details.extend([_pack(info), *details])
     return code, message, status
@@ -141,6 +184,11 @@ async def abort(context: grpc.aio.ServicerContext[object, object], exc: BaseExce
         code, message, trailing_metadata=((STATUS_DETAILS_KEY, status.SerializeToString()),)
     )
     raise AssertionError("unreachable: context.abort always raises")  # pragma: no cover
+
+
+def _short(text: str, most: int = 64) -> str:
+    """``text`` for an error message, cut to ``most`` characters (ids are client input)."""
+    return repr(text) if len(text) <= most else repr(text[:most]) + "..."
 
 
 def _mapped_class(exc: A2AError) -> type[A2AError]:

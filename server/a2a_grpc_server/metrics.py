@@ -41,11 +41,13 @@ class Metrics:
     tasks_ended: Counter[str] = field(default_factory=Counter)
     """Final states, e.g. ``TASK_STATE_CANCELED``; a message-only answer counts as ``MESSAGE``."""
     final_frames: int = 0
-    """Final frames put into subscriber buffers (one per open stream per ended task)."""
+    """Final frames handed to streams (one per open stream per ended task)."""
     streams_open: int = 0
     streams_ended: Counter[str] = field(default_factory=Counter)
-    """Why streams ended: finished, interrupted, evicted, disconnected, error."""
-    evictions: int = 0
+    """Why streams ended: finished, interrupted, out_of_range, disconnected, error."""
+    frames_dropped: int = 0
+    """Frames a task's log dropped for its budget (or the server's) while still kept for
+    a reader or for resumption."""
     dropped_events: int = 0
     relays_open: int = 0
     """Tasks of other instances this instance relays to its subscribers (cluster mode)."""
@@ -83,7 +85,12 @@ class Metrics:
             "Streams ended, by reason.",
             [(f'{{reason="{r}"}}', n) for r, n in sorted(self.streams_ended.items())],
         )
-        metric("evictions_total", "counter", "Slow subscribers evicted.", [("", self.evictions)])
+        metric(
+            "log_frames_dropped_total",
+            "counter",
+            "Frames task logs dropped for their byte or frame budget.",
+            [("", self.frames_dropped)],
+        )
         metric(
             "dropped_events_total",
             "counter",

@@ -1,13 +1,13 @@
-"""Run: one execution of an executor for one task, under one TaskGroup.
+"""ExecutionSupervisor: one execution of an executor for one task, under one TaskGroup.
 
-Who runs what: the manager starts ``Run.run()`` as an asyncio task. Inside it
+Who runs what: the engine starts ``ExecutionSupervisor.run()`` as an asyncio task. Inside it
 one ``asyncio.TaskGroup`` owns every coroutine of the execution:
 
 * the producer, ``executor.execute(context, queue)``; it is the group's own
   body, running in the run's task (one task fewer per run);
 * a canceller, ``executor.cancel(context, queue)``, once CancelTask asks;
 * the consumer, which takes events off the run's queue in order and hands
-  each to ``ActiveTask.commit`` (validate, persist, broadcast). It runs only
+  each to ``LiveTask.commit`` (validate, persist, append to the task's log). It runs only
   while the queue holds something: the first event put into an empty queue
   starts it, and it ends when it has drained the queue, so a task parked in
   ``execute()`` keeps one asyncio task, not two.
@@ -17,8 +17,8 @@ when they end they enqueue a marker saying how. The consumer turns markers
 into outcomes: ``execute()`` raised -> FAILED naming the error class;
 ``execute()`` returned with the task neither final nor interrupted -> FAILED;
 ``cancel()`` ended with the task not final -> CANCELED. When the task's
-channel closes it cancels the producer, the canceller and the consumer
-(``Run.stop``; cancelling the producer cancels the run's task, and the group
+log closes it cancels the producer, the canceller and the consumer
+(``ExecutionSupervisor.stop``; cancelling the producer cancels the run's task, and the group
 cancels its children with it); the group then exits, which is the only way
 they end.
 """
@@ -36,9 +36,9 @@ from a2a.types.a2a_pb2 import TaskState
 from a2a.utils.errors import InvalidAgentResponseError
 
 from . import taskops
-from .active import ActiveTask
+from .journal import StoreError
+from .live import LiveTask
 from .mailbox import Mailbox
-from .store import StoreError
 from .taskops import Event
 
 logger = logging.getLogger(__name__)
@@ -46,10 +46,10 @@ logger = logging.getLogger(__name__)
 TASK_PREFIX = "a2a-grpc-server"
 """Every asyncio task this package creates is named with this prefix."""
 
-YIELD_BACKLOG = 8
-"""Frames a stream may have waiting before the consumer lets stream writers run
-between two events (a writer sends about one frame per loop iteration, so from
-there on the consumer yields after every event and the backlog stays put)."""
+YIELD_EVERY = 8
+"""Events the consumer commits in one step of the loop while streams read the task;
+then it lets their writers run (a producer that never waits would otherwise have
+its whole burst appended before any stream sent a frame)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +58,10 @@ class _SourceDone:
     error: BaseException | None
 
 
-class RunQueue(EventQueue):
+class ExecutorQueue(EventQueue):
     """The ``EventQueue`` an executor writes to; bounded, so a fast executor waits."""
 
-    def __init__(self, run: Run, maxsize: int) -> None:
+    def __init__(self, run: ExecutionSupervisor, maxsize: int) -> None:
         self._run = run
         self._queue: Mailbox[Event | _SourceDone] = Mailbox(maxsize)
 
@@ -72,8 +72,8 @@ class RunQueue(EventQueue):
         cancellation: the event is dropped and logged, and the calling
         coroutine is cancelled again so it stops.
         """
-        if self._run.active.channel.closed:
-            self._run.active.drop(event, "the task already ended")
+        if self._run.live.log.closed:
+            self._run.live.drop(event, "the task already ended")
             current = asyncio.current_task()
             if current is not None and current in self._run.sources:
                 current.cancel()
@@ -81,7 +81,7 @@ class RunQueue(EventQueue):
         if self._run.finished:
             # execute() returned (e.g. the task is waiting for input) and
             # something it left behind is still emitting.
-            self._run.active.drop(event, "its execute() had already returned")
+            self._run.live.drop(event, "its execute() had already returned")
             return
         await self.put(event)
 
@@ -91,11 +91,11 @@ class RunQueue(EventQueue):
         self._run.wake_consumer()
 
 
-class Run:
-    """One execution (or cancellation) of the executor for one task.
+class ExecutionSupervisor:
+    """Supervises one execution (or cancellation) of the executor for one task.
 
     Args:
-        active: The task being executed.
+        live: The task being executed.
         executor: The agent.
         context: The request context handed to the executor.
         queue_size: Bound of the event queue.
@@ -115,14 +115,14 @@ class Run:
         "_executor",
         "_group",
         "_queue",
-        "active",
         "finished",
+        "live",
         "sources",
     )
 
     def __init__(
         self,
-        active: ActiveTask,
+        live: LiveTask,
         executor: AgentExecutor,
         context: RequestContext,
         queue_size: int,
@@ -131,10 +131,10 @@ class Run:
         execute: bool = True,
         cancel: bool = False,
     ) -> None:
-        self.active = active
+        self.live = live
         self._executor = executor
         self._context = context
-        self._queue = RunQueue(self, queue_size)
+        self._queue = ExecutorQueue(self, queue_size)
         self._execute = execute
         self._cancel_timeout = cancel_timeout
         self._group: asyncio.TaskGroup | None = None
@@ -147,11 +147,11 @@ class Run:
 
     async def run(self) -> None:
         """Execute under the run's TaskGroup until the task ends or is interrupted."""
-        channel = self.active.channel
-        if channel.closed:
+        log = self.live.log
+        if log.closed:
             self.finished = True
             return
-        channel.on_close(self.stop)
+        log.on_close(self.stop)
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
@@ -181,13 +181,13 @@ class Run:
         except Exception:
             # A fault of ours (the consumer handles the executor's and the
             # store's): the streams still get their final frame.
-            logger.exception("run of task %s failed", self.active.task_id)
-            await self.active.finalize(TaskState.TASK_STATE_FAILED, "internal server error")
+            logger.exception("run of task %s failed", self.live.task_id)
+            await self.live.finalize(TaskState.TASK_STATE_FAILED, "internal server error")
         finally:
             self._group = None
             self.finished = True
-            channel.remove_on_close(self.stop)
-            channel.notify()
+            log.remove_on_close(self.stop)
+            log.notify()
 
     def request_cancel(self) -> bool:
         """Have the executor's ``cancel()`` run inside this run.
@@ -195,7 +195,7 @@ class Run:
         Returns:
             False if the run has ended or is ending (the caller starts a new one).
         """
-        if self.finished or self.active.channel.closed:
+        if self.finished or self.live.log.closed:
             return False
         if self._cancel_requested:
             return True
@@ -208,7 +208,7 @@ class Run:
         return True
 
     def stop(self) -> None:
-        """Cancel every coroutine of the run except the caller (the channel closed)."""
+        """Cancel every coroutine of the run except the caller (the log closed)."""
         current = asyncio.current_task()
         for task in (*self.sources, self._consumer):
             if task is not None and task is not current and not task.done():
@@ -217,7 +217,7 @@ class Run:
     def _start_canceller(self) -> None:
         assert self._group is not None
         task = self._group.create_task(
-            self._cancel(), name=f"{TASK_PREFIX}:cancel:{self.active.task_id}"
+            self._cancel(), name=f"{TASK_PREFIX}:cancel:{self.live.task_id}"
         )
         self.sources.append(task)
         task.add_done_callback(self._source_ended)
@@ -246,7 +246,7 @@ class Run:
         logger.warning(
             "executor %s() of task %s raised %s",
             kind,
-            self.active.task_id,
+            self.live.task_id,
             type(exc).__name__,
             exc_info=exc,
         )
@@ -259,7 +259,7 @@ class Run:
             return  # (a consumer cancelled before its first step never clears itself)
         try:
             self._consumer = self._group.create_task(
-                self._consume(), name=f"{TASK_PREFIX}:consume:{self.active.task_id}"
+                self._consume(), name=f"{TASK_PREFIX}:consume:{self.live.task_id}"
             )
         except RuntimeError:
             # The group is shutting down (the run is being stopped, or a fault
@@ -268,19 +268,21 @@ class Run:
 
     async def _consume(self) -> None:
         queue = self._queue._queue
+        log = self.live.log
+        step = 0
         try:
-            while not queue.empty() and not self.active.channel.closed:
+            while not queue.empty() and not log.closed:
                 item = queue.get_nowait()
                 if isinstance(item, _SourceDone):
                     await self._settle(item)
                 else:
                     await self._commit(item)
-                if not queue.empty() and self.active.channel.backlog >= YIELD_BACKLOG:
-                    # A producer that never waits would otherwise have the consumer
-                    # publish its whole burst before any stream writer runs. Until
-                    # a stream has YIELD_BACKLOG frames waiting (or with no stream
-                    # at all) the burst goes on in the same step: the producer
-                    # cannot queue more meanwhile, so it is bounded by the queue.
+                step += 1
+                if step >= YIELD_EVERY and log.readers and not queue.empty():
+                    # Let the streams send what was appended. With no stream at
+                    # all the burst goes on in the same step: the producer cannot
+                    # queue more meanwhile, so it is bounded by the queue.
+                    step = 0
                     await asyncio.sleep(0)
         finally:
             # No await between the last emptiness check and this: whatever is
@@ -289,28 +291,28 @@ class Run:
 
     async def _commit(self, event: Event) -> None:
         try:
-            await self.active.commit(event)
+            await self.live.commit(event)
         except InvalidAgentResponseError as exc:
-            logger.warning("task %s: %s", self.active.task_id, exc.message)
-            await self.active.finalize(
+            logger.warning("task %s: %s", self.live.task_id, exc.message)
+            await self.live.finalize(
                 TaskState.TASK_STATE_FAILED, f"agent sent an invalid event: {exc.message}"
             )
         except StoreError:
-            logger.exception("task %s: the store refused an event", self.active.task_id)
-            await self.active.finalize(
+            logger.exception("task %s: the journal refused an event", self.live.task_id)
+            await self.live.finalize(
                 TaskState.TASK_STATE_FAILED, "server could not record the agent's progress"
             )
 
     async def _settle(self, done: _SourceDone) -> None:
-        active = self.active
-        if active.channel.closed or taskops.is_final_state(active.state):
+        live = self.live
+        if live.log.closed or taskops.is_final_state(live.state):
             return
         if done.kind == "cancel":
-            await active.finalize(TaskState.TASK_STATE_CANCELED, "task canceled by request")
+            await live.finalize(TaskState.TASK_STATE_CANCELED, "task canceled by request")
         elif done.error is not None:
-            await active.finalize(
+            await live.finalize(
                 TaskState.TASK_STATE_FAILED,
                 f"agent failed with {type(done.error).__name__}",
             )
-        elif active.state not in taskops.INTERRUPTED and not self._cancel_requested:
-            await active.finalize(TaskState.TASK_STATE_FAILED, "agent ended without an outcome")
+        elif live.state not in taskops.INTERRUPTED and not self._cancel_requested:
+            await live.finalize(TaskState.TASK_STATE_FAILED, "agent ended without an outcome")

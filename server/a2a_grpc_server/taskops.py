@@ -1,7 +1,8 @@
 """Pure functions over ``Task``: create one, apply an executor event to it.
 
-No I/O and no concurrency here; the consumer calls these under the task's
-lock, on a copy, before it persists and broadcasts (see ``supervisor``).
+No I/O and no concurrency here; the task's writer (``live.LiveTask``) calls
+these under the task's lock before it persists and appends the frame, and
+relays apply the owner's frames with them.
 """
 
 from __future__ import annotations
@@ -44,6 +45,21 @@ def is_final(task: Task) -> bool:
 def is_final_state(state: TaskState) -> bool:
     """Return whether ``state`` is terminal."""
     return state in TERMINAL
+
+
+def state_name(state: TaskState) -> str:
+    """The state's name, e.g. ``TASK_STATE_CANCELED``."""
+    return TaskState.Name(state)
+
+
+def frame_state(frame: StreamResponse) -> TaskState:
+    """The state a frame carries: a status update's or a task's; UNSPECIFIED for others."""
+    kind = frame.WhichOneof("payload")
+    if kind == "status_update":
+        return frame.status_update.status.state
+    if kind == "task":
+        return frame.task.status.state
+    return TaskState.TASK_STATE_UNSPECIFIED
 
 
 def copy(task: Task) -> Task:
@@ -145,6 +161,29 @@ def apply(task: Task, event: Event, index: ArtifactIndex | None = None) -> Strea
         f"agent enqueued a {type(event).__name__}; expected a Message, Task, "
         "TaskStatusUpdateEvent or TaskArtifactUpdateEvent"
     )
+
+
+def apply_frame(task: Task, frame: StreamResponse, index: ArtifactIndex | None = None) -> Task:
+    """Apply a frame the task's owner recorded to a follower's copy of the task.
+
+    Args:
+        task: The follower's task (changed in place).
+        frame: A frame of the task.
+        index: The task's artifact index, kept up to date here (None: scan).
+
+    Returns:
+        The task after the frame: ``task`` itself, or, for a frame carrying the
+        whole task, a copy of it (the caller rebuilds its index then).
+
+    Raises:
+        InvalidAgentResponseError: The frame does not fit the task (a bug).
+    """
+    kind = frame.WhichOneof("payload")
+    if kind == "task":
+        return copy(frame.task)
+    if kind is not None:
+        apply(task, getattr(frame, kind), index)
+    return task
 
 
 def _check_ids(task: Task, task_id: str, context_id: str, what: str) -> None:

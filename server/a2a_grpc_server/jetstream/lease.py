@@ -10,13 +10,14 @@ An instance not heard from for ``lease`` seconds, or whose key was deleted
 (graceful shutdown), is lost, but only while this instance's own heartbeats
 have succeeded for a whole lease: when NATS itself fails over, every
 instance misses heartbeats, and none judges the others until it has been
-healthy for a lease again. Every survivor then sweeps the task bucket:
-each task that is not final and whose owner is not live is compare-and-set
-to FAILED ("owner instance lost"); the CAS lets exactly one survivor win per
-task, and the winner appends the FAILED frame to the event log, so every
-relayed subscriber ends with it. One sweep also runs ``lease`` seconds after
-start (every live instance has been heard from by then), for owners that
-died while no survivor was watching.
+healthy for a lease again. Every survivor then sweeps the snapshots: each
+task that is not final and whose owner is not live gets a FAILED change
+("owner instance lost") appended to its record with the journal's
+compare-and-set, which lets exactly one survivor win per task; every relayed
+reader ends with that frame. A task whose record already ended but whose
+snapshot was not written gets its snapshot (the owner died in between).
+One sweep also runs ``lease`` seconds after start (every live instance has
+been heard from by then), for owners that died while no survivor watched.
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
 from .. import taskops
+from ..journal import Change, FinalTaskError, StoreError, UnknownTaskError, VersionConflictError
 from ..metrics import Metrics
-from ..store import FinalTaskError, StoredTask, StoreError, UnknownTaskError, VersionConflictError
-from ..store.nats import NatsTaskStore
 from ..supervisor import TASK_PREFIX
-from .events import NatsEventLog
-from .natsconn import INSTANCES_BUCKET, NatsConnection
+from .conn import INSTANCES_BUCKET, NatsConnection
+from .journal import JetStreamJournal, Snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -64,19 +64,15 @@ class Lease:
 
     Args:
         conn: The NATS connection.
-        store: The task store (writes as this instance).
-        log: The event log.
+        journal: The shared record (writes as this instance).
         metrics: Where reaped tasks are counted.
     """
 
-    def __init__(
-        self, conn: NatsConnection, store: NatsTaskStore, log: NatsEventLog, metrics: Metrics
-    ) -> None:
+    def __init__(self, conn: NatsConnection, journal: JetStreamJournal, metrics: Metrics) -> None:
         self._kv = conn.instances
         self._id = conn.config.instance_id
         self._lease = conn.config.lease
-        self._store = store
-        self._log = log
+        self._journal = journal
         self._metrics = metrics
         self._seen: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
@@ -99,14 +95,14 @@ class Lease:
         process that had the same ``--instance-id`` and died: they end FAILED.
 
         Raises:
-            StoreError: The store could not be read.
+            StoreError: The journal could not be read.
         """
         await self._kv.put(self._id, b"")
-        for stored in await self._store.unfinished():
+        for snap, task_id in await self._unfinished():
             # Nothing runs here yet: a task this id owns was left by a process
             # that had the same --instance-id and died.
-            if stored.owner == self._id:
-                await self._claim(stored, f"instance {self._id} restarted")
+            if snap.owner == self._id:
+                await self._claim(task_id, f"instance {self._id} restarted")
         self._watch = await self._js.subscribe(
             f"$KV.{INSTANCES_BUCKET}.>",
             stream=f"KV_{INSTANCES_BUCKET}",
@@ -181,25 +177,34 @@ class Lease:
         """End FAILED every live-looking task whose owner is lost; return how many this won.
 
         Raises:
-            StoreError: The store could not be read.
+            StoreError: The journal could not be read.
         """
         live = self.live()
         won = 0
-        for stored in await self._store.unfinished():
-            if taskops.is_final(stored.task) or stored.owner in live or not stored.owner:
+        for snap, task_id in await self._unfinished():
+            if snap.owner in live or not snap.owner:
                 continue
-            won += await self._claim(stored, f"owner instance {stored.owner} was lost")
+            won += await self._claim(task_id, f"owner instance {snap.owner} was lost")
         return won
 
-    async def _claim(self, stored: StoredTask, text: str) -> int:
-        task = taskops.copy(stored.task)
+    async def _unfinished(self) -> list[tuple[Snapshot, str]]:
+        return [(snap, snap.task().id) for snap in await self._journal.unfinished()]
+
+    async def _claim(self, task_id: str, text: str) -> int:
+        """End the task FAILED with ``text`` unless someone wrote it first; 1 if this did."""
+        recorded = await self._journal.get(task_id)
+        if recorded is None:
+            return 0
+        if taskops.is_final(recorded.task):
+            await self._journal.repair(recorded)
+            return 0
+        task = taskops.copy(recorded.task)
         frame = taskops.apply(task, taskops.status_event(task, TaskState.TASK_STATE_FAILED, text))
+        change = Change(recorded.seq + 1, frame.SerializeToString(), TaskState.TASK_STATE_FAILED)
         try:
-            version = await self._store.update(task, stored.version)
+            await self._journal.update(task, recorded.version, change)
         except (VersionConflictError, FinalTaskError, UnknownTaskError):
             return 0  # another survivor won, or the owner wrote after all
-        seq = await self._log.last_seq(task.id) + 1
-        await self._log.append(task.id, seq, version, frame, task)
         self._metrics.tasks_reaped += 1
         logger.warning("task %s ended FAILED: %s", task.id, text)
         return 1

@@ -1,8 +1,10 @@
-"""Task store: the durable record of every task.
+"""Task journal: the durable record of every task and of each change to it.
 
-``TaskStore`` is the contract every backend implements; the contract tests in
-``tests/store`` run against each implementation. The in-memory backend lives
-in ``store.memory``.
+``TaskJournal`` is the contract every backend implements; the contract tests
+in ``tests/journal`` run against each implementation. The in-memory backend
+is ``journal.memory.MemoryJournal``; on NATS JetStream it is
+``jetstream.journal.JetStreamJournal``, where the task's event stream is the
+record and a key-value bucket holds snapshots.
 """
 
 from __future__ import annotations
@@ -14,24 +16,24 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 import grpc
-from a2a.types.a2a_pb2 import Task, TaskState
+from a2a.types.a2a_pb2 import Message, Task, TaskState
 
 from ..errors import ServerError
 
 
 class StoreError(Exception):
-    """Base of the errors a task store raises."""
+    """Base of the errors a task journal raises."""
 
 
 class StoreUnavailableError(StoreError, ServerError):
-    """The store's backend did not answer in time (e.g. NATS is failing over)."""
+    """The journal's backend did not answer in time (e.g. NATS is failing over)."""
 
     code = grpc.StatusCode.UNAVAILABLE
     reason = "STORE_UNAVAILABLE"
 
 
 class TaskExistsError(StoreError):
-    """``create`` was called for a task id the store already holds."""
+    """``create`` was called for a task id the journal already holds."""
 
 
 class VersionConflictError(StoreError):
@@ -43,25 +45,48 @@ class FinalTaskError(StoreError):
 
 
 class UnknownTaskError(StoreError):
-    """``update`` named a task the store does not hold."""
+    """``update`` named a task the journal does not hold."""
 
 
 @dataclass(frozen=True, slots=True)
-class StoredTask:
-    """A task, the version it was stored at, and the instance that owns it.
+class RecordedTask:
+    """A task as the journal holds it.
 
-    ``owner`` is the id of the instance that last wrote the task (the one
-    running it while it is live); single-instance stores leave it empty.
+    Attributes:
+        task: The task.
+        version: What the next ``update`` must name as its expected version.
+        owner: The id of the instance that runs the task (single-instance
+            journals leave it empty).
+        seq: The number, in the task's log, of the last change it includes.
     """
 
     task: Task
     version: int
     owner: str = ""
+    seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What a write records beside the task itself: its place in the task's log.
+
+    Attributes:
+        seq: The change's number in the task's log (1 for a new task; no gap).
+        frame: The serialized ``StreamResponse`` readers get for it; empty for
+            a change without a frame (a follow-up user message).
+        state: The ``TaskState`` the frame carries (0 for a frame without one).
+        message: The follow-up user message a change without a frame records.
+    """
+
+    seq: int
+    frame: bytes = b""
+    state: int = 0
+    message: Message | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TaskQuery:
-    """Filters and paging of ``TaskStore.list``.
+    """Filters and paging of ``TaskJournal.list``.
 
     Attributes:
         context_id: Only tasks of this context ("" for any).
@@ -89,7 +114,7 @@ class TaskQuery:
 
 @dataclass(slots=True)
 class TaskPage:
-    """One page of ``TaskStore.list``, newest update first."""
+    """One page of ``TaskJournal.list``, newest update first."""
 
     tasks: list[Task] = field(default_factory=list)
     next_page_token: str = ""
@@ -97,7 +122,7 @@ class TaskPage:
 
 
 class InvalidPageTokenError(StoreError):
-    """The page token was not issued by this store."""
+    """The page token was not issued by this journal."""
 
 
 T = TypeVar("T")
@@ -115,7 +140,7 @@ def paginate(
     """One page of ``(revision, item)`` matches, newest revision first.
 
     Page tokens are the last revision of the previous page, tagged with
-    ``mark`` so a token of one store kind is refused by another.
+    ``mark`` so a token of one journal kind is refused by another.
 
     Raises:
         InvalidPageTokenError: ``query.page_token`` was not issued with ``mark``.
@@ -145,44 +170,54 @@ def _decode_token(token: str, mark: str) -> int:
         raise InvalidPageTokenError(f"page_token {token!r} was not issued by this server") from exc
 
 
-class TaskStore(Protocol):
-    """Where tasks live. Every write is a compare-and-set on the version.
+class TaskJournal(Protocol):
+    """Where tasks live, change by change. Every write is a compare-and-set on the version.
 
-    Versions are positive integers; each write of a task returns a greater
-    one than the last (not necessarily the next integer: a shared store may
-    number writes across tasks).
+    Each write records one change: the task as it is after it, and the
+    ``Change`` (its number in the task's log and its frame). Versions are
+    non-negative integers; each write returns a greater one than the last (not
+    necessarily the next integer: a shared journal may number writes across
+    tasks).
 
     Implementations MUST return copies (a caller mutating a returned task does
-    not change the store), MUST keep a final task unchanged once written, and
-    MUST be safe to call from concurrent coroutines of one event loop.
+    not change the journal), MUST keep a final task unchanged once written,
+    MUST return with ``get`` the ``seq`` of the last change written, and MUST
+    be safe to call from concurrent coroutines of one event loop.
 
     Ownership: ``create`` and ``update`` take the task they are given. A
-    store MAY keep that object instead of copying it (the in-memory store
+    journal MAY keep that object instead of copying it (the in-memory one
     does, so a write costs the same however large the task); the caller
     changes it afterwards only to build its next version and passes it to
-    ``update`` with no ``await`` in between, so no reader sees a version
-    that was not written.
+    ``update`` with no ``await`` in between.
     """
 
-    async def get(self, task_id: str) -> StoredTask | None:
-        """Return the task and its version, or None if the store has no such task."""
-        ...
-
-    async def create(self, task: Task) -> int:
-        """Store a new task and return its version.
+    async def get(self, task_id: str) -> RecordedTask | None:
+        """Return the task as last written, or None if the journal has no such task.
 
         Raises:
-            TaskExistsError: A task with this id is already stored.
+            StoreUnavailableError: The backend did not answer.
         """
         ...
 
-    async def update(self, task: Task, expected_version: int) -> int:
-        """Replace the task if it is still at ``expected_version``; return the new version.
+    async def create(self, task: Task, change: Change) -> int:
+        """Record a new task (``change.seq`` is 1) and return its version.
 
         Raises:
-            UnknownTaskError: No task with this id is stored.
-            FinalTaskError: The stored task is final; it is never overwritten.
-            VersionConflictError: The stored version is not ``expected_version``.
+            TaskExistsError: A task with this id is already recorded.
+            StoreUnavailableError: The backend did not answer.
+        """
+        ...
+
+    async def update(self, task: Task, expected_version: int, change: Change) -> int:
+        """Record ``change`` if the task is still at ``expected_version``; return the new version.
+
+        ``task`` is the task after the change.
+
+        Raises:
+            UnknownTaskError: No task with this id is recorded.
+            FinalTaskError: The recorded task is final; it is never changed.
+            VersionConflictError: The recorded version is not ``expected_version``.
+            StoreUnavailableError: The backend did not answer.
         """
         ...
 
@@ -190,6 +225,7 @@ class TaskStore(Protocol):
         """Return one page of tasks matching ``query``, most recently updated first.
 
         Raises:
-            InvalidPageTokenError: ``query.page_token`` is not one this store issued.
+            InvalidPageTokenError: ``query.page_token`` is not one this journal issued.
+            StoreUnavailableError: The backend did not answer.
         """
         ...

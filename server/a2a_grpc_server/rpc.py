@@ -1,13 +1,13 @@
 """The gRPC servicer of ``lf.a2a.v1.A2AService``.
 
 Who runs what: grpc.aio runs each call in its own asyncio task. Unary calls
-ask the ``TaskManager`` and return; stream calls own one ``Subscription``
-and write its frames until the channel ends it. An evicted subscriber's
-buffer is dropped at once; if its handler is blocked writing to a client
-that stopped reading, that one write completes when the client reads (or the
-call ends by deadline, disconnect or server stop), and the call then ends
-RESOURCE_EXHAUSTED. grpc.aio offers no way to end a call while a write is in
-flight. Errors of every call go through ``errors``.
+ask the ``TaskEngine`` and return; stream calls own one ``LogReader`` and
+write its frames until the task's log ends them. Frames are kept serialized
+in the log and written as they are (``add_to_server`` registers a response
+serializer that passes bytes through), so a frame is serialized once however
+many streams carry it. A reader never holds up the task or other streams: a
+stream whose client stops reading waits in its own write. Errors of every
+call go through ``errors``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 import grpc
-from a2a.types import a2a_pb2_grpc
+from a2a.types import a2a_pb2
 from a2a.types.a2a_pb2 import (
     AgentCard,
     CancelTaskRequest,
@@ -43,20 +43,22 @@ from a2a.utils.errors import (
     ExtendedAgentCardNotConfiguredError,
     PushNotificationNotSupportedError,
 )
+from google.protobuf import message_factory
 from google.protobuf.empty_pb2 import Empty
 
-from . import errors, taskops, validation
-from .callmeta import caller
-from .channel import Subscription
+from . import errors, resume, taskops, validation
+from .callmeta import EXTENSIONS_KEY, Caller, caller
 from .config import ServerConfig
-from .errors import InvalidFieldError, SlowSubscriberError
-from .manager import TaskManager
-from .store import InvalidPageTokenError, TaskQuery
+from .engine import TaskEngine
+from .errors import FrameNotKeptError, InvalidFieldError
+from .journal import InvalidPageTokenError, TaskQuery
+from .tasklog import LogReader
 
 logger = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 R = TypeVar("R")
+SERVICE = a2a_pb2.DESCRIPTOR.services_by_name["A2AService"]
 
 
 def _handled(
@@ -76,11 +78,11 @@ def _handled(
     return call
 
 
-class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
-    """Serves every A2A RPC over the task manager.
+class RpcServicer:
+    """Serves every A2A RPC over the task engine.
 
     Args:
-        manager: The live tasks of this instance.
+        engine: The live tasks of this instance.
         config: Limits.
         card: The public agent card (its input modes bound what clients may send).
         extended_card: The card for authenticated clients, if configured.
@@ -88,12 +90,12 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
 
     def __init__(
         self,
-        manager: TaskManager,
+        engine: TaskEngine,
         config: ServerConfig,
         card: AgentCard,
         extended_card: AgentCard | None = None,
     ) -> None:
-        self._manager = manager
+        self._engine = engine
         self._input_modes = validation.input_modes(
             [*card.default_input_modes, *(m for s in card.skills for m in s.input_modes)]
         )
@@ -104,7 +106,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
     @property
     def open_streams(self) -> int:
         """Stream calls currently being served."""
-        return self._manager.metrics.streams_open
+        return self._engine.metrics.streams_open
 
     async def wait_streams_closed(self, at_most: int = 0) -> None:
         """Wait until no more than ``at_most`` stream calls are being served."""
@@ -118,12 +120,15 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         """Send a message; wait for a terminal or interrupted state unless asked not to."""
         call = caller(context, "SendMessage")
         validation.check_send(request, self._config, self._input_modes)
-        started = await self._manager.send(request, call, subscribe=False)
-        answer = await started.outcome(immediately=request.configuration.return_immediately)
+        numbered = await _activate_resume(call, context)
+        started = await self._engine.send(request, call, subscribe=False, resumable=numbered)
+        answer, seq = await started.outcome(immediately=request.configuration.return_immediately)
         if isinstance(answer, Message):
             return SendMessageResponse(message=answer)
         config = request.configuration
         _trim(answer, config.history_length, config.HasField("history_length"))
+        if numbered:
+            resume.tag_task(answer, seq)
         return SendMessageResponse(task=answer)
 
     @_handled
@@ -131,26 +136,42 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         """Send a message and stream the task's frames until it ends or needs input."""
         call = caller(context, "SendStreamingMessage")
         validation.check_send(request, self._config, self._input_modes)
-        started = await self._manager.send(request, call, subscribe=True)
-        assert started.subscription is not None
-        await self._pump(started.subscription, started.snapshot, context, stop_at_interrupt=True)
+        numbered = await _activate_resume(call, context)
+        started = await self._engine.send(request, call, subscribe=True, resumable=numbered)
+        assert started.reader is not None
+        await self._pump(
+            started.reader, started.snapshot, context, numbered=numbered, stop_at_interrupt=True
+        )
 
     @_handled
     async def SubscribeToTask(self, request: SubscribeToTaskRequest, context: Context) -> None:
-        """Stream a live task: its snapshot first, then every frame until it ends."""
-        caller(context, "SubscribeToTask")
+        """Stream a live task: its snapshot first, then every frame until it ends.
+
+        With the resume extension and ``a2a-resume-after: N``: exactly the
+        frames after N, no snapshot.
+        """
+        call = caller(context, "SubscribeToTask")
         validation.check_task_id(request.id)
-        snapshot, sub = await self._manager.subscribe(request.id)
-        await self._pump(sub, snapshot, context, stop_at_interrupt=False)
+        after = resume.resume_after(call)
+        numbered = await _activate_resume(call, context)
+        if after is not None:
+            reader = await self._engine.resume(request.id, after)
+            await self._pump(reader, None, context, numbered=True, stop_at_interrupt=False)
+            return
+        snapshot, reader = await self._engine.subscribe(request.id, resumable=numbered)
+        await self._pump(reader, snapshot, context, numbered=numbered, stop_at_interrupt=False)
 
     @_handled
     async def GetTask(self, request: GetTaskRequest, context: Context) -> Task:
         """Return a task, its history trimmed to ``history_length``."""
-        caller(context, "GetTask")
+        call = caller(context, "GetTask")
         validation.check_task_id(request.id)
         validation.check_history_length(request.history_length, request.HasField("history_length"))
-        task = await self._manager.get(request.id)
+        numbered = await _activate_resume(call, context)
+        task, seq = await self._engine.read(request.id, resumable=numbered)
         _trim(task, request.history_length, request.HasField("history_length"))
+        if numbered:
+            resume.tag_task(task, seq)
         return task
 
     @_handled
@@ -167,7 +188,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
             page_token=request.page_token,
         )
         try:
-            page = await self._manager.store.list(query)
+            page = await self._engine.journal.list(query)
         except InvalidPageTokenError as exc:
             raise InvalidFieldError("page_token", str(exc)) from None
         for task in page.tasks:
@@ -186,7 +207,7 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         """Cancel a task; returns it CANCELED once every stream has the frame."""
         call = caller(context, "CancelTask")
         validation.check_task_id(request.id)
-        return await self._manager.cancel(request.id, call)
+        return await self._engine.cancel(request.id, call)
 
     @_handled
     async def GetExtendedAgentCard(
@@ -236,40 +257,49 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
         )
 
     async def _pump(
-        self, sub: Subscription, first: Task | None, context: Context, *, stop_at_interrupt: bool
+        self,
+        reader: LogReader,
+        first: Task | None,
+        context: Context,
+        *,
+        numbered: bool,
+        stop_at_interrupt: bool,
     ) -> None:
-        """Write the snapshot, then every frame of ``sub``, until the stream ends."""
-        metrics = self._manager.metrics
+        """Write the snapshot, then every frame ``reader`` yields, until the stream ends."""
+        metrics = self._engine.metrics
         metrics.streams_open += 1
         reason = "error"
         try:
             if first is not None:
+                if numbered:
+                    resume.tag_task(first, reader.next_seq - 1)
                 await context.write(StreamResponse(task=first))
-            async for frame in sub:
-                await context.write(frame)
-                if stop_at_interrupt and _interrupts(frame):
+            async for seq, frame, state in reader:
+                await context.write(resume.tag(frame, seq) if numbered else frame)
+                if stop_at_interrupt and state in taskops.INTERRUPTED:
                     reason = "interrupted"
                     return
             reason = "finished"
-        except SlowSubscriberError:
-            reason = "evicted"
+        except FrameNotKeptError:
+            reason = "out_of_range"
             raise
         except asyncio.CancelledError:
             reason = "disconnected"  # grpc.aio cancels the handler of a call the peer left
             raise
         finally:
-            sub.close()
+            reader.close()
             metrics.streams_open -= 1
             metrics.streams_ended[reason] += 1
             async with self._streams_changed:
                 self._streams_changed.notify_all()
 
 
-def _interrupts(frame: StreamResponse) -> bool:
-    return (
-        frame.WhichOneof("payload") == "status_update"
-        and frame.status_update.status.state in taskops.INTERRUPTED
-    )
+async def _activate_resume(call: Caller, context: Context) -> bool:
+    """Whether the call activated the resume extension; if so, say it was activated."""
+    if not resume.activated(call):
+        return False
+    await context.send_initial_metadata(((EXTENSIONS_KEY, resume.URI),))
+    return True
 
 
 def _trim(task: Task, history_length: int, present: bool) -> None:
@@ -279,3 +309,37 @@ def _trim(task: Task, history_length: int, present: bool) -> None:
         del task.history[:]
     elif len(task.history) > history_length:
         del task.history[: len(task.history) - history_length]
+
+
+def _frame_bytes(frame: StreamResponse | bytes) -> bytes:
+    """A stream's response serializer: frames from a log are already serialized."""
+    if isinstance(frame, bytes):
+        return frame
+    return frame.SerializeToString()
+
+
+def add_to_server(servicer: RpcServicer, server: grpc.aio.Server) -> None:
+    """Register ``servicer`` for every method of ``lf.a2a.v1.A2AService`` on ``server``.
+
+    As the generated ``add_A2AServiceServicer_to_server``, except that stream
+    methods accept frames already serialized.
+    """
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in SERVICE.methods:
+        request = message_factory.GetMessageClass(method.input_type)
+        response = message_factory.GetMessageClass(method.output_type)
+        behavior = getattr(servicer, method.name)
+        if method.server_streaming:
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(  # type: ignore[no-untyped-call]
+                behavior, request_deserializer=request.FromString, response_serializer=_frame_bytes
+            )
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(  # type: ignore[no-untyped-call]
+                behavior,
+                request_deserializer=request.FromString,
+                response_serializer=response.SerializeToString,
+            )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)  # type: ignore[no-untyped-call]
+    )
+    server.add_registered_method_handlers(SERVICE.full_name, handlers)

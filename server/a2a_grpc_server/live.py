@@ -1,12 +1,13 @@
-"""ActiveTask: one live task's state, its channel, and the only code that writes it.
+"""LiveTask: one running task's state, its log, and the only code that writes it.
 
 Who runs what: ``commit`` is called by the task's consumer for every event
 the executor enqueues; ``finalize`` by the consumer (executor failed or ended
 without an outcome), by CancelTask (the executor did not cancel in time, or
-its ``cancel()`` ended without a final state) and by shutdown. Both hold the
-task's lock from reading the current version to broadcasting, so the store,
-the channel snapshot and the frames subscribers see never disagree:
-persist, then broadcast. Once the task is final nothing more is written.
+its ``cancel()`` ended without a final state) and by shutdown. Each holds the
+task's lock from changing the task to appending its frame, and so does every
+reader of the task's current state (``snapshot``, ``subscribe``): persist,
+then append, and nobody sees a change the journal has not accepted. Once the
+task is final nothing more is written.
 """
 
 from __future__ import annotations
@@ -19,45 +20,42 @@ from a2a.types.a2a_pb2 import Message, StreamResponse, Task, TaskState, TaskStat
 from a2a.utils.errors import InvalidAgentResponseError
 
 from . import taskops
-from .channel import TaskChannel
-from .store import FinalTaskError, StoreError, TaskStore
+from .journal import Change, FinalTaskError, StoreError, TaskJournal
+from .tasklog import LogReader, TaskLog
 from .taskops import Event
 
 if TYPE_CHECKING:
-    from .cluster import EventLog
-    from .supervisor import Run
+    from .supervisor import ExecutionSupervisor
 
 logger = logging.getLogger(__name__)
 
 
-class ActiveTask:
+class LiveTask:
     """A task that has not ended yet, on the instance that runs it.
 
     Args:
         task_id: The task's id.
         context_id: The task's context id.
-        store: Where the task is persisted.
-        channel: The task's broadcast.
-        task: The stored task, or None for a task the executor has not
+        journal: Where the task is recorded.
+        log: The task's frames.
+        task: The recorded task, or None for a task the executor has not
             created yet.
-        version: The stored version of ``task``.
+        version: The recorded version of ``task``.
         first_message: The user message that starts a new task.
-        events: Where frames are logged for other instances (cluster mode).
     """
 
     __slots__ = (
-        "_events",
+        "_dirty",
         "_first_message",
         "_index",
-        "_logged",
-        "_store",
+        "_journal",
         "_task",
         "_version",
         "admitting",
         "answer",
-        "channel",
         "context_id",
         "lock",
+        "log",
         "run",
         "task_id",
     )
@@ -66,34 +64,38 @@ class ActiveTask:
         self,
         task_id: str,
         context_id: str,
-        store: TaskStore,
-        channel: TaskChannel,
+        journal: TaskJournal,
+        log: TaskLog,
         task: Task | None = None,
         version: int = 0,
         first_message: Message | None = None,
-        events: EventLog | None = None,
     ) -> None:
         self.task_id = task_id
         self.context_id = context_id
-        self.channel = channel
+        self.log = log
         self.lock = asyncio.Lock()
         self.answer: Message | None = None
         """The executor's message-only answer, when it gave one."""
-        self._store = store
+        self._journal = journal
         self._task = task
         self._index = taskops.index_artifacts(task) if task is not None else {}
         self._version = version
         self._first_message = first_message
-        self._events = events
-        self._logged = 0
-        self.run: Run | None = None
+        self._dirty = False
+        self.run: ExecutionSupervisor | None = None
         """The execution currently feeding this task, if any."""
         self.admitting = False
         """A follow-up message is being admitted (its run is about to start)."""
+        log.snapshot = task
 
     @property
     def task(self) -> Task | None:
-        """The task as last persisted (do not mutate), or None before it exists."""
+        """The task as last recorded (do not mutate), or None before it exists.
+
+        Between the lock's acquisition and release a writer may be changing
+        it; read it under ``lock`` (or through ``snapshot``) for a state that
+        matches the log.
+        """
         return self._task
 
     @property
@@ -103,17 +105,32 @@ class ActiveTask:
             self._task.status.state if self._task is not None else TaskState.TASK_STATE_UNSPECIFIED
         )
 
+    async def snapshot(self) -> tuple[Task | None, int]:
+        """A copy of the task as recorded and the seq of the last change it includes."""
+        async with self.lock:
+            task = taskops.copy(self._task) if self._task is not None else None
+            return task, self.log.last_seq
+
+    async def subscribe(self) -> tuple[Task | None, LogReader]:
+        """A copy of the task and a reader of every frame after it (see ``TaskLog.subscribe``).
+
+        Raises:
+            LogClosedError: The task has ended.
+        """
+        async with self.lock:
+            return self.log.subscribe()
+
     async def commit(self, event: Event) -> None:
-        """Persist ``event``'s effect on the task, then broadcast its frame.
+        """Record ``event``'s effect on the task, then append its frame to the log.
 
         An event that arrives after the task ended is dropped and logged.
 
         Raises:
             InvalidAgentResponseError: The event does not fit this task.
-            StoreError: The store refused the write.
+            StoreError: The journal refused the write.
         """
         async with self.lock:
-            if self.channel.closed:
+            if self.log.closed:
                 self.drop(event, "the task already ended")
                 return
             if self._task is None:
@@ -125,89 +142,94 @@ class ActiveTask:
                     return
             task = self._task
             assert task is not None
-            # Applied in place, not on a copy, and handed straight to the
-            # store (TaskStore.update's ownership rule): a copy per event would
-            # make a long stream quadratic. apply() validates before it
-            # mutates, and a store that refuses the write ends the task
-            # (supervisor), so an unpersisted change is never built upon.
+            # Applied in place, not on a copy (a copy per event would make a long
+            # stream quadratic), under the lock, so no reader sees it before the
+            # journal accepted it. apply() validates before it mutates; if the
+            # journal then refuses, the task is "dirty" and ends (finalize) from
+            # what the journal holds.
             frame = taskops.apply(task, event, self._index)
-            await self._persist(task)
-            await self._log(frame, task)
-            final = taskops.is_final(task)
-            self.channel.publish(frame, task, final=final)
-            if final:
-                self.channel.close()
+            self._dirty = True
+            await self._record(task, frame)
 
     async def add_user_message(self, message: Message) -> None:
-        """Record a follow-up user message in the task's history (no frame is sent)."""
+        """Record a follow-up user message in the task's history (a change without a frame)."""
         async with self.lock:
             assert self._task is not None
             updated = taskops.copy(self._task)
             taskops.add_user_message(updated, message)
-            await self._persist(updated)
-            await self._log(None, updated)
-            self.channel.set_snapshot(updated)
+            await self._record(updated, None, message)
 
     async def finalize(self, state: TaskState, text: str) -> None:
-        """End the task in ``state`` unless it already ended; every subscriber gets the frame.
+        """End the task in ``state`` unless it already ended; every reader gets the frame.
 
         Args:
             state: A terminal state.
             text: The status message, for a person to read.
         """
         async with self.lock:
-            if self.channel.closed:
+            if self.log.closed:
                 return
             try:
                 if self._task is None:
                     await self._create(None)
+                elif self._dirty:
+                    await self._reload()
             except StoreError:
-                logger.exception("could not create task %s to record its end", self.task_id)
+                logger.exception("could not read or create task %s to end it", self.task_id)
             base = self._task or taskops.new_task(
                 self.task_id, self.context_id, self._first_message
             )
             if taskops.is_final(base):
-                self.channel.close()
+                self.log.seal()
                 return
             updated = taskops.copy(base)
             frame = taskops.apply(updated, taskops.status_event(updated, state, text))
+            data = frame.SerializeToString()
             try:
                 if self._task is not None:
-                    await self._persist(updated)
+                    change = Change(self.log.last_seq + 1, data, state)
+                    self._version = await self._journal.update(updated, self._version, change)
             except FinalTaskError:
-                if await self._close_as_stored():
+                if await self._close_as_recorded():
                     return
             except StoreError:
-                # Subscribers still get the frame even if the store refused it.
-                logger.exception("could not persist the final state of task %s", self.task_id)
-            try:
-                await self._log(frame, updated)
-            except StoreError:
-                logger.exception("could not log the final frame of task %s", self.task_id)
-            self.channel.close(frame, updated)
+                # Readers still get the frame even if the journal refused it.
+                logger.exception("could not record the final state of task %s", self.task_id)
+            self._task = self.log.snapshot = updated
+            self.log.seal(data, state)
 
-    async def _close_as_stored(self) -> bool:
-        """End the channel with the outcome another instance already stored.
+    async def _reload(self) -> None:
+        """Start again from the task as the journal holds it (a write of ours failed)."""
+        recorded = await self._journal.get(self.task_id)
+        if recorded is not None:
+            self._task = self.log.snapshot = recorded.task
+            self._version = recorded.version
+            self._index = taskops.index_artifacts(recorded.task)
+        self._dirty = False
+
+    async def _close_as_recorded(self) -> bool:
+        """End the log with the outcome another instance already recorded.
 
         In cluster mode a survivor that thought this instance lost may have
-        ended the task (and logged its frame); local subscribers then get
-        that same outcome, not one of ours.
+        ended the task (and logged its frame); local readers then get that
+        same outcome, not one of ours.
         """
         try:
-            stored = await self._store.get(self.task_id)
+            recorded = await self._journal.get(self.task_id)
         except StoreError:
             return False
-        if stored is None or not taskops.is_final(stored.task):
+        if recorded is None or not taskops.is_final(recorded.task):
             return False
-        task = stored.task
+        task = recorded.task
         logger.warning(
             "task %s was ended %s by another instance",
             self.task_id,
-            TaskState.Name(task.status.state),
+            taskops.state_name(task.status.state),
         )
         update = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id)
         update.status.CopyFrom(task.status)
-        self.channel.close(StreamResponse(status_update=update), task)
+        self._task = self.log.snapshot = task
+        self.log.seal(StreamResponse(status_update=update).SerializeToString(), task.status.state)
         return True
 
     async def _create(self, given: Task | None) -> None:
@@ -231,39 +253,40 @@ class ActiveTask:
                 task.history.insert(0, first)
         else:
             task = taskops.new_task(self.task_id, self.context_id, self._first_message)
-        self._version = await self._store.create(task)
-        self._task = task
+        data = StreamResponse(task=task).SerializeToString()
+        change = Change(self.log.last_seq + 1, data, task.status.state)
+        self._version = await self._journal.create(task, change)
+        self._task = self.log.snapshot = task
         self._first_message = None  # in the task's history now
         self._index = taskops.index_artifacts(task)
-        frame = StreamResponse(task=task)
-        await self._log(frame, task)
-        self.channel.publish(frame, task, final=taskops.is_final(task))
-        if taskops.is_final(task):
-            self.channel.close()
+        self.log.append(data, task.status.state, final=taskops.is_final(task))
 
-    async def _persist(self, updated: Task) -> None:
-        self._version = await self._store.update(updated, self._version)
-        self._task = updated
+    async def _record(
+        self, task: Task, frame: StreamResponse | None, message: Message | None = None
+    ) -> None:
+        """Persist the change that made ``task``, then append its frame.
 
-    async def _log(self, frame: StreamResponse | None, task: Task) -> None:
-        """Log a persisted frame for other instances (persist, log, then broadcast)."""
-        if self._events is not None:
-            seq = self._logged + 1
-            await self._events.append(self.task_id, seq, self._version, frame, task)
-            self._logged = seq
+        The journal first: a frame is in the log only once it is durable.
+        """
+        data = frame.SerializeToString() if frame is not None else b""
+        state = taskops.frame_state(frame) if frame is not None else 0
+        change = Change(self.log.last_seq + 1, data, state, message)
+        self._version = await self._journal.update(task, self._version, change)
+        self._task = self.log.snapshot = task
+        self._dirty = False
+        self.log.append(data, state, final=taskops.is_final(task))
 
     def _answer(self, message: Message) -> None:
         self.answer = message
-        self.channel.publish(StreamResponse(message=message), None, final=True)
-        self.channel.close()
+        self.log.append(StreamResponse(message=message).SerializeToString(), final=True)
 
     def drop(self, event: Event, why: str) -> None:
         """Count and log an event that is not applied."""
-        self.channel.metrics.dropped_events += 1
+        self.log.metrics.dropped_events += 1
         logger.warning(
             "dropped a %s for task %s (%s): %s",
             type(event).__name__,
             self.task_id,
-            TaskState.Name(self.state),
+            taskops.state_name(self.state),
             why,
         )

@@ -2,10 +2,13 @@
 
 Assets (created if missing, identical on every instance):
 
-* KV bucket ``A2A_TASKS``: the task store (history 1, max age ``task_ttl``);
-* KV bucket ``A2A_INSTANCES``: one heartbeat key per live instance;
-* stream ``A2A_EVENTS`` on ``a2a.events.<task id>``: every task's frames,
-  bounded by age, messages per task and bytes (oldest dropped first).
+* stream ``A2A_EVENTS`` on ``a2a.events.<task id>``: the record of every
+  task, one message per change (see ``journal``), bounded by age, messages
+  per task and bytes (oldest dropped first); direct gets allowed, so a task's
+  changes after a snapshot are read in one request;
+* KV bucket ``A2A_TASKS``: a snapshot per task (history 1, max age
+  ``task_ttl``), so reading a task costs a snapshot plus a few changes;
+* KV bucket ``A2A_INSTANCES``: one heartbeat key per live instance.
 
 Control requests between instances use core NATS request/reply on
 ``a2a.ctl.<instance id>.<op>``.
@@ -59,10 +62,15 @@ class NatsConfig:
             tasks FAILED. Keep it above the time JetStream takes to fail over
             (a new stream leader after a node loss: about 5 s measured here),
             or a stalled owner is taken for a lost one.
-        task_ttl: Seconds a task is kept after its last write.
-        events_ttl: Seconds a frame is kept in the event log.
-        events_per_task: Most frames kept per task (oldest dropped first).
-        events_max_bytes: Most bytes the event log keeps (oldest dropped first).
+        task_ttl: Seconds a task's snapshot is kept after its last write.
+        events_ttl: Seconds a change is kept in the event stream (how long an
+            ended task can be resumed from it).
+        events_per_task: Most changes kept per task (oldest dropped first); the
+            default matches ``ServerConfig.log_max_frames``.
+        events_max_bytes: Most bytes the event stream keeps (oldest dropped first).
+        snapshot_every: Changes between two snapshots of a running task (it is
+            also snapshotted when created, when its state changes, and when it
+            ends): reading a task folds at most this many changes.
     """
 
     servers: list[str] = field(default_factory=lambda: ["nats://127.0.0.1:4222"])
@@ -71,8 +79,9 @@ class NatsConfig:
     lease: float = 10.0
     task_ttl: float = 86_400.0
     events_ttl: float = 3_600.0
-    events_per_task: int = 10_000
+    events_per_task: int = 16_384
     events_max_bytes: int = 1 << 30
+    snapshot_every: int = 32
 
 
 @dataclass
@@ -176,6 +185,7 @@ async def _ensure_events(js: JetStreamContext, config: NatsConfig) -> None:
         num_replicas=config.replicas,
         storage=api.StorageType.FILE,
         duplicate_window=min(120.0, config.events_ttl),
+        allow_direct=True,
     )
     try:
         await js.add_stream(stream)

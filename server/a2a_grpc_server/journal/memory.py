@@ -1,10 +1,12 @@
-"""In-memory task store with bounded retention of final tasks.
+"""In-memory task journal with bounded retention of final tasks.
 
 Non-final tasks are kept until they end, as the very objects the core hands
-over (see ``TaskStore``'s ownership rule): a write costs O(1) however large
-the task. Final tasks are kept serialized (compact, immutable) for at most
-``final_task_ttl`` seconds and at most ``max_final_tasks`` of them (the
-oldest final task goes first), so memory stays flat under sustained load.
+over (see ``TaskJournal``'s ownership rule): a write costs O(1) however large
+the task. Frames are not kept here: on a single instance the task's
+``TaskLog`` is where readers find them. Final tasks are kept serialized
+(compact, immutable) for at most ``final_task_ttl`` seconds and at most
+``max_final_tasks`` of them (the oldest final task goes first), so memory
+stays flat under sustained load.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from a2a.types.a2a_pb2 import Task, TaskState
 from .. import taskops
 from ..taskops import TERMINAL
 from . import (
+    Change,
     FinalTaskError,
-    StoredTask,
+    RecordedTask,
     TaskExistsError,
     TaskPage,
     TaskQuery,
@@ -34,18 +37,19 @@ from . import (
 @dataclass(slots=True)
 class _Entry:
     live: Task | None
-    """The task itself while it is not final (owned by the store)."""
+    """The task itself while it is not final (owned by the journal)."""
     blob: bytes
     """The serialized task once it is final."""
     version: int
+    seq: int
     rev: int
     context_id: str
     state: TaskState
     status_ns: int
 
 
-class InMemoryTaskStore:
-    """A ``TaskStore`` in this process's memory.
+class MemoryJournal:
+    """A ``TaskJournal`` in this process's memory.
 
     Args:
         max_final_tasks: Most final tasks kept.
@@ -69,32 +73,32 @@ class InMemoryTaskStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    async def get(self, task_id: str) -> StoredTask | None:
-        """Return the task and its version, or None."""
+    async def get(self, task_id: str) -> RecordedTask | None:
+        """Return the task, its version and the seq of its last change, or None."""
         self._prune()
         entry = self._entries.get(task_id)
         if entry is None:
             return None
-        return StoredTask(_copy(entry), entry.version)
+        return RecordedTask(_copy(entry), entry.version, seq=entry.seq)
 
-    async def create(self, task: Task) -> int:
-        """Store a new task at version 1.
+    async def create(self, task: Task, change: Change) -> int:
+        """Record a new task at version 1.
 
         Raises:
             TaskExistsError: The id is taken.
         """
         if task.id in self._entries:
             raise TaskExistsError(task.id)
-        self._put(task, 1)
+        self._put(task, 1, change.seq)
         self._prune()
         return 1
 
-    async def update(self, task: Task, expected_version: int) -> int:
+    async def update(self, task: Task, expected_version: int, change: Change) -> int:
         """Compare-and-set the task on its version.
 
         Raises:
             UnknownTaskError: No such task.
-            FinalTaskError: The stored task is final.
+            FinalTaskError: The recorded task is final.
             VersionConflictError: The version moved on.
         """
         entry = self._entries.get(task.id)
@@ -106,7 +110,7 @@ class InMemoryTaskStore:
             raise VersionConflictError(
                 f"{task.id}: at {entry.version}, expected {expected_version}"
             )
-        self._put(task, expected_version + 1)
+        self._put(task, expected_version + 1, change.seq)
         return expected_version + 1
 
     async def list(self, query: TaskQuery) -> TaskPage:
@@ -123,7 +127,7 @@ class InMemoryTaskStore:
         ]
         return paginate(found, query, "r", _copy)
 
-    def _put(self, task: Task, version: int) -> None:
+    def _put(self, task: Task, version: int, seq: int) -> None:
         self._rev += 1
         state = task.status.state
         final = state in TERMINAL
@@ -131,13 +135,14 @@ class InMemoryTaskStore:
         if not final and entry is not None and entry.live is task:
             # The live task was updated in place (the usual case, event by
             # event): only what ListTasks filters and sorts on moves.
-            entry.version, entry.rev, entry.state = version, self._rev, state
+            entry.version, entry.seq, entry.rev, entry.state = version, seq, self._rev, state
             entry.status_ns = status_ns(task)
             return
         self._entries[task.id] = _Entry(
             live=None if final else task,
             blob=task.SerializeToString() if final else b"",
             version=version,
+            seq=seq,
             rev=self._rev,
             context_id=task.context_id,
             state=state,

@@ -2,9 +2,9 @@
 
 Core NATS request/reply on ``a2a.ctl.<owner id>.cancel`` and ``.send``. The
 owner serves each request in its own task (tracked, so shutdown waits for
-them) by calling its manager's local path, exactly as for a call it received
-itself: the cancel's frames go through the owner's channel and the event
-log, never around them. Errors come back as a header naming the domain error
+them) by calling its engine's local path, exactly as for a call it received
+itself: the cancel's frames go through the owner's journal and log, never
+around them. Errors come back as a header naming the domain error
 class, and are raised again on the asking instance.
 
 Who runs what: nats-py calls ``_on_request`` in the subscription's task; it
@@ -38,10 +38,10 @@ from nats.aio.subscription import Subscription as NatsSubscription
 from ..callmeta import Caller
 from ..errors import OwnerUnavailableError, ServerError, ServerShuttingDownError
 from ..supervisor import TASK_PREFIX
-from .natsconn import CONTROL_SUBJECT
+from .conn import CONTROL_SUBJECT
 
 if TYPE_CHECKING:
-    from ..manager import TaskManager
+    from ..engine import TaskEngine
 
 logger = logging.getLogger(__name__)
 
@@ -85,11 +85,11 @@ class Router:
         self._cancel_bound = cancel_bound
         self._subs: list[NatsSubscription] = []
         self._serving: set[asyncio.Task[None]] = set()
-        self._manager: TaskManager | None = None
+        self._engine: TaskEngine | None = None
 
-    async def start(self, manager: TaskManager) -> None:
-        """Serve routed cancels and follow-ups with ``manager``."""
-        self._manager = manager
+    async def start(self, engine: TaskEngine) -> None:
+        """Serve routed cancels and follow-ups with ``engine``."""
+        self._engine = engine
         for op in ("cancel", "send"):
             self._subs.append(
                 await self._nc.subscribe(control_subject(self._id, op), cb=self._on_request)
@@ -169,13 +169,13 @@ class Router:
             logger.warning("could not answer routed %s: connection closed", msg.subject)
 
     async def _serve_cancel(self, msg: Msg, call: Caller) -> bytes:
-        assert self._manager is not None
-        task = await self._manager.cancel(msg.data.decode(), call, route=False)
+        assert self._engine is not None
+        task = await self._engine.cancel(msg.data.decode(), call, route=False)
         return task.SerializeToString()
 
     async def _serve_send(self, msg: Msg, call: Caller) -> bytes:
-        assert self._manager is not None
-        await self._manager.send(
+        assert self._engine is not None
+        await self._engine.send(
             SendMessageRequest.FromString(msg.data), call, subscribe=False, route=False
         )
         return b""

@@ -1,0 +1,514 @@
+"""TaskEngine: which tasks are live on this instance, and the operations on them.
+
+Who runs what: gRPC handlers call ``send``, ``cancel``, ``read``,
+``subscribe`` and ``resume``; each ``send`` that starts work spawns one
+``ExecutionSupervisor`` (see ``supervisor``) as an asyncio task the engine
+keeps until it ends. A task is "live" from its first message until its log
+closes; interrupted tasks stay live without an execution, waiting for a
+follow-up. ``shutdown`` ends every live task with a final frame.
+
+In cluster mode a task is live only on its owner. For a task owned by
+another instance, ``subscribe`` joins this instance's relay of it, ``resume``
+reads the shared event log, and ``cancel`` and follow-up ``send`` are routed
+to the owner (see ``cluster``), which runs them through this same class with
+``route=False``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.types.a2a_pb2 import Message, SendMessageRequest, Task, TaskState
+from a2a.utils.errors import (
+    InvalidParamsError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
+
+from . import taskops
+from .callmeta import Caller, request_context
+from .config import ServerConfig
+from .errors import FrameNotKeptError, ServerShuttingDownError
+from .journal import RecordedTask, TaskJournal
+from .live import LiveTask
+from .metrics import Metrics
+from .supervisor import TASK_PREFIX, ExecutionSupervisor
+from .tasklog import LogClosedError, LogLimits, LogPool, LogReader, TaskLog
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
+logger = logging.getLogger(__name__)
+
+CANCEL_SLACK = 1.0
+"""Seconds CancelTask waits beyond ``cancel_timeout`` before it ends the task itself."""
+
+
+@dataclass(slots=True)
+class Started:
+    """What ``TaskEngine.send`` hands back once the execution is running.
+
+    Attributes:
+        live: The task being executed.
+        snapshot: The task before this message's events (None for a new task).
+        reader: The caller's reader of the task's log, made before the
+            executor started (None when the caller did not ask for one).
+        start_seq: The log's last sequence number before the executor started.
+        run: The execution started for this message.
+    """
+
+    live: LiveTask
+    snapshot: Task | None
+    reader: LogReader | None
+    start_seq: int
+    run: ExecutionSupervisor
+
+    async def outcome(self, *, immediately: bool) -> tuple[Task | Message, int]:
+        """Wait for what a blocking SendMessage answers.
+
+        Args:
+            immediately: Answer as soon as the task exists.
+
+        Returns:
+            The executor's message-only answer, or a copy of the task once it
+            is final, interrupted by this message's run, or idle again; and
+            the sequence number of the last change the answer includes.
+        """
+        live, log = self.live, self.live.log
+        while not log.closed and not self.run.finished:
+            if immediately and live.task is not None:
+                break
+            if log.last_seq > self.start_seq and live.state in taskops.INTERRUPTED:
+                break
+            await log.wait_changed()
+        if live.task is None and live.answer is not None:
+            return live.answer, log.last_seq
+        task, seq = await live.snapshot()
+        # The log's snapshot covers a task the journal refused to create.
+        task = task or (taskops.copy(log.snapshot) if log.snapshot is not None else None)
+        assert task is not None, "a run that ends without an answer always leaves a task"
+        return task, seq
+
+
+@dataclass(slots=True)
+class Routed:
+    """A follow-up message this instance sent to the task's owner (cluster mode).
+
+    Attributes:
+        snapshot: The task as the message found it (the message included).
+        reader: This caller's reader of the task's relay.
+        journal: Where the task is read back from.
+    """
+
+    snapshot: Task
+    reader: LogReader
+    journal: TaskJournal
+
+    async def outcome(self, *, immediately: bool) -> tuple[Task | Message, int]:
+        """Wait for what a blocking SendMessage answers (see ``Started.outcome``)."""
+        reader = self.reader
+        try:
+            if not immediately:
+                async for _, _, state in reader:
+                    if taskops.is_final_state(state) or state in taskops.INTERRUPTED:  # type: ignore[arg-type]
+                        break
+        finally:
+            reader.close()
+        recorded = await self.journal.get(self.snapshot.id)
+        if recorded is None:
+            return self.snapshot, reader.next_seq - 1
+        return recorded.task, recorded.seq
+
+
+def _no_more_messages(task: Task) -> UnsupportedOperationError:
+    return UnsupportedOperationError(
+        f"task {task.id!r} is {taskops.state_name(task.status.state)} and accepts no more "
+        "messages; start a new task (omit message.task_id)"
+    )
+
+
+def _ended(task: Task) -> UnsupportedOperationError:
+    return UnsupportedOperationError(
+        f"task {task.id!r} is {taskops.state_name(task.status.state)}; "
+        "a terminal task cannot be subscribed to (use GetTask)"
+    )
+
+
+class TaskEngine:
+    """Owns the live tasks of this instance.
+
+    Args:
+        executor: The agent.
+        journal: Where tasks are recorded.
+        config: Limits.
+        metrics: Where this instance counts what it does.
+        cluster: The other instances (None: this instance is alone).
+    """
+
+    def __init__(
+        self,
+        executor: AgentExecutor,
+        journal: TaskJournal,
+        config: ServerConfig,
+        metrics: Metrics | None = None,
+        *,
+        cluster: Cluster | None = None,
+    ) -> None:
+        self.metrics = metrics or Metrics()
+        self.config = config
+        limits = LogLimits(config.log_max_frames, config.log_max_bytes, config.resume_window)
+        self.pool = LogPool(config.log_total_bytes, limits, self.metrics)
+        """Every task log of this instance (relays included)."""
+        self._executor = executor
+        self._journal = journal
+        self._config = config
+        self._cluster = cluster
+        self._live: dict[str, LiveTask] = {}
+        self._runs: dict[asyncio.Task[None], ExecutionSupervisor] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._accepting = True
+
+    @property
+    def journal(self) -> TaskJournal:
+        """The task journal."""
+        return self._journal
+
+    @property
+    def live_count(self) -> int:
+        """Tasks that have not ended on this instance."""
+        return len(self._live)
+
+    async def send(
+        self,
+        request: SendMessageRequest,
+        call: Caller,
+        *,
+        subscribe: bool,
+        route: bool = True,
+        resumable: bool = False,
+    ) -> Started | Routed:
+        """Start executing a message: a new task, or a follow-up to an interrupted one.
+
+        Args:
+            request: The message and its configuration.
+            call: The caller's context.
+            subscribe: Give the caller a reader, made before the executor starts.
+            route: Send a follow-up for a task another instance owns to that
+                owner (False: this instance was routed to; serve it here).
+            resumable: The caller activated the resume extension (the task's
+                frames are kept for the resume window).
+
+        Raises:
+            TaskNotFoundError: The message names a task the journal does not have.
+            UnsupportedOperationError: That task has ended or is still working.
+            InvalidParamsError: The message's context does not match the task's.
+            ServerShuttingDownError: The server is draining.
+            OwnerUnavailableError: The task's owner did not answer (cluster mode).
+        """
+        if not self._accepting:
+            raise ServerShuttingDownError("server is shutting down; retry on another instance")
+        message = request.message
+        follow_up = bool(message.task_id)
+        if follow_up:
+            recorded = await self._check_follow_up(message.task_id, message.context_id)
+            if route and self._owned_elsewhere(recorded):
+                return await self._route_send(recorded, request, call)
+            live = self._admit(recorded)
+            message.context_id = live.context_id
+        else:
+            live = self._new_task(message)
+        try:
+            if resumable:
+                live.log.make_resumable()
+            if follow_up:
+                await live.add_user_message(message)
+            if live.log.closed:  # canceled while the message was being recorded
+                raise UnsupportedOperationError(
+                    f"task {live.task_id!r} ended before this message could start; "
+                    "start a new task (omit message.task_id)"
+                )
+            snapshot, reader = await live.subscribe() if subscribe else (None, None)
+            context = request_context(
+                call,
+                request=request,
+                task_id=live.task_id,
+                context_id=live.context_id,
+                task=taskops.copy(live.task) if live.task else None,
+            )
+            start_seq = live.log.last_seq
+            run = self._spawn(live, context)
+        finally:
+            live.admitting = False
+        return Started(live, snapshot, reader, start_seq, run)
+
+    def _new_task(self, message: Message) -> LiveTask:
+        task_id = str(uuid.uuid4())
+        context_id = message.context_id or str(uuid.uuid4())
+        message.task_id, message.context_id = task_id, context_id
+        self.metrics.tasks_started += 1
+        live = LiveTask(
+            task_id, context_id, self._journal, TaskLog(task_id, self.pool), first_message=message
+        )
+        self._register(live)
+        return live
+
+    async def read(self, task_id: str, *, resumable: bool = False) -> tuple[Task, int]:
+        """Return the task as recorded, and the seq of the last change it includes.
+
+        Args:
+            task_id: The task.
+            resumable: The caller activated the resume extension.
+
+        Raises:
+            TaskNotFoundError: The journal has no such task (never had it, or
+                it was dropped by retention).
+        """
+        live = self._live.get(task_id)
+        if live is not None and live.task is not None:
+            if resumable:
+                live.log.make_resumable()
+            task, seq = await live.snapshot()
+            if task is not None:
+                return task, seq
+        recorded = await self._get_recorded(task_id)
+        return recorded.task, recorded.seq
+
+    async def _get_recorded(self, task_id: str) -> RecordedTask:
+        recorded = await self._journal.get(task_id)
+        if recorded is None:
+            raise TaskNotFoundError(f"task {task_id!r} not found")
+        return recorded
+
+    def _owned_elsewhere(self, recorded: RecordedTask) -> bool:
+        return (
+            self._cluster is not None
+            and bool(recorded.owner)
+            and recorded.owner != self._cluster.instance_id
+        )
+
+    async def cancel(self, task_id: str, call: Caller, *, route: bool = True) -> Task:
+        """Cancel a task; every stream of it, on every instance, ends with CANCELED.
+
+        The executor's ``cancel()`` gets ``cancel_timeout`` seconds to end the
+        task; if it does not (no-op, raised, hung), the server ends it
+        CANCELED itself and cancels the executor. A task another instance
+        owns is canceled by that owner (unless ``route`` is False).
+
+        Raises:
+            TaskNotFoundError: No such task.
+            TaskNotCancelableError: The task already ended.
+            OwnerUnavailableError: The task's owner did not answer (cluster mode).
+        """
+        started = time.monotonic()
+        live = self._live.get(task_id)
+        if live is None or live.task is None or taskops.is_final(live.task):
+            # Not running here (or not yet created): the journal decides.
+            found = await self._get_recorded(task_id)
+            recorded = found.task
+            if not taskops.is_final(recorded) and route and self._owned_elsewhere(found):
+                assert self._cluster is not None
+                final = await self._cluster.cancel(found, call)
+                self.metrics.cancel_seconds.observe(time.monotonic() - started)
+                return final
+            live = self._live.get(task_id)
+            if taskops.is_final(recorded) or live is None:
+                raise TaskNotCancelableError(
+                    f"task {task_id!r} is {taskops.state_name(recorded.status.state)} "
+                    "and cannot be canceled"
+                )
+        run = live.run
+        if run is None or not run.request_cancel():
+            context = request_context(
+                call,
+                task_id=task_id,
+                context_id=live.context_id,
+                task=taskops.copy(live.task) if live.task else None,
+            )
+            self._spawn(live, context, execute=False, cancel=True)
+        try:
+            # The run bounds cancel() by cancel_timeout and then ends the task
+            # itself; this wait only guards against a run that cannot.
+            async with asyncio.timeout(self._config.cancel_timeout + CANCEL_SLACK):
+                while not live.log.closed:
+                    await live.log.wait_changed()
+        except TimeoutError:
+            logger.error("task %s: its run did not end it after cancel; ending it here", task_id)
+            await live.finalize(TaskState.TASK_STATE_CANCELED, "task canceled by request")
+        self.metrics.cancel_seconds.observe(time.monotonic() - started)
+        final = (await self._get_recorded(task_id)).task
+        if final.status.state != TaskState.TASK_STATE_CANCELED:
+            raise TaskNotCancelableError(
+                f"task {task_id!r} ended {taskops.state_name(final.status.state)} "
+                "before it could be canceled"
+            )
+        return final
+
+    async def subscribe(self, task_id: str, *, resumable: bool = False) -> tuple[Task, LogReader]:
+        """Join a live task's log at its current end.
+
+        Returns:
+            The task snapshot and a reader of every frame after it.
+
+        Raises:
+            TaskNotFoundError: No such task.
+            UnsupportedOperationError: The task already ended.
+        """
+        found = await self._get_recorded(task_id)
+        live = self._live.get(task_id)
+        if live is None and self._cluster is not None and not taskops.is_final(found.task):
+            return await self._cluster.subscribe(found)
+        try:
+            if live is None:
+                raise LogClosedError(task_id)
+            if resumable:
+                live.log.make_resumable()
+            snapshot, reader = await live.subscribe()
+        except LogClosedError:
+            raise _ended(found.task) from None
+        return snapshot or found.task, reader
+
+    async def resume(self, task_id: str, after: int) -> LogReader:
+        """A reader of exactly the task's frames after ``after`` (the resume extension).
+
+        Served from this instance's log of the task when it still keeps frame
+        ``after + 1``; in cluster mode from the shared event log otherwise. A
+        reader resumed after an ended task's final frame ends at once.
+
+        Raises:
+            TaskNotFoundError: No such task.
+            FrameNotKeptError: Frame ``after + 1`` is no longer kept (or
+                ``after`` is past the task's last frame).
+        """
+        live = self._live.get(task_id)
+        log = live.log if live is not None else self.pool.retained(task_id)
+        if log is not None:
+            log.make_resumable()
+            if log.first_kept - 1 <= after <= log.last_seq:
+                return log.reader(after + 1)
+        recorded = await self._get_recorded(task_id)
+        last = max(recorded.seq, log.last_seq if log is not None else 0)
+        if after > last:
+            raise FrameNotKeptError(task_id, after + 1, log.first_kept if log else last + 1, last)
+        if after == last and taskops.is_final(recorded.task):
+            return TaskLog.ended(task_id, self.pool, last).reader(after + 1)
+        if self._cluster is not None:
+            return await self._cluster.replay(recorded, after)
+        first = log.first_kept if log is not None else last + 1
+        raise FrameNotKeptError(task_id, after + 1, first, last)
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop accepting work, let runs finish for ``grace`` seconds, then end the rest FAILED."""
+        self._accepting = False
+        try:
+            async with asyncio.timeout(grace):
+                await self._wait_runs_interrupted()
+        except TimeoutError:
+            pass
+        for live in list(self._live.values()):
+            await live.finalize(TaskState.TASK_STATE_FAILED, "server shutting down")
+        try:
+            async with asyncio.timeout(self._config.cancel_timeout):
+                await self.wait_idle()
+        except TimeoutError:
+            # Only an executor that swallows its cancellation gets here; its
+            # streams already have their final frame.
+            logger.error("%d run(s) ignored cancellation at shutdown", len(self._runs))
+        self.pool.close()
+
+    async def wait_idle(self) -> None:
+        """Wait until no run of this engine is alive."""
+        await self._idle.wait()
+
+    async def _check_follow_up(self, task_id: str, context_id: str) -> RecordedTask:
+        found = await self._get_recorded(task_id)
+        recorded = found.task
+        if context_id and context_id != recorded.context_id:
+            raise InvalidParamsError(
+                f"message.context_id {context_id!r} does not match task {task_id!r}'s "
+                f"context {recorded.context_id!r}; omit it or send the task's own"
+            )
+        if taskops.is_final(recorded):
+            raise _no_more_messages(recorded)
+        return found
+
+    def _admit(self, found: RecordedTask) -> LiveTask:
+        recorded = found.task
+        live = self._live.get(recorded.id)
+        if live is None or live.log.closed:
+            raise _no_more_messages(recorded)
+        if live.admitting or (live.run is not None and not live.run.finished):
+            raise UnsupportedOperationError(
+                f"task {recorded.id!r} is still {taskops.state_name(recorded.status.state)}; "
+                "send follow-ups only when it asks for input, or cancel it"
+            )
+        # Held until the follow-up's run is spawned: one executor per task.
+        live.admitting = True
+        return live
+
+    async def _route_send(
+        self, found: RecordedTask, request: SendMessageRequest, call: Caller
+    ) -> Routed:
+        assert self._cluster is not None
+        # Subscribed before the owner starts: no frame of this message is missed.
+        snapshot, reader = await self._cluster.subscribe(found)
+        try:
+            await self._cluster.send(found, request, call)
+        except BaseException:
+            reader.close()
+            raise
+        request.message.context_id = snapshot.context_id
+        taskops.add_user_message(snapshot, request.message)
+        return Routed(snapshot, reader, self._journal)
+
+    def _register(self, live: LiveTask) -> None:
+        self._live[live.task_id] = live
+
+        def forget() -> None:
+            self._live.pop(live.task_id, None)
+
+        live.log.on_close(forget)
+
+    def _spawn(
+        self,
+        live: LiveTask,
+        context: RequestContext,
+        *,
+        execute: bool = True,
+        cancel: bool = False,
+    ) -> ExecutionSupervisor:
+        run = ExecutionSupervisor(
+            live,
+            self._executor,
+            context,
+            self._config.event_queue_size,
+            self._config.cancel_timeout,
+            execute=execute,
+            cancel=cancel,
+        )
+        live.run = run
+        task = asyncio.create_task(run.run(), name=f"{TASK_PREFIX}:run:{live.task_id}")
+        self._runs[task] = run
+        self._idle.clear()
+        task.add_done_callback(self._run_done)
+        return run
+
+    def _run_done(self, task: asyncio.Task[None]) -> None:
+        run = self._runs.pop(task)
+        if run.live.run is run:
+            run.live.run = None
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("run of task %s crashed", run.live.task_id, exc_info=task.exception())
+        if not self._runs:
+            self._idle.set()
+
+    async def _wait_runs_interrupted(self) -> None:
+        while self._runs:
+            await asyncio.wait(list(self._runs), return_when=asyncio.FIRST_COMPLETED)

@@ -1,0 +1,128 @@
+"""NatsCluster: this instance's membership of a cluster on NATS JetStream.
+
+Lifecycle: ``await NatsCluster.connect(config)`` opens the connection and
+the shared assets; its ``journal`` is the service's; ``join(engine)``
+(called by ``A2AService.start``) starts the lease and the routed-request
+service; ``leave()`` (called by ``A2AService.shutdown`` after the local tasks
+ended) severs relays, stops routing and releases the lease; ``close()``
+closes the connection.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from a2a.types.a2a_pb2 import SendMessageRequest, Task
+
+from ..callmeta import Caller
+from ..journal import RecordedTask
+from ..tasklog import LogReader
+from .conn import NatsConfig, NatsConnection, connect
+from .journal import JetStreamJournal
+from .lease import Lease
+from .relay import Relays
+from .requests import JetStreamRequests
+from .routing import Router
+
+if TYPE_CHECKING:
+    from ..engine import TaskEngine
+
+CANCEL_SLACK = 1.0
+
+
+class NatsCluster:
+    """Implements ``cluster.Cluster`` on a NATS connection.
+
+    Args:
+        conn: An open connection (see ``connect``).
+        requests: Lean JetStream requests on it, started.
+    """
+
+    def __init__(self, conn: NatsConnection, requests: JetStreamRequests) -> None:
+        self.conn = conn
+        self._requests = requests
+        self._journal = JetStreamJournal(
+            requests,
+            conn.js,
+            conn.tasks,
+            conn.config.instance_id,
+            conn.config.snapshot_every,
+        )
+        self._relays: Relays | None = None
+        self._router: Router | None = None
+        self.lease: Lease | None = None
+
+    @classmethod
+    async def connect(cls, config: NatsConfig) -> NatsCluster:
+        """Connect to NATS and prepare the shared assets.
+
+        Raises:
+            ConnectionError: NATS or JetStream is not available.
+        """
+        conn = await connect(config)
+        requests = JetStreamRequests(conn.nc)
+        await requests.start()
+        return cls(conn, requests)
+
+    @property
+    def instance_id(self) -> str:
+        """This instance's id."""
+        return self.conn.config.instance_id
+
+    @property
+    def journal(self) -> JetStreamJournal:
+        """The shared record (the event stream and the snapshot bucket)."""
+        return self._journal
+
+    async def join(self, engine: TaskEngine) -> None:
+        """Start heartbeating and serving routed requests for ``engine``.
+
+        Raises:
+            StoreError: The shared record could not be read.
+        """
+        config = engine.config
+        self._relays = Relays(self._journal, engine.pool, engine.metrics)
+        self._router = Router(self.conn.nc, self.instance_id, config.cancel_timeout + CANCEL_SLACK)
+        self.lease = Lease(self.conn, self._journal, engine.metrics)
+        await self.lease.start()
+        await self._router.start(engine)
+
+    async def leave(self) -> None:
+        """Sever relayed streams, stop routing, release the lease (survivors sweep at once)."""
+        if self._relays is not None:
+            self._relays.sever_all("this instance is shutting down; resubscribe through another")
+            await self._relays.wait_closed()
+        if self._router is not None:
+            await self._router.stop()
+        if self.lease is not None:
+            await self.lease.stop(release=True)
+
+    async def close(self) -> None:
+        """Close the NATS connection."""
+        await self._requests.close()
+        await self.conn.close()
+
+    async def wait_idle(self) -> None:
+        """Wait until relay cleanups are done (for leak checks)."""
+        if self._relays is not None:
+            await self._relays.wait_closed()
+
+    async def subscribe(self, recorded: RecordedTask) -> tuple[Task, LogReader]:
+        """Join the task through this instance's relay (see ``Cluster.subscribe``)."""
+        assert self._relays is not None, "join() first"
+        return await self._relays.subscribe(recorded.task.id)
+
+    async def replay(self, recorded: RecordedTask, after: int) -> LogReader:
+        """A reader of the task's frames after ``after`` (see ``Cluster.replay``)."""
+        assert self._relays is not None, "join() first"
+        return await self._relays.replay(recorded, after)
+
+    async def cancel(self, recorded: RecordedTask, call: Caller) -> Task:
+        """Have the owner cancel the task (see ``Cluster.cancel``)."""
+        assert self._router is not None, "join() first"
+        return await self._router.cancel(recorded.owner, recorded.task.id, call)
+
+    async def send(self, recorded: RecordedTask, request: SendMessageRequest, call: Caller) -> None:
+        """Have the owner start a follow-up (see ``Cluster.send``)."""
+        assert self._router is not None, "join() first"
+        await self._router.send(recorded.owner, request, call)

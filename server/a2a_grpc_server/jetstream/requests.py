@@ -1,0 +1,169 @@
+"""Lean JetStream requests on one connection: publish with an ack, and batched direct gets.
+
+nats-py's ``JetStreamContext.publish`` goes through its generic request path
+(each reply passes through a subscription task, ``asyncio.wait_for``, a JSON
+decode into a dataclass): measured here at about twice the CPU a publish
+needs (45 vs 23 us per publish, 16 concurrent publishers). Every change of
+a task is one publish, so this module does just what the journal needs: one
+wildcard inbox subscription per connection; each request registers a
+handler under its own token and is woken directly by the reply.
+
+Who runs what: nats-py calls ``_on_reply`` in the inbox subscription's task;
+it hands the reply to the waiting request (a future for a publish, a queue
+for a batched get) and returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import re
+from collections.abc import Callable
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+STATUS = "Status"
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code for a failed expected-last-subject-sequence check."""
+_SEQ = re.compile(rb'"seq":(\d+)')
+
+
+class WrongLastSequenceError(Exception):
+    """A publish's expected last subject sequence did not match (someone else wrote)."""
+
+
+class JetStreamRequests:
+    """Publish-with-ack and direct gets over ``nc``, one inbox subscription for all.
+
+    Args:
+        nc: The connection.
+    """
+
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+        self._prefix = ""
+        self._tokens = itertools.count(1)
+        self._waiting: dict[str, Callable[[Msg], None]] = {}
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        """Subscribe the inbox (once, before the first request)."""
+        self._prefix = self._nc.new_inbox()
+        self._sub = await self._nc.subscribe(f"{self._prefix}.*", cb=self._on_reply)
+
+    async def close(self) -> None:
+        """Stop listening for replies (requests still waiting time out)."""
+        if self._sub is not None:
+            sub, self._sub = self._sub, None
+            with contextlib.suppress(nats.errors.Error):  # the connection is closing
+                await sub.unsubscribe()
+
+    async def publish(
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str],
+        timeout: float,  # noqa: ASYNC109 (a timer, not a wait: the reply may come late)
+    ) -> int:
+        """Publish to a stream and return the stream sequence it was stored at.
+
+        Raises:
+            WrongLastSequenceError: The expected last subject sequence did not match.
+            nats.errors.TimeoutError: No ack within ``timeout``.
+            nats.errors.NoRespondersError: No stream takes the subject (yet).
+            nats.js.errors.APIError: JetStream refused it (its subclass says why).
+        """
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[Msg] = loop.create_future()
+        inbox = self._register(reply.set_result)
+        timer = loop.call_later(timeout, _expire, reply)
+        try:
+            await self._nc.publish(subject, data, reply=inbox, headers=headers)
+            msg = await reply
+        finally:
+            timer.cancel()
+            self._waiting.pop(inbox.rsplit(".", 1)[1], None)
+        return _ack(msg)
+
+    async def direct_get(
+        self,
+        stream: str,
+        request: dict[str, object],
+        timeout: float,  # noqa: ASYNC109 (bounds the whole answer, many messages)
+    ) -> list[Msg]:
+        """Send a direct get and return the messages it answered with (none if nothing matched).
+
+        ``request`` is JetStream's direct get request; with ``batch`` in it the
+        answer is several messages, ended by an end-of-batch status.
+
+        Raises:
+            nats.errors.TimeoutError: The answer did not complete within ``timeout``.
+            nats.errors.NoRespondersError: The stream does not answer direct gets.
+            nats.js.errors.APIError: JetStream refused the request.
+        """
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+        inbox = self._register(queue.put_nowait)
+        found: list[Msg] = []
+        try:
+            await self._nc.publish(
+                f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox
+            )
+            async with asyncio.timeout(timeout):
+                while True:
+                    msg = await queue.get()
+                    status = (msg.headers or {}).get(STATUS)
+                    if status is None:
+                        found.append(msg)
+                        if "batch" not in request:
+                            return found
+                    elif status in ("204", "404"):  # end of batch; nothing (more) to get
+                        return found
+                    elif status == "503":
+                        raise nats.errors.NoRespondersError
+                    else:
+                        raise nats.js.errors.APIError(
+                            code=int(status), description=(msg.headers or {}).get("Description")
+                        )
+        except TimeoutError:
+            raise nats.errors.TimeoutError from None
+        finally:
+            self._waiting.pop(inbox.rsplit(".", 1)[1], None)
+
+    def _register(self, handler: Callable[[Msg], None]) -> str:
+        if self._sub is None:
+            raise nats.errors.ConnectionClosedError
+        token = str(next(self._tokens))
+        self._waiting[token] = handler
+        return f"{self._prefix}.{token}"
+
+    async def _on_reply(self, msg: Msg) -> None:
+        handler = self._waiting.get(msg.subject.rsplit(".", 1)[1])
+        if handler is not None:
+            with contextlib.suppress(asyncio.InvalidStateError):  # it timed out meanwhile
+                handler(msg)
+
+
+def _expire(reply: asyncio.Future[Msg]) -> None:
+    if not reply.done():
+        reply.set_exception(nats.errors.TimeoutError())
+
+
+def _ack(msg: Msg) -> int:
+    """The stream sequence in a publish ack, or the error it carries."""
+    data = msg.data
+    if (msg.headers or {}).get(STATUS) == "503":
+        raise nats.errors.NoRespondersError
+    if b'"error"' not in data:
+        found = _SEQ.search(data)
+        if found is not None:
+            return int(found.group(1))
+    error = json.loads(data).get("error") or {"code": 500, "description": data.decode()}
+    if error.get("err_code") == WRONG_LAST_SEQUENCE:
+        raise WrongLastSequenceError(error.get("description", ""))
+    raise nats.js.errors.APIError.from_error(error)

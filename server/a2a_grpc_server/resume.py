@@ -1,0 +1,105 @@
+"""The resume extension: every frame numbered, and SubscribeToTask from a cursor.
+
+A2A v1.0 has no way to pick a stream up where it broke (A2A #1986 asks for a
+per-task sequence and a last-seen cursor; v1.1's ``generation`` numbers a
+task's changes, A2A #1810). This server offers it as an A2A extension,
+declared in the agent card under ``capabilities.extensions`` with ``URI``:
+
+* A client activates it per call with the ``a2a-extensions`` metadata entry
+  naming ``URI``; the server then lists it in the response's
+  ``a2a-extensions`` header.
+* Every frame such a client receives carries its sequence number in the
+  frame's ``metadata`` under ``URI``, as ``{"seq": N}`` (the snapshot ``Task``
+  that starts a stream, the ``Task`` of GetTask and SendMessage: in
+  ``Task.metadata``, with the number of the last change it includes).
+* ``SubscribeToTask`` with metadata ``a2a-resume-after: N`` streams exactly the
+  frames after N, without a snapshot first; it ends at once (OK) if N is the
+  task's final frame, and fails OUT_OF_RANGE (reason ``FRAME_NOT_KEPT``) if
+  frame N+1 is no longer kept.
+
+Numbers count the task's changes from 1 (the task itself) with no gap; a
+follow-up user message is a change without a frame, so a stream may skip a
+number. They are the same on every instance.
+"""
+
+from __future__ import annotations
+
+from a2a.types.a2a_pb2 import AgentExtension, StreamResponse, Task
+from google.protobuf.struct_pb2 import Struct
+
+from .callmeta import Caller
+from .errors import InvalidFieldError
+
+URI = "urn:a2a-grpc-server:extension:resume:v1"
+"""The extension's URI: what clients name in ``a2a-extensions`` and find in metadata."""
+RESUME_AFTER_KEY = "a2a-resume-after"
+"""The call metadata key of a resumption cursor (on SubscribeToTask)."""
+
+_PAYLOADS = {1: "task", 2: "message", 3: "status_update", 4: "artifact_update"}
+"""StreamResponse's payload field by number (a serialized frame starts with its tag)."""
+
+
+def extension(window: float) -> AgentExtension:
+    """The card's declaration of the extension (not required: plain clients are served)."""
+    params = Struct()
+    params.update({"resumeAfterMetadataKey": RESUME_AFTER_KEY, "windowSeconds": window})
+    return AgentExtension(
+        uri=URI,
+        description=(
+            "Stream resumption: each frame carries metadata[uri].seq, its number in the "
+            f"task's log; SubscribeToTask with metadata '{RESUME_AFTER_KEY}: <seq>' streams "
+            "exactly the frames after it, on any instance."
+        ),
+        required=False,
+        params=params,
+    )
+
+
+def activated(call: Caller) -> bool:
+    """Whether the call activated the extension."""
+    return URI in call.extensions()
+
+
+def resume_after(call: Caller) -> int | None:
+    """The resumption cursor of a SubscribeToTask call, if it sent one.
+
+    Raises:
+        InvalidFieldError: The cursor is not a non-negative integer, or the
+            call did not activate the extension.
+    """
+    value = None
+    for key, text in call.headers:
+        if key == RESUME_AFTER_KEY:
+            value = text.strip()
+    if value is None:
+        return None
+    if not value.isdigit() or len(value) > 18:
+        raise InvalidFieldError(
+            RESUME_AFTER_KEY,
+            f"must be the seq of the last frame received (an integer >= 0), not {value[:32]!r}",
+        )
+    if not activated(call):
+        raise InvalidFieldError(
+            RESUME_AFTER_KEY, f"needs the resume extension: send metadata 'a2a-extensions: {URI}'"
+        )
+    return int(value)
+
+
+def tag(frame: bytes, seq: int) -> bytes:
+    """``frame`` with ``{"seq": seq}`` added to its payload's metadata under ``URI``.
+
+    Serialized protobuf messages concatenate as a merge, so the tag is a small
+    frame of the same payload kind appended to the bytes: the frame is neither
+    parsed nor copied. (A key the agent set under ``URI`` is replaced.)
+    """
+    kind = _PAYLOADS.get(frame[0] >> 3) if frame else None
+    if kind is None:
+        return frame
+    extra = StreamResponse()
+    getattr(extra, kind).metadata[URI] = {"seq": seq}
+    return frame + extra.SerializeToString()
+
+
+def tag_task(task: Task, seq: int) -> None:
+    """Record in ``task.metadata`` that it includes the changes up to ``seq``."""
+    task.metadata[URI] = {"seq": seq}

@@ -1,0 +1,610 @@
+"""TaskLog: a task's frames in order, numbered 1, 2, 3, …; every reader is a cursor into it.
+
+Who runs what: everything here is synchronous except ``LogReader.__anext__``
+and ``TaskLog.wait_changed``; all of it runs on the server's event loop. A
+log has one writer. On the instance that runs the task it is the task's
+``LiveTask``, which appends a frame only after the journal accepted the change
+(persist, then append) and holds the task's lock from changing the task to
+appending, so ``subscribe`` (taken under the same lock) sees a snapshot and a
+cursor that agree. On another instance it is the task's relay, which appends
+the owner's frames with the owner's numbers. Each stream handler owns one
+``LogReader`` and is its only user.
+
+Who closes what:
+
+* ``seal(final)`` ends the task's log, idempotently and always in this order:
+  (1) append the final frame unless a final frame was already appended (the
+  log is then sealed: nothing can follow it); (2) mark the log closed; (3) run
+  the close callbacks, which cancel the task's producer and consumer; (4) wake
+  every reader. Readers drain to the final frame, then see end-of-stream.
+* The writer never waits for a reader, and a reader is never dropped for being
+  behind. A reader ends early only when the frame it needs next has left the
+  log (see "What is kept"): it then raises ``FrameNotKeptError``
+  (OUT_OF_RANGE), never silently.
+* A reader whose client went away calls ``LogReader.close()``; the task and
+  the other readers are unaffected. When the last reader leaves an open log,
+  ``on_idle`` runs (a relay stops relaying).
+* ``sever(error)`` is for a log that is not the task's own (a relay of a task
+  another instance runs): readers drain what is kept, then raise ``error``.
+
+What is kept (sizes live in the log, not in readers):
+
+* at most ``LogLimits.max_frames`` frames and ``max_bytes`` bytes per task; the
+  oldest go first. The final frame is never dropped for the budget (it is
+  always the newest);
+* a frame that no open reader still needs is released at once, unless the log
+  is *resumable* (a client that activated the resume extension follows the
+  task): then it is kept for ``resume_window`` seconds after it was appended,
+  and an ended resumable log stays readable that long after its end;
+* across every log of a server, ``LogPool.max_bytes``: beyond it, ended logs
+  kept for resumption go first (oldest first), then the oldest frames of the
+  log being appended to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from a2a.types.a2a_pb2 import Task
+
+from . import taskops
+from .errors import FrameNotKeptError
+from .metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+Entry = tuple[int, bytes, int]
+"""What a reader gets: the frame's sequence number, the serialized ``StreamResponse``,
+and the state the frame carries (``TaskState`` value, 0 for a frame without one)."""
+
+ENTRY_OVERHEAD = 64
+"""Bytes charged per kept frame beyond its own size (its slot, time and state)."""
+
+TRIM_EVERY = 64
+"""Frames appended between two scans of where the slowest reader is."""
+
+
+class LogClosedError(Exception):
+    """The log's task has ended; nothing can be appended or subscribed."""
+
+
+class EndReason(enum.Enum):
+    """Why a reader stopped: each outcome has its own name."""
+
+    FINISHED = "finished"
+    """The log closed and the reader read every frame, the final one included."""
+    DETACHED = "detached"
+    """The reader left on its own (its client disconnected, or it had read enough)."""
+    SEVERED = "severed"
+    """This instance stopped relaying the task (it goes on elsewhere)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogLimits:
+    """What one task's log may keep (see the module docstring).
+
+    Attributes:
+        max_frames: Most frames kept per task.
+        max_bytes: Most bytes kept per task (frames plus ``ENTRY_OVERHEAD`` each).
+        resume_window: Seconds a resumable log keeps a frame after appending it.
+    """
+
+    max_frames: int = 16_384
+    max_bytes: int = 16 * 1024 * 1024
+    resume_window: float = 60.0
+
+
+class LogPool:
+    """Every log of one server instance: their common budget, and ended logs kept for resuming.
+
+    Args:
+        max_bytes: Most bytes all logs together keep.
+        limits: The per-task limits every log of this pool gets.
+        metrics: Where dropped frames are counted.
+        clock: Monotonic clock.
+    """
+
+    def __init__(
+        self,
+        max_bytes: int,
+        limits: LogLimits,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.limits = limits
+        self.metrics = metrics
+        self.clock = clock
+        self.used = 0
+        """Bytes all logs of this pool keep right now."""
+        self.peak = 0
+        """The most bytes they kept at once."""
+        self._retained: OrderedDict[str, TaskLog] = OrderedDict()
+        self._watched: dict[TaskLog, None] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def retained_count(self) -> int:
+        """Ended logs kept for resumption."""
+        return len(self._retained)
+
+    def retained(self, task_id: str) -> TaskLog | None:
+        """The ended, still readable log of ``task_id``, if it is kept."""
+        return self._retained.get(task_id)
+
+    def close(self) -> None:
+        """Release every ended log and stop the sweep (the server is stopping)."""
+        for log in list(self._retained.values()):
+            log.release()
+        self._retained.clear()
+        self._watched.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _charge(self, log: TaskLog, nbytes: int) -> None:
+        self.used += nbytes
+        if self.used <= self.max_bytes:
+            self.peak = max(self.peak, self.used)
+            return
+        while self.used > self.max_bytes and self._retained:
+            _, oldest = self._retained.popitem(last=False)
+            oldest.release()
+        if self.used > self.max_bytes:
+            log._shed(self.used - self.max_bytes)
+        self.peak = max(self.peak, self.used)
+
+    def _retain(self, log: TaskLog) -> None:
+        self._retained[log.task_id] = log
+        self._retained.move_to_end(log.task_id)
+        self._watched.pop(log, None)
+        self._schedule()
+
+    def _watch(self, log: TaskLog) -> None:
+        self._watched[log] = None
+        self._schedule()
+
+    def _forget(self, log: TaskLog) -> None:
+        self._watched.pop(log, None)
+        if self._retained.get(log.task_id) is log:
+            del self._retained[log.task_id]
+
+    def _schedule(self) -> None:
+        if self._timer is None and (self._retained or self._watched):
+            period = max(self.limits.resume_window / 4, 0.05)
+            self._timer = asyncio.get_running_loop().call_later(period, self._sweep)
+
+    def _sweep(self) -> None:
+        """Release what the resume window no longer covers (runs every quarter window)."""
+        self._timer = None
+        horizon = self.clock() - self.limits.resume_window
+        for log in (*self._watched, *self._retained.values()):
+            log._expire(horizon)
+        while self._retained:
+            oldest = next(iter(self._retained.values()))
+            if oldest._ended_at > horizon:
+                break
+            self._retained.popitem(last=False)
+            oldest.release()
+        self._schedule()
+
+
+class LogReader:
+    """One cursor into a task's log.
+
+    Iterate it with ``async for``; iteration stops after the final frame (or
+    when the reader was closed), raises ``FrameNotKeptError`` if the next frame
+    left the log before it was read, and raises the severing error of a relay
+    that stopped once the kept frames are read.
+    """
+
+    __slots__ = ("_end", "_log", "_next")
+
+    def __init__(self, log: TaskLog, next_seq: int) -> None:
+        self._log = log
+        self._next = next_seq
+        self._end: EndReason | None = None
+
+    @property
+    def task_id(self) -> str:
+        """The task this reader follows."""
+        return self._log.task_id
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number of the next frame this reader gets."""
+        return self._next
+
+    @property
+    def end_reason(self) -> EndReason | None:
+        """Why the reader stopped, or None while it reads."""
+        return self._end
+
+    def __aiter__(self) -> LogReader:
+        return self
+
+    async def __anext__(self) -> Entry:
+        """Return the next frame, waiting for one if the reader is at the end of the log.
+
+        Raises:
+            StopAsyncIteration: The log closed and every frame was read, or the
+                reader was closed.
+            FrameNotKeptError: The next frame is no longer kept.
+        """
+        log = self._log
+        while True:
+            if self._end is EndReason.DETACHED:
+                raise StopAsyncIteration
+            seq = self._next
+            if seq <= log._last_seq:
+                if seq < log._first_seq:
+                    raise FrameNotKeptError(log.task_id, seq, log._first_seq, log._last_seq)
+                i = log._head + seq - log._first_seq
+                self._next = seq + 1
+                frame = log._frames[i]
+                if not frame:
+                    continue  # a change without a frame (a follow-up message)
+                if seq == log._final_seq:
+                    log.metrics.final_frames += 1
+                return seq, frame, log._states[i]
+            if log._closed:
+                self._finish(EndReason.SEVERED if log._severed else EndReason.FINISHED)
+                if log._severed is not None:
+                    raise log._severed
+                raise StopAsyncIteration
+            await log.wait_changed()
+
+    def close(self) -> None:
+        """Stop reading (the client is gone, or it read what it needed). Idempotent."""
+        self._finish(EndReason.DETACHED)
+
+    def _finish(self, reason: EndReason) -> None:
+        if self._end is None:
+            self._end = reason
+        self._log._discard(self)
+
+
+class TaskLog:
+    """One task's frames and its readers.
+
+    Args:
+        task_id: The task.
+        pool: The server's pool (budget across logs, resumption).
+        relayed: The log relays a task another instance runs: its end is not
+            counted as a task ended here, and it is never kept for resumption
+            (the shared event log serves that).
+        first_seq: The sequence number the first appended frame gets.
+    """
+
+    __slots__ = (
+        "_bytes",
+        "_close_callbacks",
+        "_closed",
+        "_ended_at",
+        "_final_seq",
+        "_first_seq",
+        "_frames",
+        "_head",
+        "_last_seq",
+        "_pool",
+        "_readers",
+        "_relayed",
+        "_severed",
+        "_since_trim",
+        "_states",
+        "_times",
+        "_waiters",
+        "metrics",
+        "on_idle",
+        "resumable",
+        "snapshot",
+        "task_id",
+    )
+
+    def __init__(
+        self, task_id: str, pool: LogPool, *, relayed: bool = False, first_seq: int = 1
+    ) -> None:
+        self.task_id = task_id
+        self._pool = pool
+        self.metrics = pool.metrics
+        self._relayed = relayed
+        # Kept frames: _frames[_head:], numbered _first_seq ... _last_seq.
+        self._frames: list[bytes] = []
+        self._states = bytearray()
+        self._times = array("d")
+        self._head = 0
+        self._first_seq = first_seq
+        self._last_seq = first_seq - 1
+        self._final_seq = 0
+        self._bytes = 0
+        self._since_trim = 0
+        self._closed = False
+        self._ended_at = 0.0
+        self._severed: Exception | None = None
+        # Made only when needed: a parked task with no reader pays for none.
+        self._readers: dict[LogReader, None] | None = None
+        self._waiters: list[asyncio.Future[None]] | None = None
+        self._close_callbacks: list[Callable[[], None]] | None = None
+        self.on_idle: Callable[[], None] | None = None
+        """Called when the last reader leaves an open log."""
+        self.snapshot: Task | None = None
+        """The task as of ``last_seq`` (None before it exists), kept up to date by
+        the writer; ``subscribe`` copies it. Do not mutate it elsewhere."""
+        self.resumable = False
+        """A client that activated the resume extension follows the task: frames are
+        kept for the resume window (set through ``make_resumable``)."""
+
+    @classmethod
+    def ended(cls, task_id: str, pool: LogPool, last_seq: int) -> TaskLog:
+        """A closed log that keeps nothing, for a task that ended at ``last_seq``.
+
+        A reader resumed after the final frame reads it and ends at once.
+        """
+        log = cls(task_id, pool, relayed=True, first_seq=last_seq + 1)
+        log._closed = True
+        return log
+
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the newest frame (0 before the first)."""
+        return self._last_seq
+
+    @property
+    def first_kept(self) -> int:
+        """The sequence number of the oldest frame still kept (``last_seq + 1`` if none)."""
+        return self._first_seq
+
+    @property
+    def final_seq(self) -> int:
+        """The sequence number of the final frame (0 while the task has not ended)."""
+        return self._final_seq
+
+    @property
+    def kept(self) -> int:
+        """Frames kept."""
+        return len(self._frames) - self._head
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes kept (frames plus ``ENTRY_OVERHEAD`` each)."""
+        return self._bytes
+
+    @property
+    def closed(self) -> bool:
+        """Whether the log's task has ended (or the relay stopped)."""
+        return self._closed
+
+    @property
+    def readers(self) -> int:
+        """Readers currently attached."""
+        return len(self._readers) if self._readers else 0
+
+    def make_resumable(self) -> None:
+        """Keep frames for the resume window from now on (a resume-aware client follows)."""
+        if not self.resumable and not self._relayed:
+            self.resumable = True
+            if self._closed:
+                self._ended_at = self._pool.clock()
+                self._pool._retain(self)
+            else:
+                self._pool._watch(self)
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` when the log closes (step 3 of ``seal``)."""
+        if self._closed:
+            callback()
+        elif self._close_callbacks is None:
+            self._close_callbacks = [callback]
+        else:
+            self._close_callbacks.append(callback)
+
+    def remove_on_close(self, callback: Callable[[], None]) -> None:
+        """Forget a callback registered with ``on_close`` (no error if absent)."""
+        if self._close_callbacks and callback in self._close_callbacks:
+            self._close_callbacks.remove(callback)
+
+    def subscribe(self) -> tuple[Task | None, LogReader]:
+        """Join the log at its current end.
+
+        Returns:
+            A copy of the snapshot (None if the task does not exist yet) and a
+            reader of every frame after it: no gap, no duplicate between the two.
+
+        Raises:
+            LogClosedError: The task has already ended.
+        """
+        if self._closed:
+            raise LogClosedError(self.task_id)
+        reader = self.reader(self._last_seq + 1)
+        return (taskops.copy(self.snapshot) if self.snapshot is not None else None), reader
+
+    def reader(self, next_seq: int) -> LogReader:
+        """A reader whose first frame is ``next_seq`` (a resumption, or ``subscribe``).
+
+        The caller checks that ``next_seq`` is kept; a reader past the end waits
+        for it, and one before ``first_kept`` raises ``FrameNotKeptError`` on read.
+        """
+        reader = LogReader(self, next_seq)
+        if not self._closed:
+            if self._readers is None:
+                self._readers = {}
+            self._readers[reader] = None
+        return reader
+
+    def append(self, frame: bytes, state: int = 0, *, final: bool = False) -> int:
+        """Append ``frame`` (after it was persisted) and wake the readers.
+
+        Args:
+            frame: The serialized ``StreamResponse``; empty for a change that has
+                no frame (it still takes a number: numbers count the task's changes).
+            state: The ``TaskState`` the frame carries (0 for none).
+            final: The frame ends the task: the log is sealed (see ``seal``).
+
+        Returns:
+            The frame's sequence number.
+
+        Raises:
+            LogClosedError: The task has already ended.
+        """
+        if self._closed:
+            raise LogClosedError(self.task_id)
+        self._last_seq += 1
+        self._keep(frame, state)
+        if final:
+            self._final_seq = self._last_seq
+            self._close()
+        else:
+            self._wake()
+        return self._last_seq
+
+    def seal(self, final: bytes | None = None, state: int = 0) -> None:
+        """End the log; idempotent. See the module docstring for the order.
+
+        Args:
+            final: The final frame, appended unless a final frame already was.
+            state: The state it carries.
+        """
+        if self._closed:
+            return
+        if final is not None and not self._final_seq:
+            self.append(final, state, final=True)
+        else:
+            self._close()
+
+    def sever(self, error: Exception) -> None:
+        """Stop carrying a task this log only relays; idempotent, no final frame.
+
+        Readers drain what is kept, then raise ``error``. Close callbacks run as
+        for ``seal``.
+        """
+        if self._closed:
+            return
+        self._severed = error
+        self._close()
+
+    def notify(self) -> None:
+        """Wake ``wait_changed`` callers without appending (e.g. a run ended)."""
+        self._wake()
+
+    async def wait_changed(self) -> None:
+        """Wait until the next append, close or ``notify``."""
+        if self._closed:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = [waiter]
+        else:
+            self._waiters.append(waiter)
+        await waiter
+
+    def release(self) -> None:
+        """Drop every kept frame (an ended log that is no longer needed)."""
+        self._drop(self.kept)
+        self._pool._forget(self)
+
+    def _close(self) -> None:
+        self._closed = True
+        if not self._relayed and self._severed is None:
+            ended = self.snapshot
+            state = taskops.state_name(ended.status.state) if ended is not None else "MESSAGE"
+            self.metrics.tasks_ended[state] += 1
+        callbacks, self._close_callbacks = self._close_callbacks, None
+        try:
+            for callback in callbacks or ():
+                callback()
+        finally:
+            self._wake()
+            if self.resumable:
+                self._ended_at = self._pool.clock()
+                self._pool._retain(self)
+            elif not self._readers:
+                self.release()
+
+    def _keep(self, frame: bytes, state: int) -> None:
+        size = len(frame) + ENTRY_OVERHEAD
+        self._frames.append(frame)
+        self._states.append(state)
+        self._times.append(self._pool.clock() if self.resumable else 0.0)
+        self._bytes += size
+        limits = self._pool.limits
+        over = self.kept - limits.max_frames
+        while over > 0 or (self._bytes > limits.max_bytes and self.kept > 1):
+            self._drop(1, budget=True)
+            over -= 1
+        self._pool._charge(self, size)
+        if not self.resumable:
+            if not self._readers:
+                self._drop(self.kept)  # nobody will read it: numbered, not kept
+            else:
+                self._since_trim += 1
+                if self._since_trim >= TRIM_EVERY:
+                    self._trim_read()
+
+    def _trim_read(self) -> None:
+        """Release the frames every reader has read (the log is not resumable)."""
+        self._since_trim = 0
+        if self._readers:
+            slowest = min(reader._next for reader in self._readers)
+            self._drop(min(slowest - self._first_seq, self.kept))
+
+    def _expire(self, horizon: float) -> None:
+        """Release frames appended before ``horizon`` that every reader has read."""
+        slowest = min((r._next for r in self._readers or ()), default=self._last_seq + 1)
+        drop = 0
+        times, start = self._times, self._head
+        while drop < self.kept and times[start + drop] < horizon:
+            drop += 1
+        self._drop(min(drop, slowest - self._first_seq))
+
+    def _shed(self, nbytes: int) -> None:
+        """Drop the oldest frames until ``nbytes`` are freed (the pool is over budget)."""
+        freed = 0
+        while freed < nbytes and self.kept > 1:
+            freed += len(self._frames[self._head]) + ENTRY_OVERHEAD
+            self._drop(1, budget=True)
+
+    def _drop(self, count: int, *, budget: bool = False) -> None:
+        if count <= 0:
+            return
+        freed = sum(len(f) for f in self._frames[self._head : self._head + count])
+        freed += ENTRY_OVERHEAD * count
+        self._head += count
+        self._first_seq += count
+        self._bytes -= freed
+        self._pool.used -= freed
+        if budget:
+            self.metrics.frames_dropped += count
+        if self._head >= 64 and self._head * 2 >= len(self._frames):
+            del self._frames[: self._head]
+            del self._states[: self._head]
+            del self._times[: self._head]
+            self._head = 0
+
+    def _discard(self, reader: LogReader) -> None:
+        if not self._readers or reader not in self._readers:
+            return
+        del self._readers[reader]
+        if self._readers:
+            return
+        self._readers = None
+        if self._closed:
+            if not self.resumable:
+                self.release()
+        else:
+            if not self.resumable:
+                self._drop(self.kept)
+            if self.on_idle is not None:
+                self.on_idle()
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, None
+        for waiter in waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
