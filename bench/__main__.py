@@ -57,14 +57,15 @@ def scenarios(seconds: float) -> list[Scenario]:
                 lambda t, c=callers: load.streaming(t, c, seconds, 100_000),  # type: ignore[misc]
             )
         )
-    for subs in (1, 10, 100):
-        out.append(
-            (
-                f"fan-out 1000 to {subs}",
-                ["frames_per_s", "lag_p50_ms", "lag_p99_ms"],
-                lambda t, s=subs: load.fan_out(t, s),  # type: ignore[misc]
+    for count in (1000, 10_000):
+        for subs in (1, 10, 100):
+            out.append(
+                (
+                    f"fan-out {count} to {subs}",
+                    ["frames_per_s", "missing_frames", "missing_final_frames", "lag_p99_ms"],
+                    lambda t, s=subs, c=count: load.fan_out(t, s, c),  # type: ignore[misc]
+                )
             )
-        )
     out.append(("cancel -> final frame", ["p50_ms", "p99_ms", "missing_final_frames"], load.cancel))
     return out
 

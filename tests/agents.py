@@ -311,12 +311,13 @@ class BurstAgent(AgentExecutor):
 
 class ChunkAgent(AgentExecutor):
     """Emits WORKING, waits for ``release``, then appends ``count`` chunks to one
-    artifact (``append: true``), then COMPLETED: a duplicated frame shows as a
-    longer artifact."""
+    artifact (``append: true``), then waits for ``finish`` and completes: a
+    duplicated frame shows as a longer artifact."""
 
     def __init__(self, count: int) -> None:
         self.count = count
         self.release = asyncio.Event()
+        self.finish = asyncio.Event()
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         updater = _updater(context, event_queue)
@@ -325,6 +326,38 @@ class ChunkAgent(AgentExecutor):
         await updater.add_artifact([Part(text="start;")], artifact_id="doc")
         for i in range(self.count):
             await updater.add_artifact([Part(text=f"{i};")], artifact_id="doc", append=True)
+        await self.finish.wait()
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).cancel()
+
+
+class StepAgent(AgentExecutor):
+    """Emits WORKING, then one artifact update per ``step()`` of the test, and COMPLETED
+    on ``finish()``: the test decides where every frame falls."""
+
+    def __init__(self) -> None:
+        self._steps: asyncio.Queue[bool] = asyncio.Queue()
+        self.working = asyncio.Event()
+
+    def step(self, count: int = 1) -> None:
+        """Have the agent emit ``count`` more artifact updates."""
+        for _ in range(count):
+            self._steps.put_nowait(True)
+
+    def finish(self) -> None:
+        """Have the agent complete the task (after the steps already asked for)."""
+        self._steps.put_nowait(False)
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = _updater(context, event_queue)
+        await updater.start_work()
+        self.working.set()
+        i = 0
+        while await self._steps.get():
+            await updater.add_artifact([Part(text=str(i))], artifact_id=f"step-{i}")
+            i += 1
         await updater.complete()
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:

@@ -58,6 +58,7 @@ async def start_instance(
     lease: float = 2.0,
     replicas: int = 1,
     config: ServerConfig | None = None,
+    events_per_task: int = 16_384,
 ) -> Instance:
     """Start one instance joined to the cluster on ``servers``."""
     cluster = await NatsCluster.connect(
@@ -66,6 +67,7 @@ async def start_instance(
             instance_id=f"{name}-{uuid.uuid4().hex[:6]}",
             lease=lease,
             replicas=replicas,
+            events_per_task=events_per_task,
         )
     )
     service = A2AService(

@@ -7,6 +7,7 @@ import contextlib
 import types
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from a2a.client.transports.grpc import GrpcTransport
@@ -19,12 +20,17 @@ from a2a.types.a2a_pb2 import (
     SendMessageConfiguration,
     SendMessageRequest,
     StreamResponse,
+    SubscribeToTaskRequest,
+    Task,
     TaskState,
 )
 from google.rpc import error_details_pb2, status_pb2
 
-from a2a_grpc_server import A2AService, ServerConfig
+from a2a_grpc_server import A2AService, ServerConfig, taskops
 from a2a_grpc_server.journal import TaskJournal
+
+if TYPE_CHECKING:
+    from .agents import ChunkAgent
 
 PACKAGE_DIR = "a2a_grpc_server"
 V1 = (("a2a-version", "1.0"),)
@@ -185,3 +191,52 @@ def kinds(frames: Iterable[StreamResponse]) -> list[str]:
         else:
             out.append(str(kind))
     return out
+
+
+async def read_all(call: Any, into: list[StreamResponse]) -> None:
+    """Read a stream call to its end (raises what ended it, if not OK)."""
+    while (frame := await call.read()) is not grpc.aio.EOF:
+        into.append(frame)
+
+
+async def attach_as_it_flows(
+    stub: a2a_pb2_grpc.A2AServiceStub, agent: ChunkAgent, points: list[int]
+) -> tuple[list[StreamResponse], list[list[StreamResponse]], str]:
+    """Start a chunked task; attach one subscriber after each number of frames in
+    ``points`` (in the middle of the journal writes); let the task complete once
+    every subscriber has its snapshot; return every stream's frames."""
+    sender = stub.SendStreamingMessage(send_request("go"), metadata=V1)
+    task_id = (await sender.read()).task.id
+    assert (await sender.read()).status_update.status.state == TaskState.TASK_STATE_WORKING
+    agent.release.set()
+    subscribers: list[asyncio.Future[list[StreamResponse]]] = []
+    attached: list[asyncio.Event] = []
+
+    async def subscriber(snapshot: asyncio.Event) -> list[StreamResponse]:
+        call = stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=V1)
+        frames: list[StreamResponse] = [await call.read()]
+        snapshot.set()
+        await read_all(call, frames)
+        return frames
+
+    from_sender: list[StreamResponse] = []
+    while len(from_sender) < agent.count + 1:  # the artifact and every chunk
+        from_sender.append(await sender.read())
+        while points and len(from_sender) >= points[0]:
+            points.pop(0)
+            attached.append(asyncio.Event())
+            subscribers.append(asyncio.ensure_future(subscriber(attached[-1])))
+    for event in attached:
+        await event.wait()
+    agent.finish.set()
+    await read_all(sender, from_sender)
+    return from_sender, list(await asyncio.gather(*subscribers)), task_id
+
+
+def rebuilt(frames: list[StreamResponse]) -> Task:
+    """The task a subscriber holds: its snapshot with every frame after it applied."""
+    assert frames[0].WhichOneof("payload") == "task"
+    task = taskops.copy(frames[0].task)
+    for frame in frames[1:]:
+        task = taskops.apply_frame(task, frame)
+    return task

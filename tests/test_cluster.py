@@ -4,7 +4,9 @@ gets the task's outcome, whichever instance the request went through."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -17,13 +19,23 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import taskops
+from a2a_grpc_server.resume import RESUME_AFTER_KEY, URI
 
-from . import natsserver
-from .agents import CallerAgent, FloodAgent, InputAgent
+from . import natsserver, readerproc
+from .agents import BurstAgent, CallerAgent, ChunkAgent, FloodAgent, InputAgent, StepAgent
 from .clusterharness import GatedPerTask, Instance, collect, instances
-from .harness import V1, last_state, rich_status, send_request
+from .harness import (
+    V1,
+    attach_as_it_flows,
+    last_state,
+    read_all,
+    rebuilt,
+    rich_status,
+    send_request,
+)
 
 S = TaskState
+RESUME = (*V1, ("a2a-extensions", URI))
 
 
 @pytest.fixture(scope="module")
@@ -222,3 +234,122 @@ async def test_the_record_numbers_a_tasks_changes_without_gaps_in_stream_order(
         recorded = await b.cluster.journal.get(asked.task.id)
         assert recorded is not None
         assert (recorded.seq, recorded.version) == (entries[-1].seq, entries[-1].pos)
+
+
+@pytest.mark.timeout(150)
+async def test_a_burst_reaches_every_relayed_subscriber_whole_in_order_with_the_outcome(
+    nats_url: str,
+) -> None:
+    agent = BurstAgent(count=10_000)
+    async with asyncio.timeout(140), instances(agent, [nats_url]) as (a, b):
+        sender = a.stub.SendStreamingMessage(send_request("go"), metadata=V1)
+        task_id = (await sender.read()).task.id
+        assert (await sender.read()).status_update.status.state == S.TASK_STATE_WORKING
+        readers = await readerproc.start(b.address, task_id, 100)
+        agent.release.set()
+        from_sender: list[StreamResponse] = []
+        await read_all(sender, from_sender)
+        expected = [f"chunk-{i}" for i in range(10_000)]
+        assert [f.artifact_update.artifact.artifact_id for f in from_sender[:-1]] == expected
+        for stream in await readers.results():
+            assert stream["ids"] == expected
+            assert stream["last_state"] == S.TASK_STATE_COMPLETED
+            assert stream["same_as_first"]
+        assert b.service.metrics.frames_dropped == 0
+
+
+async def test_subscribers_attaching_on_the_owner_mid_stream_rebuild_the_recorded_task(
+    nats_url: str,
+) -> None:
+    agent = ChunkAgent(count=400)
+    async with asyncio.timeout(40), instances(agent, [nats_url]) as (a, b):
+        points = sorted(random.Random(11).sample(range(1, 400), 30))
+        _, streams, task_id = await attach_as_it_flows(a.stub, agent, points)
+        stored = await b.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
+        assert len(streams) == 30
+        for frames in streams:
+            assert list(rebuilt(frames).artifacts) == list(stored.artifacts), "no frame twice"
+            assert last_state(frames) == S.TASK_STATE_COMPLETED
+
+
+def seq_of(frame: StreamResponse) -> int:
+    kind = frame.WhichOneof("payload")
+    assert kind is not None
+    return int(getattr(frame, kind).metadata[URI]["seq"])
+
+
+def resume_call(instance: Instance, task_id: str, after: int) -> Any:
+    metadata = (*RESUME, (RESUME_AFTER_KEY, str(after)))
+    return instance.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=metadata)
+
+
+async def test_a_stream_cut_on_the_owner_resumes_on_the_other_instance_exactly_after_its_cursor(
+    nats_url: str,
+) -> None:
+    agent = StepAgent()
+    async with asyncio.timeout(20), instances(agent, [nats_url]) as (a, b):
+        sender = a.stub.SendStreamingMessage(send_request("go"), metadata=RESUME)
+        task_id = (await sender.read()).task.id
+        watcher = a.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=RESUME)
+        assert seq_of(await watcher.read()) >= 1
+        agent.step(3)
+        seen: list[StreamResponse] = []
+        while len([f for f in seen if f.WhichOneof("payload") == "artifact_update"]) < 2:
+            seen.append(await watcher.read())
+        cursor = seq_of(seen[-1])
+        watcher.cancel()  # instance A's connection is cut; the client goes to B
+        relayed = b.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=RESUME)
+        relayed_snapshot = await relayed.read()
+        agent.step(2)
+        agent.finish()
+        everything: list[StreamResponse] = []
+        await read_all(sender, everything)
+        resumed: list[StreamResponse] = []
+        await read_all(resume_call(b, task_id, cursor), resumed)
+        assert resumed == [f for f in everything if seq_of(f) > cursor], "exactly what followed"
+        from_relay: list[StreamResponse] = []
+        await read_all(relayed, from_relay)
+        after = seq_of(relayed_snapshot)
+        assert from_relay == [f for f in everything if seq_of(f) > after], "same numbers on B"
+
+
+async def test_an_ended_task_resumes_from_the_record_on_any_instance(nats_url: str) -> None:
+    agent = StepAgent()
+    async with asyncio.timeout(20), instances(agent, [nats_url]) as (a, b):
+        sender = a.stub.SendStreamingMessage(send_request("go"), metadata=RESUME)
+        agent.step(3)
+        agent.finish()
+        frames: list[StreamResponse] = []
+        await read_all(sender, frames)
+        task_id, final = frames[0].task.id, seq_of(frames[-1])
+        for instance in (a, b):
+            resumed: list[StreamResponse] = []
+            await read_all(resume_call(instance, task_id, 2), resumed)
+            assert resumed == [f for f in frames if seq_of(f) > 2]
+            ended: list[StreamResponse] = []
+            await read_all(resume_call(instance, task_id, final), ended)
+            assert ended == []
+
+
+async def test_a_cursor_older_than_the_record_keeps_is_out_of_range_on_the_other_instance() -> None:
+    agent = StepAgent()
+    with natsserver.running(1) as cluster:
+        async with (
+            asyncio.timeout(20),
+            instances(agent, cluster.urls, events_per_task=4) as (a, b),
+        ):
+            sender = a.stub.SendStreamingMessage(send_request("go"), metadata=RESUME)
+            agent.step(5)
+            agent.finish()
+            frames: list[StreamResponse] = []
+            await read_all(sender, frames)
+            task_id, final = frames[0].task.id, seq_of(frames[-1])
+            with pytest.raises(grpc.aio.AioRpcError) as old:
+                await read_all(resume_call(b, task_id, 1), [])
+            assert old.value.code() == grpc.StatusCode.OUT_OF_RANGE
+            info = rich_status(old.value)[1]
+            assert info.reason == "FRAME_NOT_KEPT"
+            assert int(info.metadata["oldestKeptSeq"]) == final - 3
+            kept: list[StreamResponse] = []
+            await read_all(resume_call(b, task_id, final - 4), kept)
+            assert [seq_of(f) for f in kept] == list(range(final - 3, final + 1))

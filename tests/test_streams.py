@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 import pytest
-from a2a.types.a2a_pb2 import StreamResponse, SubscribeToTaskRequest, TaskState
+from a2a.types.a2a_pb2 import (
+    GetTaskRequest,
+    StreamResponse,
+    SubscribeToTaskRequest,
+    Task,
+    TaskState,
+)
 
 from a2a_grpc_server import ServerConfig
+from a2a_grpc_server.journal import Change
+from a2a_grpc_server.journal.memory import MemoryJournal
 
 from . import readerproc
-from .agents import BurstAgent, FloodAgent, GatedAgent
-from .harness import V1, rich_status, send_request, serve
+from .agents import BurstAgent, ChunkAgent, FloodAgent, GatedAgent
+from .harness import V1, attach_as_it_flows, read_all, rebuilt, rich_status, send_request, serve
 
 S = TaskState
-
-
-async def read_all(call: Any, into: list[StreamResponse]) -> None:
-    while (frame := await call.read()) is not grpc.aio.EOF:
-        into.append(frame)
 
 
 def chunk_ids(frames: list[StreamResponse]) -> list[str]:
@@ -131,6 +134,27 @@ async def test_a_reader_behind_the_logs_budget_ends_out_of_range_and_memory_stay
         assert int(info.metadata["oldestKeptSeq"]) > int(info.metadata["wantedSeq"])
         assert h.service.metrics.streams_ended["out_of_range"] == 1
         assert h.service.metrics.frames_dropped > 0
+        await h.settle()
+
+
+class SlowJournal(MemoryJournal):
+    """Every write takes a moment, as a remote journal's does (an injected delay)."""
+
+    async def update(self, task: Task, expected_version: int, change: Change) -> int:
+        await asyncio.sleep(0.001)  # sync-ok: injected journal latency, not synchronisation
+        return await super().update(task, expected_version, change)
+
+
+async def test_subscribers_attaching_during_slow_journal_writes_rebuild_the_recorded_task() -> None:
+    agent = ChunkAgent(count=300)
+    async with asyncio.timeout(30), serve(agent, journal=SlowJournal()) as h:
+        points = sorted(random.Random(9).sample(range(1, 300), 30))
+        _, streams, task_id = await attach_as_it_flows(h.stub, agent, points)
+        stored = await h.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
+        assert len(streams) == 30
+        for frames in streams:
+            assert list(rebuilt(frames).artifacts) == list(stored.artifacts), "no frame twice"
+            assert frames[-1].status_update.status.state == S.TASK_STATE_COMPLETED
         await h.settle()
 
 
