@@ -133,10 +133,12 @@ async def test_a_subscriber_attaching_on_the_non_owner_mid_stream_misses_and_rep
         from_a: list[StreamResponse] = []
         while sum(f.WhichOneof("payload") == "artifact_update" for f in from_a) < 150:
             from_a.append(await anext(on_a))
-        for _ in range(150):  # the second half flows while B attaches
+        for _ in range(75):  # the second half flows while B attaches
             agent.credits.release()
         sub_b = b.client.subscribe(SubscribeToTaskRequest(id=task_id))
         snapshot = (await anext(sub_b)).task
+        for _ in range(75):  # (the task cannot end before B attached)
+            agent.credits.release()
         rest_a, from_b = await asyncio.gather(collect(on_a), collect(sub_b))
         from_a += rest_a
         # B's frames are exactly A's after the point of B's snapshot: no gap, no duplicate.
@@ -339,9 +341,11 @@ async def test_a_cursor_older_than_the_record_keeps_is_out_of_range_on_the_other
             instances(agent, cluster.urls, events_per_task=4) as (a, b),
         ):
             sender = a.stub.SendStreamingMessage(send_request("go"), metadata=RESUME)
-            agent.step(5)
+            frames = [await sender.read(), await sender.read()]  # the task, WORKING
+            for _ in range(5):  # one write (one message) per change
+                agent.step()
+                frames.append(await sender.read())
             agent.finish()
-            frames: list[StreamResponse] = []
             await read_all(sender, frames)
             task_id, final = frames[0].task.id, seq_of(frames[-1])
             with pytest.raises(grpc.aio.AioRpcError) as old:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 import pytest
@@ -179,10 +179,10 @@ class FlakyJournal(MemoryJournal):
         super().__init__()
         self.broken = False
 
-    async def update(self, task: Task, expected_version: int, change: Change) -> int:
+    async def update(self, task: Task, expected_version: int, changes: Sequence[Change]) -> int:
         if self.broken:
             raise VersionConflictError("journal unavailable")
-        return await super().update(task, expected_version, change)
+        return await super().update(task, expected_version, changes)
 
 
 async def test_journal_refusing_an_event_ends_every_stream_failed() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 import pytest
@@ -140,9 +140,9 @@ async def test_a_reader_behind_the_logs_budget_ends_out_of_range_and_memory_stay
 class SlowJournal(MemoryJournal):
     """Every write takes a moment, as a remote journal's does (an injected delay)."""
 
-    async def update(self, task: Task, expected_version: int, change: Change) -> int:
+    async def update(self, task: Task, expected_version: int, changes: Sequence[Change]) -> int:
         await asyncio.sleep(0.001)  # sync-ok: injected journal latency, not synchronisation
-        return await super().update(task, expected_version, change)
+        return await super().update(task, expected_version, changes)
 
 
 async def test_subscribers_attaching_during_slow_journal_writes_rebuild_the_recorded_task() -> None:

@@ -1,7 +1,8 @@
 """LiveTask: one running task's state, its log, and the only code that writes it.
 
-Who runs what: ``commit`` is called by the task's consumer for every event
-the executor enqueues; ``finalize`` by the consumer (executor failed or ended
+Who runs what: ``commit`` is called by the task's consumer with the events
+the executor enqueued (as many as are waiting, in order: they are recorded
+in one write); ``finalize`` by the consumer (executor failed or ended
 without an outcome), by CancelTask (the executor did not cancel in time, or
 its ``cancel()`` ended without a final state) and by shutdown. Each holds the
 task's lock from changing the task to appending its frame, and so does every
@@ -13,14 +14,16 @@ task is final nothing more is written.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from a2a.types.a2a_pb2 import Message, StreamResponse, Task, TaskState, TaskStatusUpdateEvent
 from a2a.utils.errors import InvalidAgentResponseError
 
 from . import taskops
-from .journal import Change, FinalTaskError, StoreError, TaskJournal
+from .journal import Change, FinalTaskError, PartialWriteError, StoreError, TaskJournal
 from .tasklog import LogReader, TaskLog
 from .taskops import Event
 
@@ -120,36 +123,50 @@ class LiveTask:
         async with self.lock:
             return self.log.subscribe()
 
-    async def commit(self, event: Event) -> None:
-        """Record ``event``'s effect on the task, then append its frame to the log.
+    async def commit(self, events: Sequence[Event]) -> None:
+        """Record the effect of ``events``, in order, in one write; then append their frames.
 
-        An event that arrives after the task ended is dropped and logged.
+        Events that arrive after the task ended (or after one that ended it)
+        are dropped and logged. If an event does not fit the task, the ones
+        before it are recorded, then the error is raised.
 
         Raises:
-            InvalidAgentResponseError: The event does not fit this task.
+            InvalidAgentResponseError: An event does not fit this task.
             StoreError: The journal refused the write.
         """
         async with self.lock:
-            if self.log.closed:
-                self.drop(event, "the task already ended")
-                return
-            if self._task is None:
-                if isinstance(event, Message):
-                    self._answer(event)
-                    return
-                await self._create(event if isinstance(event, Task) else None)
-                if isinstance(event, Task):
-                    return
-            task = self._task
-            assert task is not None
-            # Applied in place, not on a copy (a copy per event would make a long
-            # stream quadratic), under the lock, so no reader sees it before the
-            # journal accepted it. apply() validates before it mutates; if the
-            # journal then refuses, the task is "dirty" and ends (finalize) from
-            # what the journal holds.
-            frame = taskops.apply(task, event, self._index)
-            self._dirty = True
-            await self._record(task, frame)
+            task, creating = self._task, self._task is None
+            changes: list[Change] = []
+            error: InvalidAgentResponseError | None = None
+            for event in events:
+                if self.log.closed or (task is not None and taskops.is_final(task)):
+                    self.drop(event, "the task already ended")
+                    continue
+                try:
+                    if task is None:
+                        if isinstance(event, Message):
+                            self._answer(event)
+                            continue
+                        task = self._new(event if isinstance(event, Task) else None)
+                        changes.append(self._change(changes, StreamResponse(task=task)))
+                        if isinstance(event, Task):
+                            continue
+                    # Applied in place, not on a copy (a copy per event would make
+                    # a long stream quadratic), under the lock, so no reader sees
+                    # it before the journal accepted it. apply() validates before
+                    # it mutates; if the journal then refuses, the task is "dirty"
+                    # and ends (finalize) from what the journal holds.
+                    frame = taskops.apply(task, event, self._index)
+                except InvalidAgentResponseError as exc:
+                    error = exc
+                    break
+                self._dirty = not creating
+                changes.append(self._change(changes, frame))
+            if changes:
+                assert task is not None
+                await self._record(task, changes, creating=creating)
+            if error is not None:
+                raise error
 
     async def add_user_message(self, message: Message) -> None:
         """Record a follow-up user message in the task's history (a change without a frame)."""
@@ -157,7 +174,8 @@ class LiveTask:
             assert self._task is not None
             updated = taskops.copy(self._task)
             taskops.add_user_message(updated, message)
-            await self._record(updated, None, message)
+            change = Change(self.log.last_seq + 1, message=message)
+            await self._record(updated, [change], creating=False)
 
     async def finalize(self, state: TaskState, text: str) -> None:
         """End the task in ``state`` unless it already ended; every reader gets the frame.
@@ -176,19 +194,18 @@ class LiveTask:
                     await self._reload()
             except StoreError:
                 logger.exception("could not read or create task %s to end it", self.task_id)
+            # (A task that reads final here ended in a write that failed: the log
+            # has no final frame yet, so it gets this one.)
             base = self._task or taskops.new_task(
                 self.task_id, self.context_id, self._first_message
             )
-            if taskops.is_final(base):
-                self.log.seal()
-                return
             updated = taskops.copy(base)
             frame = taskops.apply(updated, taskops.status_event(updated, state, text))
             data = frame.SerializeToString()
             try:
                 if self._task is not None:
                     change = Change(self.log.last_seq + 1, data, state)
-                    self._version = await self._journal.update(updated, self._version, change)
+                    self._version = await self._journal.update(updated, self._version, [change])
             except FinalTaskError:
                 if await self._close_as_recorded():
                     return
@@ -233,6 +250,11 @@ class LiveTask:
         return True
 
     async def _create(self, given: Task | None) -> None:
+        task = self._new(given)
+        await self._record(task, [self._change([], StreamResponse(task=task))], creating=True)
+
+    def _new(self, given: Task | None) -> Task:
+        """The task this one starts as: the executor's (checked), or a new one."""
         if given is not None:
             if given.id and given.id != self.task_id:
                 raise InvalidAgentResponseError(
@@ -253,28 +275,45 @@ class LiveTask:
                 task.history.insert(0, first)
         else:
             task = taskops.new_task(self.task_id, self.context_id, self._first_message)
-        data = StreamResponse(task=task).SerializeToString()
-        change = Change(self.log.last_seq + 1, data, task.status.state)
-        self._version = await self._journal.create(task, change)
-        self._task = self.log.snapshot = task
-        self._first_message = None  # in the task's history now
         self._index = taskops.index_artifacts(task)
-        self.log.append(data, task.status.state, final=taskops.is_final(task))
+        return task
 
-    async def _record(
-        self, task: Task, frame: StreamResponse | None, message: Message | None = None
-    ) -> None:
-        """Persist the change that made ``task``, then append its frame.
+    def _change(self, before: list[Change], frame: StreamResponse) -> Change:
+        """The change of ``frame``, numbered after the log and the ``before`` changes."""
+        seq = self.log.last_seq + len(before) + 1
+        return Change(seq, frame.SerializeToString(), taskops.frame_state(frame))
 
-        The journal first: a frame is in the log only once it is durable.
+    async def _record(self, task: Task, changes: list[Change], *, creating: bool) -> None:
+        """Persist the changes that made ``task``, then append their frames.
+
+        The journal first: a frame is in the log only once it is durable. If
+        the journal recorded only the first changes, their frames are appended
+        and the task starts again from what the journal holds (then the error
+        goes on up: the task ends).
         """
-        data = frame.SerializeToString() if frame is not None else b""
-        state = taskops.frame_state(frame) if frame is not None else 0
-        change = Change(self.log.last_seq + 1, data, state, message)
-        self._version = await self._journal.update(task, self._version, change)
+        try:
+            if creating:
+                ended_unseen = taskops.is_final(task) and not self.log.resumable
+                self._version = await self._journal.create(
+                    task, changes, keep_frames=not ended_unseen
+                )
+            else:
+                self._version = await self._journal.update(task, self._version, changes)
+        except PartialWriteError as exc:
+            self._version, self._task, self._dirty = exc.version, task, True
+            self._first_message = None
+            for change in changes[: exc.recorded]:  # never the final one: a later one failed
+                self.log.append(change.frame, change.state)
+            with contextlib.suppress(StoreError):  # (finalize tries again)
+                await self._reload()
+            raise
+        if creating:
+            self._first_message = None  # in the task's history now
         self._task = self.log.snapshot = task
         self._dirty = False
-        self.log.append(data, state, final=taskops.is_final(task))
+        final, last = taskops.is_final(task), changes[-1]
+        for change in changes:
+            self.log.append(change.frame, change.state, final=final and change is last)
 
     def _answer(self, message: Message) -> None:
         self.answer = message

@@ -60,6 +60,16 @@ class Mailbox(Generic[T]):
             self._items = deque()
         self._items.append(item)
 
+    def peek(self) -> T:
+        """The oldest item, left in place.
+
+        Raises:
+            IndexError: The mailbox is empty.
+        """
+        if not self._items:
+            raise IndexError("peek into an empty mailbox")
+        return self._items[0]
+
     def get_nowait(self) -> T:
         """Remove and return the oldest item.
 

@@ -7,7 +7,9 @@ one ``asyncio.TaskGroup`` owns every coroutine of the execution:
   body, running in the run's task (one task fewer per run);
 * a canceller, ``executor.cancel(context, queue)``, once CancelTask asks;
 * the consumer, which takes events off the run's queue in order and hands
-  each to ``LiveTask.commit`` (validate, persist, append to the task's log). It runs only
+  them to ``LiveTask.commit`` (validate, persist, append to the task's log),
+  as many as are waiting at once (up to ``COMMIT_BATCH``), so a burst costs
+  one journal write, not one per event. It runs only
   while the queue holds something: the first event put into an empty queue
   starts it, and it ends when it has drained the queue, so a task parked in
   ``execute()`` keeps one asyncio task, not two.
@@ -45,6 +47,9 @@ logger = logging.getLogger(__name__)
 
 TASK_PREFIX = "a2a-grpc-server"
 """Every asyncio task this package creates is named with this prefix."""
+
+COMMIT_BATCH = 256
+"""Most events the consumer commits in one journal write."""
 
 YIELD_EVERY = 8
 """Events the consumer commits in one step of the loop while streams read the task;
@@ -275,9 +280,17 @@ class ExecutionSupervisor:
                 item = queue.get_nowait()
                 if isinstance(item, _SourceDone):
                     await self._settle(item)
-                else:
-                    await self._commit(item)
-                step += 1
+                    step += 1
+                    continue
+                batch = [item]
+                while (
+                    len(batch) < COMMIT_BATCH
+                    and not queue.empty()
+                    and not isinstance(queue.peek(), _SourceDone)
+                ):
+                    batch.append(queue.get_nowait())  # type: ignore[arg-type]
+                await self._commit(batch)
+                step += len(batch)
                 if step >= YIELD_EVERY and log.readers and not queue.empty():
                     # Let the streams send what was appended. With no stream at
                     # all the burst goes on in the same step: the producer cannot
@@ -289,9 +302,9 @@ class ExecutionSupervisor:
             # queued after it starts a new consumer (wake_consumer).
             self._consumer = None
 
-    async def _commit(self, event: Event) -> None:
+    async def _commit(self, events: list[Event]) -> None:
         try:
-            await self.live.commit(event)
+            await self.live.commit(events)
         except InvalidAgentResponseError as exc:
             logger.warning("task %s: %s", self.live.task_id, exc.message)
             await self.live.finalize(

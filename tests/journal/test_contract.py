@@ -64,7 +64,7 @@ def change(seq: int, to: Task) -> Change:
 
 
 async def create(journal: TaskJournal, t: Task) -> int:
-    return await journal.create(t, change(1, t))
+    return await journal.create(t, [change(1, t)])
 
 
 async def test_create_then_get_returns_a_copy_at_the_created_version(
@@ -90,23 +90,23 @@ async def test_create_refuses_an_existing_id(journal: TaskJournal) -> None:
 async def test_update_is_a_compare_and_set_on_the_version(journal: TaskJournal) -> None:
     v1 = await create(journal, task("a"))
     working = task("a", state=S.TASK_STATE_WORKING)
-    v2 = await journal.update(working, v1, change(2, working))
+    v2 = await journal.update(working, v1, [change(2, working)])
     assert v2 > v1
     with pytest.raises(VersionConflictError):
-        await journal.update(working, v1, change(2, working))
+        await journal.update(working, v1, [change(2, working)])
     with pytest.raises(UnknownTaskError):
-        await journal.update(task("zzz"), v2, change(2, task("zzz")))
+        await journal.update(task("zzz"), v2, [change(2, task("zzz"))])
 
 
 async def test_a_final_task_is_never_overwritten(journal: TaskJournal) -> None:
     v1 = await create(journal, task("a"))
     canceled = task("a", state=S.TASK_STATE_CANCELED)
-    v2 = await journal.update(canceled, v1, change(2, canceled))
+    v2 = await journal.update(canceled, v1, [change(2, canceled)])
     working = task("a", state=S.TASK_STATE_WORKING)
     with pytest.raises(FinalTaskError):
-        await journal.update(working, v2, change(3, working))
+        await journal.update(working, v2, [change(3, working)])
     with pytest.raises(FinalTaskError):
-        await journal.update(working, v1, change(2, working))
+        await journal.update(working, v1, [change(2, working)])
     got = await journal.get("a")
     assert got is not None
     assert (got.task.status.state, got.seq) == (S.TASK_STATE_CANCELED, 2)
@@ -119,7 +119,7 @@ async def test_get_returns_every_change_in_order_with_the_seq_of_the_last(
     version = await create(journal, live)
     for seq in range(2, 12):  # more changes than between two snapshots
         live.artifacts.add(artifact_id=f"x{seq}").parts.add(text=str(seq))
-        version = await journal.update(live, version, change(seq, live))
+        version = await journal.update(live, version, [change(seq, live)])
     got = await journal.get("a")
     assert got is not None
     assert (got.version, got.seq) == (version, 11)
@@ -134,9 +134,9 @@ async def test_a_change_without_a_frame_records_a_follow_up_message(
     message = taskops.agent_message(live, "Ada")
     message.role = Role.ROLE_USER
     taskops.add_user_message(live, message)
-    version = await journal.update(live, version, Change(2, message=message))
+    version = await journal.update(live, version, [Change(2, message=message)])
     live.artifacts.add(artifact_id="after").parts.append(Part(text="x"))
-    await journal.update(live, version, change(3, live))
+    await journal.update(live, version, [change(3, live)])
     got = await journal.get("a")
     assert got is not None
     assert [m.parts[0].text for m in got.task.history] == ["Ada"]
@@ -152,7 +152,7 @@ async def test_list_filters_pages_and_counts_most_recent_update_first(
     first = await journal.get("t0")
     assert first is not None
     working = task("t0", context="even", state=S.TASK_STATE_WORKING)
-    await journal.update(working, first.version, change(2, working))
+    await journal.update(working, first.version, [change(2, working)])
     page = await journal.list(TaskQuery(page_size=3))
     assert [t.id for t in page.tasks] == ["t0", "t6", "t5"]
     assert page.total_size == 7
@@ -174,7 +174,7 @@ async def test_list_shows_a_running_task_with_every_change_recorded(
     version = await create(journal, live)
     for seq in range(2, 5):  # fewer changes than between two snapshots
         live.artifacts.add(artifact_id=f"x{seq}")
-        version = await journal.update(live, version, change(seq, live))
+        version = await journal.update(live, version, [change(seq, live)])
     listed = await journal.list(TaskQuery())
     assert [a.artifact_id for a in listed.tasks[0].artifacts] == ["x2", "x3", "x4"]
 
@@ -219,7 +219,7 @@ async def test_memory_journal_size_stays_flat_under_sustained_load() -> None:
     for i in range(20_000):
         await create(journal, task(f"t{i}"))
         done = task(f"t{i}", state=S.TASK_STATE_COMPLETED)
-        await journal.update(done, 1, change(2, done))
+        await journal.update(done, 1, [change(2, done)])
         assert len(journal) <= 501
     assert len(journal) == 500
 
@@ -230,12 +230,12 @@ async def test_a_handed_over_task_changed_and_updated_again_reads_back_each_vers
     live = task("a")
     v1 = await create(journal, live)
     live.status.state = S.TASK_STATE_WORKING
-    v2 = await journal.update(live, v1, change(2, live))
+    v2 = await journal.update(live, v1, [change(2, live)])
     got = await journal.get("a")
     assert got is not None
     assert (got.version, got.task.status.state) == (v2, S.TASK_STATE_WORKING)
     live.status.state = S.TASK_STATE_COMPLETED
-    v3 = await journal.update(live, v2, change(3, live))
+    v3 = await journal.update(live, v2, [change(3, live)])
     live.status.state = S.TASK_STATE_FAILED  # after a final write: must not show
     final = await journal.get("a")
     assert final is not None
@@ -250,7 +250,7 @@ async def test_a_task_updated_in_place_lists_by_its_new_state_time_and_recency(
     await create(journal, task("b"))
     live.status.state = S.TASK_STATE_WORKING
     live.status.timestamp.FromSeconds(4_000_000_000)  # later than any other task's
-    await journal.update(live, version, change(2, live))
+    await journal.update(live, version, [change(2, live)])
     everything = await journal.list(TaskQuery())
     assert [t.id for t in everything.tasks] == ["a", "b"], "most recently updated first"
     working = await journal.list(TaskQuery(state=S.TASK_STATE_WORKING))

@@ -5,7 +5,7 @@ Assets (created if missing, identical on every instance):
 * stream ``A2A_EVENTS`` on ``a2a.events.<task id>``: the record of every
   task, one message per change (see ``journal``), bounded by age, messages
   per task and bytes (oldest dropped first); direct gets allowed, so a task's
-  changes after a snapshot are read in one request;
+  changes after a snapshot are read in one request (NATS Server 2.11 or newer);
 * KV bucket ``A2A_TASKS``: a snapshot per task (history 1, max age
   ``task_ttl``), so reading a task costs a snapshot plus a few changes;
 * KV bucket ``A2A_INSTANCES``: one heartbeat key per live instance.
@@ -65,8 +65,10 @@ class NatsConfig:
         task_ttl: Seconds a task's snapshot is kept after its last write.
         events_ttl: Seconds a change is kept in the event stream (how long an
             ended task can be resumed from it).
-        events_per_task: Most changes kept per task (oldest dropped first); the
-            default matches ``ServerConfig.log_max_frames``.
+        events_per_task: Most messages kept per task (oldest dropped first; a
+            message holds one write: one change, or a burst committed at
+            once), so at least as many changes; the default matches
+            ``ServerConfig.log_max_frames``.
         events_max_bytes: Most bytes the event stream keeps (oldest dropped first).
         snapshot_every: Changes between two snapshots of a running task (it is
             also snapshotted when created, when its state changes, and when it
@@ -192,6 +194,11 @@ async def _ensure_events(js: JetStreamContext, config: NatsConfig) -> None:
     except nats.js.errors.BadRequestError as exc:
         if exc.err_code != IN_USE:
             raise
+        # The first instance's limits stand; the features every instance needs are added.
+        existing = (await js.stream_info(EVENTS_STREAM)).config
+        if not existing.allow_direct:
+            existing.allow_direct = True
+            await js.update_stream(existing)
         logger.warning("stream %s exists with other settings; using it as it is", EVENTS_STREAM)
 
 

@@ -1,35 +1,46 @@
 """The task journal on JetStream: the event stream is the record, a KV bucket holds snapshots.
 
 Record: stream ``A2A_EVENTS``, subject ``a2a.events.<task id>``, one message
-per change of the task, headers:
+per write of the task: the changes written together (one, or the events
+a burst committed at once), at most ``max_payload`` bytes per message (a
+write too large for one message takes several). Headers:
 
-* ``A2a-Seq``: the change's number in the task's log (1, 2, 3, … no gap; the
-  same numbers every instance's readers get);
-* ``A2a-Kind``: ``frame`` (the payload is the ``StreamResponse`` readers
-  get) or ``message`` (a follow-up user message, a change without a frame;
-  the payload is the ``Message``);
-* ``A2a-State``: the state the frame carries (a number; 0 for none);
-* ``Nats-Msg-Id``: ``<task id>:<seq>``.
+* ``A2a-Seq``: the number of the message's first change in the task's log
+  (changes are numbered 1, 2, 3, … with no gap; the same numbers every
+  instance's readers get); ``A2a-Count``: how many changes it holds;
+* ``A2a-State``: the state its last frame carries (a number; 0 for none), so
+  a final change is seen without decoding it;
+* ``Nats-Msg-Id``: ``<task id>:<first seq>``.
 
-A task's version is the stream sequence of its last change. Every write is
-one publish with ``Nats-Expected-Last-Subject-Sequence`` set to the version
-the writer read: JetStream refuses it if anyone wrote the task meanwhile, so
-two instances can never both extend the same version (an owner and a
-survivor that took it for lost, say). A final change is never followed by
-another: a writer can only hold a final task's version by having written or
-read it through a journal, and every journal remembers the final versions it
-has seen (bounded) and refuses to extend them with ``FinalTaskError``; a
-writer whose compare-and-set fails on a final change gets the same.
+The payload is the changes one after the other, each ``kind`` (one byte:
+``f`` for a frame, the ``StreamResponse`` readers get; ``m`` for a follow-up
+user message, a change without a frame, the ``Message``), ``state`` (one
+byte) and the length of its data (4 bytes, big-endian), then the data.
+
+A task's version is the stream sequence of its last message. Every message
+carries ``Nats-Expected-Last-Subject-Sequence`` set to the version the writer
+holds: JetStream refuses it if anyone wrote the task meanwhile, so two
+instances can never both extend the same version (an owner and a survivor
+that took it for lost, say). A write that takes several messages and fails
+after the first leaves the ones before standing (``PartialWriteError`` says
+how many changes). A final change is never followed by another: a writer can
+only hold a final task's version by having written or read it through a
+journal, and every journal remembers the final versions it has seen
+(bounded) and refuses to extend them with ``FinalTaskError``; a writer whose
+compare-and-set fails on a final change gets the same.
 
 Snapshots: KV bucket ``A2A_TASKS``, one key per task, value: owner, state,
 seq and stream sequence, each ended by a newline, then the ``Task``; written
-when the task is created, when its state changes, every ``snapshot_every``
-changes, and when it ends (each a compare-and-set on the key's revision). Reading a task is its
+right after the task's first changes are in the stream, when its state
+changes, every ``snapshot_every`` changes, and when it ends (each a
+compare-and-set on the key's revision). Reading a task is its
 snapshot plus the changes after it (at most ``snapshot_every``, one batched
 direct get); ``ListTasks`` filters on snapshots, which carry the current
 state, and folds the changes of the live tasks on the page. A snapshot write
 that fails is retried at the task's next change; the change itself, already
-in the stream, stands.
+in the stream, stands. A task that ends in the write that creates it, with
+no client able to ask for its frames (see ``create``), is recorded as its
+final snapshot alone, as the in-memory journal keeps no frames of it either.
 
 Writes survive a NATS node failover: an attempt that timed out is retried;
 if the retry finds its own change already stored (same ``Nats-Msg-Id``, or the
@@ -37,7 +48,9 @@ same snapshot bytes), the first attempt landed and counts.
 
 Who runs what: the owner writes a task under the task's lock (``LiveTask``),
 so its writes are in order; a survivor writes a lost owner's task only
-through the same compare-and-set.
+through the same compare-and-set. An owner that dies between a new task's
+first publish and its snapshot leaves a record no snapshot points to: no
+instance lists or serves it, and nobody can have subscribed to it.
 """
 
 from __future__ import annotations
@@ -47,8 +60,9 @@ import builtins
 import contextlib
 import logging
 import re
+import struct
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import nats.js.errors
@@ -61,6 +75,7 @@ from .. import taskops
 from ..journal import (
     Change,
     FinalTaskError,
+    PartialWriteError,
     RecordedTask,
     StoreError,
     TaskExistsError,
@@ -78,10 +93,16 @@ from .retry import REQUEST_TIMEOUT, RETRY_FOR, retrying
 logger = logging.getLogger(__name__)
 
 SEQ = "A2a-Seq"
-KIND = "A2a-Kind"
+COUNT = "A2a-Count"
 STATE = "A2a-State"
 FRAME = "frame"
 MESSAGE = "message"
+_KINDS = {FRAME: ord("f"), MESSAGE: ord("m")}
+_NAMES = {code: name for name, code in _KINDS.items()}
+_RECORD = struct.Struct(">BBI")
+"""A change's head in a message: kind, state, length of its data."""
+PAYLOAD_SLACK = 1024
+"""Bytes of a server's ``max_payload`` left for a message's headers."""
 MSG_ID = "Nats-Msg-Id"
 EXPECT = "Nats-Expected-Last-Subject-Sequence"
 STREAM_SEQ = "Nats-Sequence"
@@ -89,7 +110,7 @@ SCAN_BATCH = 256
 SCAN_IDLE = 30.0
 """Seconds before JetStream removes a scan's consumer left behind by a lost instance."""
 FOLD_BATCH = 256
-"""Changes one direct get returns at most."""
+"""Messages one direct get returns at most."""
 IDLE_HEARTBEAT = 1.0
 """Seconds between JetStream heartbeats of a follower's consumer (how soon a lost one
 is noticed)."""
@@ -107,7 +128,7 @@ class Entry:
     """One change of a task as the stream holds it."""
 
     pos: int
-    """Its stream sequence."""
+    """The stream sequence of the message that holds it."""
     seq: int
     """Its number in the task's log."""
     kind: str
@@ -115,21 +136,27 @@ class Entry:
     state: int
 
     @classmethod
-    def of(cls, msg: Msg, pos: int) -> Entry:
-        """The entry a stream message (delivered or read directly) carries."""
-        headers = msg.headers or {}
-        return cls(
-            pos=pos,
-            seq=int(headers.get(SEQ, "0")),
-            kind=headers.get(KIND, FRAME),
-            data=bytes(msg.data),
-            state=int(headers.get(STATE, "0")),
-        )
+    def unpack(cls, msg: Msg, pos: int) -> list[Entry]:
+        """The changes a stream message (delivered or read directly) holds."""
+        seq = int((msg.headers or {}).get(SEQ, "0"))
+        data, offset, found = memoryview(msg.data), 0, list[Entry]()
+        while offset < len(data):
+            kind, state, size = _RECORD.unpack_from(data, offset)
+            offset += _RECORD.size
+            body = bytes(data[offset : offset + size])
+            offset += size
+            found.append(cls(pos, seq + len(found), _NAMES.get(kind, FRAME), body, state))
+        return found
 
     @property
     def final(self) -> bool:
         """Whether the change ended the task."""
         return taskops.is_final_state(self.state)  # type: ignore[arg-type]
+
+    @property
+    def frame(self) -> bytes:
+        """The frame readers get for it (empty for a change without one)."""
+        return self.data if self.kind == FRAME else b""
 
     def apply(self, task: Task, index: taskops.ArtifactIndex | None = None) -> Task:
         """``task`` after this change (see ``taskops.apply_frame``)."""
@@ -167,6 +194,41 @@ class Snapshot:
     def task(self) -> Task:
         """The task it holds."""
         return Task.FromString(self.body)
+
+
+def _record(change: Change) -> bytes:
+    """One change as it goes into a message (see the module docstring)."""
+    if change.message is not None:
+        data = change.message.SerializeToString()
+        return _RECORD.pack(_KINDS[MESSAGE], 0, len(data)) + data
+    return _RECORD.pack(_KINDS[FRAME], change.state, len(change.frame)) + change.frame
+
+
+def _messages(
+    task_id: str, changes: Sequence[Change], most: int
+) -> list[tuple[int, bytes, dict[str, str]]]:
+    """The changes as stream messages of at most ``most`` bytes: (changes, payload, headers)."""
+    runs: list[list[bytes]] = [[]]
+    size = 0
+    for change in changes:
+        record = _record(change)
+        if runs[-1] and size + len(record) > most:
+            runs.append([])
+            size = 0
+        runs[-1].append(record)
+        size += len(record)
+    out, seq = [], changes[0].seq
+    for run in runs:
+        last = changes[seq - changes[0].seq + len(run) - 1]
+        headers = {
+            SEQ: str(seq),
+            COUNT: str(len(run)),
+            STATE: str(last.state if last.message is None else 0),
+            MSG_ID: f"{task_id}:{seq}",
+        }
+        out.append((len(run), b"".join(run), headers))
+        seq += len(run)
+    return out
 
 
 def encode(owner: str, task: Task, seq: int, pos: int) -> bytes:
@@ -247,22 +309,54 @@ class JetStreamJournal:
             return None
         return Snapshot.decode(entry.value, entry.revision)
 
-    async def create(self, task: Task, change: Change) -> int:
-        """Snapshot the new task, then record its first change.
+    async def create(
+        self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True
+    ) -> int:
+        """Record the new task's first changes, then snapshot it.
+
+        A task that ended in this write and whose frames nobody can ask for
+        (``keep_frames`` False) is recorded as its final snapshot alone: one
+        write instead of two.
 
         Raises:
             TaskExistsError: The id is taken.
+            PartialWriteError: The task and some changes were recorded, then one failed.
             StoreUnavailableError: NATS did not answer.
         """
+        if not keep_frames and taskops.is_final(task):
+            value = encode(self._owner, task, changes[-1].seq, 0)
+            try:
+                await self._write_snapshot(task.id, value, 0)
+            except VersionConflictError:
+                raise TaskExistsError(task.id) from None
+            self._remember_final(task.id, 0)
+            return 0
         try:
-            rev = await self._write_snapshot(task.id, encode(self._owner, task, change.seq, 0), 0)
-        except VersionConflictError:
+            version = await self._append(task.id, changes, 0)
+        except (VersionConflictError, FinalTaskError, UnknownTaskError):
             raise TaskExistsError(task.id) from None
-        self._snapshotted[task.id] = _Snapshotted(rev, change.seq, task.status.state)
-        return await self._append(task.id, change, 0)
+        except PartialWriteError as exc:
+            # Snapshot what stands from the task as it was created (its first frame).
+            initial = StreamResponse.FromString(changes[0].frame).task
+            await self._snapshot_new(initial, 1, 0)
+            raise exc from exc.__cause__
+        if taskops.is_final(task):
+            self._remember_final(task.id, version)
+        await self._snapshot_new(task, changes[-1].seq, version)
+        return version
 
-    async def update(self, task: Task, expected_version: int, change: Change) -> int:
-        """Record ``change`` if nobody wrote the task since ``expected_version``.
+    async def _snapshot_new(self, task: Task, seq: int, pos: int) -> None:
+        """Write a new task's first snapshot (best effort: the record stands without it)."""
+        try:
+            rev = await self._write_snapshot(task.id, encode(self._owner, task, seq, pos), 0)
+        except StoreError as exc:
+            logger.warning("could not snapshot new task %s: %s", task.id, exc)
+            return
+        if not taskops.is_final(task):
+            self._snapshotted[task.id] = _Snapshotted(rev, seq, task.status.state)
+
+    async def update(self, task: Task, expected_version: int, changes: Sequence[Change]) -> int:
+        """Record ``changes`` if nobody wrote the task since ``expected_version``.
 
         Raises:
             UnknownTaskError: The task's record is gone.
@@ -272,10 +366,10 @@ class JetStreamJournal:
         """
         if (task.id, expected_version) in self._final:
             raise FinalTaskError(task.id)
-        version = await self._append(task.id, change, expected_version)
+        version = await self._append(task.id, changes, expected_version)
         if taskops.is_final(task):
             self._remember_final(task.id, version)
-        await self._maybe_snapshot(task, change.seq, version)
+        await self._maybe_snapshot(task, changes[-1].seq, version)
         return version
 
     async def list(self, query: TaskQuery) -> TaskPage:
@@ -331,26 +425,41 @@ class JetStreamJournal:
         await self._maybe_snapshot(recorded.task, recorded.seq, recorded.version, force=True)
 
     async def entries(
-        self, task_id: str, after_pos: int, most: int = FOLD_BATCH
+        self, task_id: str, after_pos: int, messages: int | None = None
     ) -> builtins.list[Entry]:
-        """The task's changes stored after stream sequence ``after_pos`` (at most ``most``).
+        """The task's changes in the messages stored after stream sequence ``after_pos``.
+
+        Args:
+            task_id: The task.
+            after_pos: Read the messages after this stream sequence.
+            messages: Read at most this many messages (None: all of them).
 
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        request: dict[str, object] = {
-            "seq": after_pos + 1,
-            "next_by_subj": subject(task_id),
-            "batch": most,
-        }
-        msgs = await retrying(
-            lambda: self._requests.direct_get(EVENTS_STREAM, request, REQUEST_TIMEOUT),
-            f"read the changes of task {task_id}",
-        )
-        return [Entry.of(m, int((m.headers or {})[STREAM_SEQ])) for m in msgs]
+        found: builtins.list[Entry] = []
+        read = 0
+        while messages is None or read < messages:
+            most = FOLD_BATCH if messages is None else min(FOLD_BATCH, messages - read)
+            request: dict[str, object] = {
+                "seq": after_pos + 1,
+                "next_by_subj": subject(task_id),
+                "batch": most,
+            }
+            msgs = await retrying(
+                lambda r=request: self._requests.direct_get(EVENTS_STREAM, r, REQUEST_TIMEOUT),  # type: ignore[misc]
+                f"read the changes of task {task_id}",
+            )
+            for msg in msgs:
+                after_pos = int((msg.headers or {})[STREAM_SEQ])
+                found.extend(Entry.unpack(msg, after_pos))
+            read += len(msgs)
+            if len(msgs) < most:
+                break
+        return found
 
     async def last_entry(self, task_id: str) -> Entry | None:
-        """The task's last change in the stream, or None.
+        """The task's last change in the stream (of its last message), or None.
 
         Raises:
             StoreUnavailableError: NATS did not answer.
@@ -360,7 +469,9 @@ class JetStreamJournal:
             lambda: self._requests.direct_get(EVENTS_STREAM, request, REQUEST_TIMEOUT),
             f"read the last change of task {task_id}",
         )
-        return Entry.of(msgs[0], int((msgs[0].headers or {})[STREAM_SEQ])) if msgs else None
+        if not msgs:
+            return None
+        return Entry.unpack(msgs[0], int((msgs[0].headers or {})[STREAM_SEQ]))[-1]
 
     async def follow(
         self, task_id: str, after_pos: int, handle: Callable[[Msg], Awaitable[None]]
@@ -398,50 +509,59 @@ class JetStreamJournal:
             self._remember_final(task_id, pos)
             return RecordedTask(task, pos, snap.owner, seq)
         index = taskops.index_artifacts(task)
-        while True:
-            batch = await self.entries(task_id, pos)
-            for entry in batch:
-                pos = entry.pos
-                if entry.seq <= seq:
-                    continue  # already in the snapshot (written before its pos was known)
-                seq = entry.seq
-                applied = entry.apply(task, index)
-                if applied is not task:
-                    task, index = applied, taskops.index_artifacts(applied)
-            if len(batch) < FOLD_BATCH:
-                if taskops.is_final(task):
-                    self._remember_final(task_id, pos)
-                return RecordedTask(task, pos, snap.owner, seq)
+        for entry in await self.entries(task_id, pos):
+            pos = entry.pos
+            if entry.seq <= seq:
+                continue  # already in the snapshot (written before its pos was known)
+            seq = entry.seq
+            applied = entry.apply(task, index)
+            if applied is not task:
+                task, index = applied, taskops.index_artifacts(applied)
+        if taskops.is_final(task):
+            self._remember_final(task_id, pos)
+        return RecordedTask(task, pos, snap.owner, seq)
 
     def _remember_final(self, task_id: str, pos: int) -> None:
         self._final[(task_id, pos)] = None
         while len(self._final) > _KNOWN_FINAL:
             self._final.popitem(last=False)
 
-    async def _append(self, task_id: str, change: Change, expected: int) -> int:
-        """Publish one change with a compare-and-set on the subject's last sequence."""
-        msg_id = f"{task_id}:{change.seq}"
-        kind = FRAME if change.message is None else MESSAGE
-        headers = {
-            SEQ: str(change.seq),
-            KIND: kind,
-            STATE: str(change.state),
-            MSG_ID: msg_id,
-            EXPECT: str(expected),
-        }
-        data = change.frame if change.message is None else change.message.SerializeToString()
+    async def _append(self, task_id: str, changes: Sequence[Change], expected: int) -> int:
+        """Publish the changes, each message a compare-and-set; return the last one's position.
+
+        Raises:
+            PartialWriteError: The first messages were recorded, then one failed.
+            As ``update``, if the first one failed.
+        """
+        most = max(self._requests.max_payload - PAYLOAD_SLACK, 1)
+        version, done = expected, 0
+        for count, payload, headers in _messages(task_id, changes, most):
+            try:
+                version = await self._publish(task_id, payload, headers, version)
+            except StoreError as exc:
+                if not done:
+                    raise
+                raise PartialWriteError(done, version) from exc
+            done += count
+        return version
+
+    async def _publish(
+        self, task_id: str, payload: bytes, headers: dict[str, str], expected: int
+    ) -> int:
+        """Publish one message with a compare-and-set on the subject's last sequence."""
+        headers[EXPECT] = str(expected)
         attempts = 0
 
         async def attempt() -> int:
             nonlocal attempts
             attempts += 1
-            return await self._requests.publish(subject(task_id), data, headers, REQUEST_TIMEOUT)
+            return await self._requests.publish(subject(task_id), payload, headers, REQUEST_TIMEOUT)
 
         try:
             return await retrying(attempt, f"record a change of task {task_id}")
         except WrongLastSequenceError:
             last = await self._last_msg_id(task_id)
-            if attempts > 1 and last is not None and last[0] == msg_id:
+            if attempts > 1 and last is not None and last[0] == headers[MSG_ID]:
                 return last[1]  # the attempt that timed out had landed
             if last is None:
                 raise UnknownTaskError(task_id) from None

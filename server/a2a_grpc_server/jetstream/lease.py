@@ -202,7 +202,7 @@ class Lease:
         frame = taskops.apply(task, taskops.status_event(task, TaskState.TASK_STATE_FAILED, text))
         change = Change(recorded.seq + 1, frame.SerializeToString(), TaskState.TASK_STATE_FAILED)
         try:
-            await self._journal.update(task, recorded.version, change)
+            await self._journal.update(task, recorded.version, [change])
         except (VersionConflictError, FinalTaskError, UnknownTaskError):
             return 0  # another survivor won, or the owner wrote after all
         self._metrics.tasks_reaped += 1

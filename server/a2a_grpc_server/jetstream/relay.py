@@ -87,7 +87,7 @@ class Relay:
             FrameNotKeptError: The record no longer holds change ``after + 1``.
             StoreUnavailableError: NATS did not answer.
         """
-        first = await journal.entries(self.task_id, 0, most=1)
+        first = await journal.entries(self.task_id, 0, messages=1)
         if not first or first[0].seq > after + 1:
             oldest = first[0].seq if first else after + 1
             raise FrameNotKeptError(self.task_id, after + 1, oldest, max(oldest - 1, after))
@@ -101,13 +101,14 @@ class Relay:
         return self.log
 
     async def _deliver(self, msg: Msg) -> None:
-        log = self.log
-        if log is None or log.closed:
-            return
         meta = msg.metadata
-        entry = Entry.of(msg, int(meta.sequence.stream) if meta else 0)
-        if entry.seq <= log.last_seq:
-            return  # before where this relay starts
+        for entry in Entry.unpack(msg, int(meta.sequence.stream) if meta else 0):
+            self._take(entry)
+
+    def _take(self, entry: Entry) -> None:
+        log = self.log
+        if log is None or log.closed or entry.seq <= log.last_seq:
+            return  # before where this relay starts, or after its end
         if entry.seq != log.last_seq + 1:
             log.sever(FrameNotKeptError(self.task_id, log.last_seq + 1, entry.seq, entry.seq))
             return
@@ -121,7 +122,7 @@ class Relay:
                 log.snapshot = applied
             except Exception:  # a change the owner accepted: only a bug of ours gets here
                 logger.exception("relay of task %s could not apply a change", self.task_id)
-        log.append(entry.data if entry.kind == "frame" else b"", entry.state, final=entry.final)
+        log.append(entry.frame, entry.state, final=entry.final)
 
 
 def _ended(task: Task) -> UnsupportedOperationError:

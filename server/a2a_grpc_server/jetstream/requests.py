@@ -52,6 +52,11 @@ class JetStreamRequests:
         self._waiting: dict[str, Callable[[Msg], None]] = {}
         self._sub: Subscription | None = None
 
+    @property
+    def max_payload(self) -> int:
+        """The largest message the server takes (its ``max_payload``)."""
+        return int(self._nc.max_payload)
+
     async def start(self) -> None:
         """Subscribe the inbox (once, before the first request)."""
         self._prefix = self._nc.new_inbox()

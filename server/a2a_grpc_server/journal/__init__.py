@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -46,6 +46,19 @@ class FinalTaskError(StoreError):
 
 class UnknownTaskError(StoreError):
     """``update`` named a task the journal does not hold."""
+
+
+class PartialWriteError(StoreError):
+    """A write of several changes recorded the first ``recorded`` of them, then failed.
+
+    Args:
+        recorded: How many changes, from the first, are recorded.
+        version: The task's version after them.
+    """
+
+    def __init__(self, recorded: int, version: int) -> None:
+        super().__init__(f"{recorded} change(s) recorded, then the write failed")
+        self.recorded, self.version = recorded, version
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,11 +186,12 @@ def _decode_token(token: str, mark: str) -> int:
 class TaskJournal(Protocol):
     """Where tasks live, change by change. Every write is a compare-and-set on the version.
 
-    Each write records one change: the task as it is after it, and the
-    ``Change`` (its number in the task's log and its frame). Versions are
-    non-negative integers; each write returns a greater one than the last (not
-    necessarily the next integer: a shared journal may number writes across
-    tasks).
+    Each write records one or more consecutive changes: the task as it is
+    after them, and each ``Change`` (its number in the task's log and its
+    frame); a write that fails after recording some of them raises
+    ``PartialWriteError``. Versions are non-negative integers; each write returns a
+    greater one than the last (not necessarily the next integer: a shared
+    journal may number writes across tasks).
 
     Implementations MUST return copies (a caller mutating a returned task does
     not change the journal), MUST keep a final task unchanged once written,
@@ -199,8 +213,16 @@ class TaskJournal(Protocol):
         """
         ...
 
-    async def create(self, task: Task, change: Change) -> int:
-        """Record a new task (``change.seq`` is 1) and return its version.
+    async def create(
+        self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True
+    ) -> int:
+        """Record a new task and return its version.
+
+        ``changes`` start with the task itself (seq 1, its ``Task`` frame); any
+        that follow were made before the first write; ``task`` is the task
+        after all of them. With ``keep_frames`` False the task has ended in
+        this write and no client can ask for its frames (none followed it, none
+        holds a resume cursor): a journal MAY then record the task alone.
 
         Raises:
             TaskExistsError: A task with this id is already recorded.
@@ -208,15 +230,17 @@ class TaskJournal(Protocol):
         """
         ...
 
-    async def update(self, task: Task, expected_version: int, change: Change) -> int:
-        """Record ``change`` if the task is still at ``expected_version``; return the new version.
+    async def update(self, task: Task, expected_version: int, changes: Sequence[Change]) -> int:
+        """Record ``changes`` if the task is still at ``expected_version``; return the new version.
 
-        ``task`` is the task after the change.
+        ``task`` is the task after them.
 
         Raises:
             UnknownTaskError: No task with this id is recorded.
             FinalTaskError: The recorded task is final; it is never changed.
             VersionConflictError: The recorded version is not ``expected_version``.
+            PartialWriteError: The first changes were recorded, a later one was not
+                (its ``__cause__`` says why).
             StoreUnavailableError: The backend did not answer.
         """
         ...

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from a2a.types.a2a_pb2 import Task, TaskState
@@ -81,7 +81,9 @@ class MemoryJournal:
             return None
         return RecordedTask(_copy(entry), entry.version, seq=entry.seq)
 
-    async def create(self, task: Task, change: Change) -> int:
+    async def create(
+        self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True
+    ) -> int:
         """Record a new task at version 1.
 
         Raises:
@@ -89,11 +91,11 @@ class MemoryJournal:
         """
         if task.id in self._entries:
             raise TaskExistsError(task.id)
-        self._put(task, 1, change.seq)
+        self._put(task, 1, changes[-1].seq)
         self._prune()
         return 1
 
-    async def update(self, task: Task, expected_version: int, change: Change) -> int:
+    async def update(self, task: Task, expected_version: int, changes: Sequence[Change]) -> int:
         """Compare-and-set the task on its version.
 
         Raises:
@@ -110,7 +112,7 @@ class MemoryJournal:
             raise VersionConflictError(
                 f"{task.id}: at {entry.version}, expected {expected_version}"
             )
-        self._put(task, expected_version + 1, change.seq)
+        self._put(task, expected_version + 1, changes[-1].seq)
         return expected_version + 1
 
     async def list(self, query: TaskQuery) -> TaskPage:
