@@ -246,14 +246,16 @@ class LogReader:
             if seq <= log._last_seq:
                 if seq < log._first_seq:
                     raise FrameNotKeptError(log.task_id, seq, log._first_seq, log._last_seq)
-                i = log._head + seq - log._first_seq
+                kept = log._kept
+                assert kept is not None
+                i = kept.head + seq - log._first_seq
                 self._next = seq + 1
-                frame = log._frames[i]
+                frame = kept.frames[i]
                 if not frame:
                     continue  # a change without a frame (a follow-up message)
                 if seq == log._final_seq:
                     log.metrics.final_frames += 1
-                return seq, frame, log._states[i]
+                return seq, frame, kept.states[i]
             if log._closed:
                 self._finish(EndReason.SEVERED if log._severed else EndReason.FINISHED)
                 if log._severed is not None:
@@ -269,6 +271,18 @@ class LogReader:
         if self._end is None:
             self._end = reason
         self._log._discard(self)
+
+
+class _Kept:
+    """The frames a log keeps: ``frames[head:]``, with the state and time of each."""
+
+    __slots__ = ("frames", "head", "states", "times")
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.states = bytearray()
+        self.times = array("d")
+        self.head = 0
 
 
 class TaskLog:
@@ -290,16 +304,13 @@ class TaskLog:
         "_ended_at",
         "_final_seq",
         "_first_seq",
-        "_frames",
-        "_head",
+        "_kept",
         "_last_seq",
         "_pool",
         "_readers",
         "_relayed",
         "_severed",
         "_since_trim",
-        "_states",
-        "_times",
         "_waiters",
         "metrics",
         "on_idle",
@@ -315,11 +326,8 @@ class TaskLog:
         self._pool = pool
         self.metrics = pool.metrics
         self._relayed = relayed
-        # Kept frames: _frames[_head:], numbered _first_seq ... _last_seq.
-        self._frames: list[bytes] = []
-        self._states = bytearray()
-        self._times = array("d")
-        self._head = 0
+        # Kept frames, numbered _first_seq ... _last_seq (None while none is kept).
+        self._kept: _Kept | None = None
         self._first_seq = first_seq
         self._last_seq = first_seq - 1
         self._final_seq = 0
@@ -369,7 +377,8 @@ class TaskLog:
     @property
     def kept(self) -> int:
         """Frames kept."""
-        return len(self._frames) - self._head
+        kept = self._kept
+        return len(kept.frames) - kept.head if kept is not None else 0
 
     @property
     def kept_bytes(self) -> int:
@@ -456,7 +465,10 @@ class TaskLog:
         if self._closed:
             raise LogClosedError(self.task_id)
         self._last_seq += 1
-        self._keep(frame, state)
+        if self._readers or self.resumable:
+            self._keep(frame, state)
+        else:
+            self._first_seq = self._last_seq + 1  # nobody will read it: numbered, not kept
         if final:
             self._final_seq = self._last_seq
             self._close()
@@ -528,10 +540,13 @@ class TaskLog:
                 self.release()
 
     def _keep(self, frame: bytes, state: int) -> None:
+        kept = self._kept
+        if kept is None:
+            kept = self._kept = _Kept()
         size = len(frame) + ENTRY_OVERHEAD
-        self._frames.append(frame)
-        self._states.append(state)
-        self._times.append(self._pool.clock() if self.resumable else 0.0)
+        kept.frames.append(frame)
+        kept.states.append(state)
+        kept.times.append(self._pool.clock() if self.resumable else 0.0)
         self._bytes += size
         limits = self._pool.limits
         over = self.kept - limits.max_frames
@@ -540,12 +555,9 @@ class TaskLog:
             over -= 1
         self._pool._charge(self, size)
         if not self.resumable:
-            if not self._readers:
-                self._drop(self.kept)  # nobody will read it: numbered, not kept
-            else:
-                self._since_trim += 1
-                if self._since_trim >= TRIM_EVERY:
-                    self._trim_read()
+            self._since_trim += 1
+            if self._since_trim >= TRIM_EVERY:
+                self._trim_read()
 
     def _trim_read(self) -> None:
         """Release the frames every reader has read (the log is not resumable)."""
@@ -556,10 +568,12 @@ class TaskLog:
 
     def _expire(self, horizon: float) -> None:
         """Release frames appended before ``horizon`` that every reader has read."""
+        kept = self._kept
+        if kept is None:
+            return
         slowest = min((r._next for r in self._readers or ()), default=self._last_seq + 1)
         drop = 0
-        times, start = self._times, self._head
-        while drop < self.kept and times[start + drop] < horizon:
+        while drop < self.kept and kept.times[kept.head + drop] < horizon:
             drop += 1
         self._drop(min(drop, slowest - self._first_seq))
 
@@ -567,25 +581,32 @@ class TaskLog:
         """Drop the oldest frames until ``nbytes`` are freed (the pool is over budget)."""
         freed = 0
         while freed < nbytes and self.kept > 1:
-            freed += len(self._frames[self._head]) + ENTRY_OVERHEAD
+            assert self._kept is not None
+            freed += len(self._kept.frames[self._kept.head]) + ENTRY_OVERHEAD
             self._drop(1, budget=True)
 
     def _drop(self, count: int, *, budget: bool = False) -> None:
-        if count <= 0:
+        kept = self._kept
+        if count <= 0 or kept is None:
             return
-        freed = sum(len(f) for f in self._frames[self._head : self._head + count])
-        freed += ENTRY_OVERHEAD * count
-        self._head += count
+        frames, start = kept.frames, kept.head
+        freed = ENTRY_OVERHEAD * count
+        for i in range(start, start + count):
+            freed += len(frames[i])
+            frames[i] = b""  # released now, not at the next compaction
+        kept.head += count
         self._first_seq += count
         self._bytes -= freed
         self._pool.used -= freed
         if budget:
             self.metrics.frames_dropped += count
-        if self._head >= 64 and self._head * 2 >= len(self._frames):
-            del self._frames[: self._head]
-            del self._states[: self._head]
-            del self._times[: self._head]
-            self._head = 0
+        if kept.head == len(frames):
+            self._kept = None  # nothing left: the log holds no containers
+        elif kept.head >= 64 and kept.head * 2 >= len(frames):
+            del frames[: kept.head]
+            del kept.states[: kept.head]
+            del kept.times[: kept.head]
+            kept.head = 0
 
     def _discard(self, reader: LogReader) -> None:
         if not self._readers or reader not in self._readers:

@@ -32,18 +32,24 @@ TRANSIENT = (
 
 
 async def retrying(attempt: Callable[[], Awaitable[T]], what: str) -> T:
-    """Run ``attempt`` until it succeeds, retrying transient NATS failures for ``RETRY_FOR`` s.
+    """Run ``attempt`` until it succeeds, retrying transient NATS failures.
 
-    Pauses grow from 50 ms to 1 s, with jitter, so instances retrying together
-    spread out.
+    Retries go on for ``RETRY_FOR`` s after the first failure; pauses grow from
+    50 ms to 1 s, with jitter, so instances retrying together spread out.
 
     Raises:
         StoreUnavailableError: NATS kept failing for the whole budget.
     """
+    try:
+        return await attempt()  # the usual case: no retry, no bookkeeping
+    except TRANSIENT as exc:
+        logger.warning("%s: %s; retrying", what, type(exc).__name__)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + RETRY_FOR
     pause = 0.05
     while True:
+        await asyncio.sleep(pause * random.uniform(0.5, 1.0))  # NATS is failing over
+        pause = min(pause * 2, 1.0)
         try:
             return await attempt()
         except TRANSIENT as exc:
@@ -52,5 +58,3 @@ async def retrying(attempt: Callable[[], Awaitable[T]], what: str) -> T:
                     f"NATS did not answer ({type(exc).__name__}) for {RETRY_FOR:.0f} s: {what}"
                 ) from exc
             logger.warning("%s: %s; retrying", what, type(exc).__name__)
-            await asyncio.sleep(pause * random.uniform(0.5, 1.0))  # NATS is failing over
-            pause = min(pause * 2, 1.0)
