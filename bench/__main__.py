@@ -26,10 +26,13 @@ import json
 import os
 import platform
 import statistics
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from tests import natsserver
+
+from a2a_grpc_server import ServerConfig
 
 from . import load
 from .load import Result, Target
@@ -124,7 +127,7 @@ def summarize(
     """Median and spread per metric and server; paired ratios per repetition."""
     rows: list[dict[str, object]] = []
     for name, metrics in plan:
-        for metric in [*metrics, "server_cpu_pct", "client_cpu_pct"]:
+        for metric in [*metrics, "server_cpu_us_per_unit", "server_cpu_pct", "client_cpu_pct"]:
             row: dict[str, object] = {"scenario": name, "metric": metric}
             for kind in kinds:
                 values = [
@@ -168,6 +171,20 @@ def table(rows: list[dict[str, object]], kinds: list[str]) -> str:
         line += "".join(f"{r:>10.2f}" if isinstance(r, float) else f"{'-':>10}" for r in ratios)
         lines.append(line)
     return "\n".join(lines)
+
+
+def settings() -> str:
+    """What the servers ran with: ours with every default (the line says so)."""
+    defaults = ServerConfig()
+    shown = ", ".join(
+        f"{name}={getattr(defaults, name)}"
+        for name in ("log_max_frames", "log_max_bytes", "log_total_bytes", "resume_window")
+    )
+    return (
+        f"ours, ours-nats: ServerConfig() and NatsConfig() defaults, nothing changed ({shown}); "
+        "sdk: a2a-sdk defaults; every server on "
+        + ("uvloop" if "--uvloop" in sys.argv else "asyncio unless its name ends in +uvloop")
+    )
 
 
 def _num(value: object) -> str:
@@ -223,6 +240,7 @@ def cli() -> None:
     summary = report["summary"]
     assert isinstance(summary, list)
     print()
+    print(settings())
     print(table(summary, kinds))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -30,7 +30,7 @@ from a2a_grpc_server import A2AService, ServerConfig, taskops
 from a2a_grpc_server.journal import TaskJournal
 
 if TYPE_CHECKING:
-    from .agents import ChunkAgent
+    from .agents import BurstAgent, ChunkAgent
 
 PACKAGE_DIR = "a2a_grpc_server"
 V1 = (("a2a-version", "1.0"),)
@@ -231,6 +231,24 @@ async def attach_as_it_flows(
     agent.finish.set()
     await read_all(sender, from_sender)
     return from_sender, list(await asyncio.gather(*subscribers)), task_id
+
+
+async def burst_to_readers(
+    stub: a2a_pb2_grpc.A2AServiceStub, readers_at: str, agent: BurstAgent, readers: int
+) -> tuple[list[StreamResponse], list[dict[str, object]]]:
+    """Start ``agent``'s task through ``stub``; attach ``readers`` SubscribeToTask streams
+    (in a child process) on the server at ``readers_at``; release the burst. Returns the
+    sender's frames after WORKING and each reader's summary (``readerproc``)."""
+    from . import readerproc
+
+    sender = stub.SendStreamingMessage(send_request("go"), metadata=V1)
+    task_id = (await sender.read()).task.id
+    assert (await sender.read()).status_update.status.state == TaskState.TASK_STATE_WORKING
+    attached = await readerproc.start(readers_at, task_id, readers)
+    agent.release.set()
+    from_sender: list[StreamResponse] = []
+    await read_all(sender, from_sender)
+    return from_sender, await attached.results()
 
 
 def rebuilt(frames: list[StreamResponse]) -> Task:

@@ -91,6 +91,8 @@ async def test_metrics_are_served_in_prometheus_text_format(countdown: Process) 
         assert 'a2a_tasks_ended_total{state="TASK_STATE_COMPLETED"} 1' in text
         assert 'a2a_streams_ended_total{reason="finished"} 1' in text
         assert 'a2a_cancel_seconds_bucket{le="+Inf"} 0' in text
+        assert "a2a_log_bytes 0" in text, "nobody reads the ended task's frames: none kept"
+        assert "a2a_log_frames_dropped_total 0" in text
 
 
 async def test_health_and_reflection_are_served(countdown: Process) -> None:

@@ -19,14 +19,17 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import taskops
+from a2a_grpc_server.jetstream.conn import EVENTS_STREAM
+from a2a_grpc_server.jetstream.journal import subject
 from a2a_grpc_server.resume import RESUME_AFTER_KEY, URI
 
-from . import natsserver, readerproc
+from . import natsserver
 from .agents import BurstAgent, CallerAgent, ChunkAgent, FloodAgent, InputAgent, StepAgent
 from .clusterharness import GatedPerTask, Instance, collect, instances
 from .harness import (
     V1,
     attach_as_it_flows,
+    burst_to_readers,
     last_state,
     read_all,
     rebuilt,
@@ -244,16 +247,11 @@ async def test_a_burst_reaches_every_relayed_subscriber_whole_in_order_with_the_
 ) -> None:
     agent = BurstAgent(count=10_000)
     async with asyncio.timeout(140), instances(agent, [nats_url]) as (a, b):
-        sender = a.stub.SendStreamingMessage(send_request("go"), metadata=V1)
-        task_id = (await sender.read()).task.id
-        assert (await sender.read()).status_update.status.state == S.TASK_STATE_WORKING
-        readers = await readerproc.start(b.address, task_id, 100)
-        agent.release.set()
-        from_sender: list[StreamResponse] = []
-        await read_all(sender, from_sender)
+        from_sender, readers = await burst_to_readers(a.stub, b.address, agent, 100)
         expected = [f"chunk-{i}" for i in range(10_000)]
         assert [f.artifact_update.artifact.artifact_id for f in from_sender[:-1]] == expected
-        for stream in await readers.results():
+        assert last_state(from_sender) == S.TASK_STATE_COMPLETED
+        for stream in readers:
             assert stream["ids"] == expected
             assert stream["last_state"] == S.TASK_STATE_COMPLETED
             assert stream["same_as_first"]
@@ -357,3 +355,20 @@ async def test_a_cursor_older_than_the_record_keeps_is_out_of_range_on_the_other
             kept: list[StreamResponse] = []
             await read_all(resume_call(b, task_id, final - 4), kept)
             assert [seq_of(f) for f in kept] == list(range(final - 3, final + 1))
+
+
+async def test_a_task_whose_messages_left_the_stream_still_takes_its_follow_up(
+    nats_url: str,
+) -> None:
+    async with asyncio.timeout(20), instances(InputAgent(), [nats_url]) as (a, b):
+        asked = await a.client.send_message(send_request("hi"))
+        task_id = asked.task.id
+        assert asked.task.status.state == S.TASK_STATE_INPUT_REQUIRED
+        # What a task parked past events_ttl (or past the stream's byte limit) meets:
+        # its messages are gone, its snapshot stays.
+        await a.cluster.conn.js.purge_stream(EVENTS_STREAM, subject=subject(task_id))
+        assert await a.cluster.journal.last_entry(task_id) is None
+        done = await b.client.send_message(send_request("Ada", task_id=task_id))
+        assert done.task.status.state == S.TASK_STATE_COMPLETED
+        assert done.task.status.message.parts[0].text == "hello Ada"
+        assert await stored_state(b, task_id) == S.TASK_STATE_COMPLETED

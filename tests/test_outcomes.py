@@ -18,10 +18,17 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.journal import Change, VersionConflictError
+from a2a_grpc_server.journal import Change, StoreUnavailableError, VersionConflictError
 from a2a_grpc_server.journal.memory import MemoryJournal
 
-from .agents import EndingAgent, GatedAgent, LeakyAgent, MisbehavingAgent, StubbornAgent
+from .agents import (
+    EndingAgent,
+    GatedAgent,
+    LeakyAgent,
+    MisbehavingAgent,
+    StepAgent,
+    StubbornAgent,
+)
 from .harness import V1, Harness, send_request, serve
 
 S = TaskState
@@ -199,6 +206,47 @@ async def test_journal_refusing_an_event_ends_every_stream_failed() -> None:
         for frames in (sender, *subs):
             assert final_state(frames) == S.TASK_STATE_FAILED
             assert "could not record" in final_text(frames)
+        await h.settle()
+
+
+class LandThenFailJournal(MemoryJournal):
+    """Stores every update, but reports the first one after ``trap`` is set as failed
+    (a write whose acknowledgement was lost)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trap = False
+
+    async def update(self, task: Task, expected_version: int, changes: Sequence[Change]) -> int:
+        version = await super().update(task, expected_version, changes)
+        if self.trap:
+            self.trap = False
+            raise StoreUnavailableError("the acknowledgement was lost")
+        return version
+
+
+async def test_a_write_that_landed_but_reported_failure_reaches_every_stream_numbered_once() -> (
+    None
+):
+    agent = StepAgent()
+    journal = LandThenFailJournal()
+    config = ServerConfig(cancel_timeout=1.0)
+    async with asyncio.timeout(10), serve(agent, config, journal=journal) as h:
+
+        async def lose_an_ack(h: Harness, task_id: str) -> None:
+            journal.trap = True
+            agent.step()  # one artifact: recorded, but the executor's write "failed"
+
+        sender, subs, task_id = await fan_out(h, agent.working, lose_an_ack)
+        for frames in (sender, *subs):
+            assert [f.WhichOneof("payload") for f in frames] == ["artifact_update", "status_update"]
+            assert final_state(frames) == S.TASK_STATE_FAILED, "the task cannot go on unsure"
+            assert "could not record" in final_text(frames)
+        stored = await journal.get(task_id)
+        assert stored is not None
+        assert stored.task.status.state == S.TASK_STATE_FAILED
+        assert [a.artifact_id for a in stored.task.artifacts] == ["step-0"], "what landed stands"
+        assert stored.seq == 4, "task 1, WORKING 2, the artifact 3 (once), FAILED 4"
         await h.settle()
 
 

@@ -20,9 +20,17 @@ from a2a_grpc_server import ServerConfig
 from a2a_grpc_server.journal import Change
 from a2a_grpc_server.journal.memory import MemoryJournal
 
-from . import readerproc
 from .agents import BurstAgent, ChunkAgent, FloodAgent, GatedAgent
-from .harness import V1, attach_as_it_flows, read_all, rebuilt, rich_status, send_request, serve
+from .harness import (
+    V1,
+    attach_as_it_flows,
+    burst_to_readers,
+    read_all,
+    rebuilt,
+    rich_status,
+    send_request,
+    serve,
+)
 
 S = TaskState
 
@@ -39,17 +47,11 @@ def chunk_ids(frames: list[StreamResponse]) -> list[str]:
 async def test_a_burst_reaches_every_subscriber_whole_in_order_with_the_outcome() -> None:
     agent = BurstAgent(count=10_000)
     async with asyncio.timeout(110), serve(agent) as h:
-        sender = h.stub.SendStreamingMessage(send_request("go"), metadata=V1)
-        task_id = (await sender.read()).task.id
-        assert (await sender.read()).status_update.status.state == S.TASK_STATE_WORKING
-        readers = await readerproc.start(h.address, task_id, 100)
-        agent.release.set()
-        from_sender: list[StreamResponse] = []
-        await read_all(sender, from_sender)
+        from_sender, readers = await burst_to_readers(h.stub, h.address, agent, 100)
         expected = [f"chunk-{i}" for i in range(10_000)]
         assert chunk_ids(from_sender) == expected
         assert from_sender[-1].status_update.status.state == S.TASK_STATE_COMPLETED
-        for stream in await readers.results():
+        for stream in readers:
             assert stream["ids"] == expected
             assert stream["last_state"] == S.TASK_STATE_COMPLETED
             assert stream["same_as_first"]

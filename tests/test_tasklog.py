@@ -175,3 +175,34 @@ async def test_past_the_servers_budget_ended_logs_go_first_then_the_appenders_ol
     assert p.used <= 5 * size and live.kept == 5
     assert p.peak <= 5 * size
     p.close()
+
+
+async def test_readers_that_give_up_waiting_leave_nothing_behind() -> None:
+    p, _ = pool()
+    log = TaskLog("t", p)
+    for _ in range(100):
+        waiting = asyncio.ensure_future(log.wait_changed())
+        await asyncio.sleep(0)  # sync-ok: lets it start waiting before it gives up
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+    assert not log._waiters, "no future of a departed waiter is kept"
+
+
+async def test_an_ended_log_is_not_released_under_a_reader_still_draining_it() -> None:
+    size = 100 + ENTRY_OVERHEAD
+    p, clock = pool(total=4 * size, window=60)
+    ended = TaskLog("ended", p)
+    ended.make_resumable()
+    draining = ended.subscribe()[1]
+    ended.append(b"x" * 100)
+    ended.seal(b"y" * 100, FINAL)
+    other = TaskLog("other", p)
+    other.subscribe()
+    for _ in range(3):
+        other.append(b"z" * 100)  # over the server's budget: ended is read, so it stays
+    clock.now += 61
+    p._sweep()  # past its window: still read, so it stays
+    assert [s async for s, _, _ in draining] == [1, 2], "the reader gets every frame"
+    assert p.retained("ended") is None and ended.kept == 0, "released once it was read"
+    p.close()

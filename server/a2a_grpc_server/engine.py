@@ -36,7 +36,7 @@ from . import taskops
 from .callmeta import Caller, request_context
 from .config import ServerConfig
 from .errors import FrameNotKeptError, ServerShuttingDownError
-from .journal import RecordedTask, TaskJournal
+from .journal import FinalTaskError, RecordedTask, TaskJournal
 from .live import LiveTask
 from .metrics import Metrics
 from .supervisor import TASK_PREFIX, ExecutionSupervisor
@@ -166,6 +166,7 @@ class TaskEngine:
         limits = LogLimits(config.log_max_frames, config.log_max_bytes, config.resume_window)
         self.pool = LogPool(config.log_total_bytes, limits, self.metrics)
         """Every task log of this instance (relays included)."""
+        self.metrics.pool = self.pool
         self._executor = executor
         self._journal = journal
         self._config = config
@@ -228,14 +229,17 @@ class TaskEngine:
         try:
             if resumable:
                 live.log.make_resumable()
-            if follow_up:
-                await live.add_user_message(message)
-            if live.log.closed:  # canceled while the message was being recorded
+            try:
+                if follow_up:
+                    await live.add_user_message(message)
+                if live.log.closed:
+                    raise LogClosedError(live.task_id)
+                snapshot, reader = await live.subscribe() if subscribe else (None, None)
+            except (LogClosedError, FinalTaskError):  # canceled as the message arrived
                 raise UnsupportedOperationError(
                     f"task {live.task_id!r} ended before this message could start; "
                     "start a new task (omit message.task_id)"
-                )
-            snapshot, reader = await live.subscribe() if subscribe else (None, None)
+                ) from None
             context = request_context(
                 call,
                 request=request,
@@ -389,10 +393,9 @@ class TaskEngine:
         """
         live = self._live.get(task_id)
         log = live.log if live is not None else self.pool.retained(task_id)
-        if log is not None:
+        if log is not None and log.first_kept - 1 <= after <= log.last_seq:
             log.make_resumable()
-            if log.first_kept - 1 <= after <= log.last_seq:
-                return log.reader(after + 1)
+            return log.reader(after + 1)
         recorded = await self._get_recorded(task_id)
         last = max(recorded.seq, log.last_seq if log is not None else 0)
         if after > last:

@@ -23,7 +23,7 @@ from a2a.types.a2a_pb2 import Message, StreamResponse, Task, TaskState, TaskStat
 from a2a.utils.errors import InvalidAgentResponseError
 
 from . import taskops
-from .journal import Change, FinalTaskError, PartialWriteError, StoreError, TaskJournal
+from .journal import Change, FinalTaskError, StoreError, TaskJournal
 from .tasklog import LogReader, TaskLog
 from .taskops import Event
 
@@ -53,6 +53,7 @@ class LiveTask:
         "_index",
         "_journal",
         "_task",
+        "_unconfirmed",
         "_version",
         "admitting",
         "answer",
@@ -85,6 +86,7 @@ class LiveTask:
         self._version = version
         self._first_message = first_message
         self._dirty = False
+        self._unconfirmed: list[Change] = []
         self.run: ExecutionSupervisor | None = None
         """The execution currently feeding this task, if any."""
         self.admitting = False
@@ -109,8 +111,14 @@ class LiveTask:
         )
 
     async def snapshot(self) -> tuple[Task | None, int]:
-        """A copy of the task as recorded and the seq of the last change it includes."""
+        """A copy of the task as recorded and the seq of the last change it includes.
+
+        Raises:
+            StoreError: A write failed and the journal cannot be read to tell
+                what it holds.
+        """
         async with self.lock:
+            await self._settled()
             task = taskops.copy(self._task) if self._task is not None else None
             return task, self.log.last_seq
 
@@ -119,9 +127,16 @@ class LiveTask:
 
         Raises:
             LogClosedError: The task has ended.
+            StoreError: As for ``snapshot``.
         """
         async with self.lock:
+            await self._settled()
             return self.log.subscribe()
+
+    async def _settled(self) -> None:
+        """Make the task what the journal holds again, if a write failed (lock held)."""
+        if self._dirty:
+            await self._reconcile()
 
     async def commit(self, events: Sequence[Event]) -> None:
         """Record the effect of ``events``, in order, in one write; then append their frames.
@@ -160,7 +175,6 @@ class LiveTask:
                 except InvalidAgentResponseError as exc:
                     error = exc
                     break
-                self._dirty = not creating
                 changes.append(self._change(changes, frame))
             if changes:
                 assert task is not None
@@ -188,10 +202,11 @@ class LiveTask:
             if self.log.closed:
                 return
             try:
+                await self._settled()
+                if self.log.closed:  # the write that failed had landed, and ended it
+                    return
                 if self._task is None:
                     await self._create(None)
-                elif self._dirty:
-                    await self._reload()
             except StoreError:
                 logger.exception("could not read or create task %s to end it", self.task_id)
             # (A task that reads final here ended in a write that failed: the log
@@ -215,13 +230,30 @@ class LiveTask:
             self._task = self.log.snapshot = updated
             self.log.seal(data, state)
 
-    async def _reload(self) -> None:
-        """Start again from the task as the journal holds it (a write of ours failed)."""
+    async def _reconcile(self) -> None:
+        """Start again from what the journal holds, after a write of ours failed.
+
+        A write that failed may have landed, whole or in part (a retry gave up
+        on an attempt that had been stored; a write of several messages
+        stopped): the frames of the changes that landed are appended, so the
+        log and the journal number the same changes; the task becomes the
+        journal's.
+
+        Raises:
+            StoreError: The journal could not be read (the task stays dirty).
+        """
         recorded = await self._journal.get(self.task_id)
+        landed = 0 if recorded is None else recorded.seq - self.log.last_seq
+        landed = max(0, min(landed, len(self._unconfirmed)))
         if recorded is not None:
             self._task = self.log.snapshot = recorded.task
             self._version = recorded.version
             self._index = taskops.index_artifacts(recorded.task)
+            self._first_message = None
+        final = recorded is not None and taskops.is_final(recorded.task)
+        for i, change in enumerate(self._unconfirmed[:landed]):
+            self.log.append(change.frame, change.state, final=final and i == landed - 1)
+        self._unconfirmed = []
         self._dirty = False
 
     async def _close_as_recorded(self) -> bool:
@@ -299,13 +331,13 @@ class LiveTask:
                 )
             else:
                 self._version = await self._journal.update(task, self._version, changes)
-        except PartialWriteError as exc:
-            self._version, self._task, self._dirty = exc.version, task, True
-            self._first_message = None
-            for change in changes[: exc.recorded]:  # never the final one: a later one failed
-                self.log.append(change.frame, change.state)
-            with contextlib.suppress(StoreError):  # (finalize tries again)
-                await self._reload()
+        except StoreError:
+            # Nothing is appended yet, and the task changed in place is not what
+            # the journal holds: dirty until reconciled (here if the journal can
+            # be read, else by the next reader of the task or by finalize).
+            self._dirty, self._unconfirmed = True, changes
+            with contextlib.suppress(StoreError):
+                await self._reconcile()
             raise
         if creating:
             self._first_message = None  # in the task's history now

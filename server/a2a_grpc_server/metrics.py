@@ -10,6 +10,10 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .tasklog import LogPool
 
 CANCEL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -55,6 +59,8 @@ class Metrics:
     """Tasks of a lost instance this instance ended FAILED (cluster mode)."""
     cancel_seconds: Histogram = field(default_factory=lambda: Histogram(CANCEL_BUCKETS))
     """CancelTask received -> the task's final frame in every buffer."""
+    pool: LogPool | None = None
+    """The instance's task logs, read for their gauges when rendering."""
 
     def render(self) -> str:
         """The Prometheus text exposition (format 0.0.4)."""
@@ -103,6 +109,19 @@ class Metrics:
             "Tasks of other instances relayed here.",
             [("", self.relays_open)],
         )
+        if self.pool is not None:
+            metric(
+                "log_bytes",
+                "gauge",
+                "Bytes the task logs keep (frames plus 64 each).",
+                [("", self.pool.used)],
+            )
+            metric(
+                "logs_retained",
+                "gauge",
+                "Ended tasks whose log is kept for resuming.",
+                [("", self.pool.retained_count)],
+            )
         metric(
             "tasks_reaped_total",
             "counter",

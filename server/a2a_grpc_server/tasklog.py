@@ -32,13 +32,16 @@ What is kept (sizes live in the log, not in readers):
 * at most ``LogLimits.max_frames`` frames and ``max_bytes`` bytes per task; the
   oldest go first. The final frame is never dropped for the budget (it is
   always the newest);
-* a frame that no open reader still needs is released at once, unless the log
-  is *resumable* (a client that activated the resume extension follows the
-  task): then it is kept for ``resume_window`` seconds after it was appended,
-  and an ended resumable log stays readable that long after its end;
+* a frame that no open reader still needs is released (at once when the log
+  has no reader; otherwise once every reader has read it, checked every
+  ``TRIM_EVERY`` frames), unless the log is *resumable* (a client that
+  activated the resume extension follows the task): then it is kept for
+  ``resume_window`` seconds after it was appended, and an ended resumable log
+  stays readable that long after its end (longer while a reader still drains
+  it);
 * across every log of a server, ``LogPool.max_bytes``: beyond it, ended logs
-  kept for resumption go first (oldest first), then the oldest frames of the
-  log being appended to.
+  kept for resumption that nobody reads go first (oldest first), then the
+  oldest frames of the log being appended to.
 """
 
 from __future__ import annotations
@@ -154,9 +157,10 @@ class LogPool:
         if self.used <= self.max_bytes:
             self.peak = max(self.peak, self.used)
             return
-        while self.used > self.max_bytes and self._retained:
-            _, oldest = self._retained.popitem(last=False)
-            oldest.release()
+        for ended in [log for log in self._retained.values() if not log.readers]:
+            if self.used <= self.max_bytes:
+                break
+            ended.release()
         if self.used > self.max_bytes:
             log._shed(self.used - self.max_bytes)
         self.peak = max(self.peak, self.used)
@@ -187,12 +191,11 @@ class LogPool:
         horizon = self.clock() - self.limits.resume_window
         for log in (*self._watched, *self._retained.values()):
             log._expire(horizon)
-        while self._retained:
-            oldest = next(iter(self._retained.values()))
-            if oldest._ended_at > horizon:
+        for log in list(self._retained.values()):
+            if log._ended_at > horizon:
                 break
-            self._retained.popitem(last=False)
-            oldest.release()
+            if not log.readers:  # (one still draining keeps it; it goes when they leave)
+                log.release()
         self._schedule()
 
 
@@ -338,7 +341,7 @@ class TaskLog:
         self._severed: Exception | None = None
         # Made only when needed: a parked task with no reader pays for none.
         self._readers: dict[LogReader, None] | None = None
-        self._waiters: list[asyncio.Future[None]] | None = None
+        self._waiters: dict[asyncio.Future[None], None] | None = None
         self._close_callbacks: list[Callable[[], None]] | None = None
         self.on_idle: Callable[[], None] | None = None
         """Called when the last reader leaves an open log."""
@@ -441,10 +444,9 @@ class TaskLog:
         for it, and one before ``first_kept`` raises ``FrameNotKeptError`` on read.
         """
         reader = LogReader(self, next_seq)
-        if not self._closed:
-            if self._readers is None:
-                self._readers = {}
-            self._readers[reader] = None
+        if self._readers is None:
+            self._readers = {}
+        self._readers[reader] = None
         return reader
 
     def append(self, frame: bytes, state: int = 0, *, final: bool = False) -> int:
@@ -511,10 +513,14 @@ class TaskLog:
             return
         waiter = asyncio.get_running_loop().create_future()
         if self._waiters is None:
-            self._waiters = [waiter]
+            self._waiters = {waiter: None}
         else:
-            self._waiters.append(waiter)
-        await waiter
+            self._waiters[waiter] = None
+        try:
+            await waiter
+        finally:
+            if self._waiters is not None:  # (a waiter that gave up leaves no trace)
+                self._waiters.pop(waiter, None)
 
     def release(self) -> None:
         """Drop every kept frame (an ended log that is no longer needed)."""
@@ -616,7 +622,8 @@ class TaskLog:
             return
         self._readers = None
         if self._closed:
-            if not self.resumable:
+            expired = self._pool.clock() - self._ended_at > self._pool.limits.resume_window
+            if not self.resumable or expired:
                 self.release()
         else:
             if not self.resumable:

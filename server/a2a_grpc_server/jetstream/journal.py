@@ -10,7 +10,8 @@ write too large for one message takes several). Headers:
   instance's readers get); ``A2a-Count``: how many changes it holds;
 * ``A2a-State``: the state its last frame carries (a number; 0 for none), so
   a final change is seen without decoding it;
-* ``Nats-Msg-Id``: ``<task id>:<first seq>``.
+* ``Nats-Msg-Id``: ``<task id>:<first seq>:<writer's instance id>`` (how a retried
+  write recognises its own earlier attempt).
 
 The payload is the changes one after the other, each ``kind`` (one byte:
 ``f`` for a frame, the ``StreamResponse`` readers get; ``m`` for a follow-up
@@ -106,6 +107,7 @@ PAYLOAD_SLACK = 1024
 MSG_ID = "Nats-Msg-Id"
 EXPECT = "Nats-Expected-Last-Subject-Sequence"
 STREAM_SEQ = "Nats-Sequence"
+PENDING = "Nats-Num-Pending"
 SCAN_BATCH = 256
 SCAN_IDLE = 30.0
 """Seconds before JetStream removes a scan's consumer left behind by a lost instance."""
@@ -205,7 +207,7 @@ def _record(change: Change) -> bytes:
 
 
 def _messages(
-    task_id: str, changes: Sequence[Change], most: int
+    task_id: str, changes: Sequence[Change], most: int, writer: str
 ) -> list[tuple[int, bytes, dict[str, str]]]:
     """The changes as stream messages of at most ``most`` bytes: (changes, payload, headers)."""
     runs: list[list[bytes]] = [[]]
@@ -224,7 +226,7 @@ def _messages(
             SEQ: str(seq),
             COUNT: str(len(run)),
             STATE: str(last.state if last.message is None else 0),
-            MSG_ID: f"{task_id}:{seq}",
+            MSG_ID: f"{task_id}:{seq}:{writer}",
         }
         out.append((len(run), b"".join(run), headers))
         seq += len(run)
@@ -297,17 +299,8 @@ class JetStreamJournal:
         """
         if not _KEY.match(task_id):
             return None  # such an id was never created here
-
-        async def attempt() -> KeyValue.Entry | None:
-            try:
-                return await self._kv.get(task_id)
-            except nats.js.errors.KeyNotFoundError:
-                return None
-
-        entry = await retrying(attempt, f"read task {task_id}")
-        if entry is None or entry.value is None or entry.revision is None:
-            return None
-        return Snapshot.decode(entry.value, entry.revision)
+        entry = await self._kv_entry(task_id)
+        return Snapshot.decode(*entry) if entry is not None else None
 
     async def create(
         self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True
@@ -350,7 +343,9 @@ class JetStreamJournal:
         try:
             rev = await self._write_snapshot(task.id, encode(self._owner, task, seq, pos), 0)
         except StoreError as exc:
+            # Written at the task's next change (revision 0: the key is still new).
             logger.warning("could not snapshot new task %s: %s", task.id, exc)
+            self._snapshotted[task.id] = _Snapshotted(0, 0, -1)
             return
         if not taskops.is_final(task):
             self._snapshotted[task.id] = _Snapshotted(rev, seq, task.status.state)
@@ -454,7 +449,7 @@ class JetStreamJournal:
                 after_pos = int((msg.headers or {})[STREAM_SEQ])
                 found.extend(Entry.unpack(msg, after_pos))
             read += len(msgs)
-            if len(msgs) < most:
+            if not msgs or (msgs[-1].headers or {}).get(PENDING, "0") == "0":
                 break
         return found
 
@@ -510,10 +505,15 @@ class JetStreamJournal:
             return RecordedTask(task, pos, snap.owner, seq)
         index = taskops.index_artifacts(task)
         for entry in await self.entries(task_id, pos):
-            pos = entry.pos
             if entry.seq <= seq:
+                pos = entry.pos
                 continue  # already in the snapshot (written before its pos was known)
-            seq = entry.seq
+            if entry.seq != seq + 1:
+                # Changes after the snapshot left the stream (its limits): the task
+                # as of the last change still there is what can be told.
+                logger.warning("task %s: changes %d to %d are gone", task_id, seq + 1, entry.seq)
+                break
+            pos, seq = entry.pos, entry.seq
             applied = entry.apply(task, index)
             if applied is not task:
                 task, index = applied, taskops.index_artifacts(applied)
@@ -535,7 +535,7 @@ class JetStreamJournal:
         """
         most = max(self._requests.max_payload - PAYLOAD_SLACK, 1)
         version, done = expected, 0
-        for count, payload, headers in _messages(task_id, changes, most):
+        for count, payload, headers in _messages(task_id, changes, most, self._owner):
             try:
                 version = await self._publish(task_id, payload, headers, version)
             except StoreError as exc:
@@ -563,6 +563,11 @@ class JetStreamJournal:
             last = await self._last_msg_id(task_id)
             if attempts > 1 and last is not None and last[0] == headers[MSG_ID]:
                 return last[1]  # the attempt that timed out had landed
+            if last is None and expected and await self.snapshot(task_id) is not None:
+                # The task's messages left the stream (a task parked past
+                # events_ttl); its snapshot holds it. Extending an empty subject
+                # is still a compare-and-set: of two writers, one wins.
+                return await self._publish(task_id, payload, headers, 0)
             if last is None:
                 raise UnknownTaskError(task_id) from None
             entry = await self.last_entry(task_id)
@@ -606,6 +611,8 @@ class JetStreamJournal:
                 known.seq, known.state = seq, state
             except VersionConflictError:
                 logger.warning("snapshot of task %s was written by another instance", task.id)
+                self._snapshotted.pop(task.id, None)  # read again at the next change
+                return
             except StoreError as exc:
                 # The change is in the stream; the snapshot is retried at the next one.
                 logger.warning("could not snapshot task %s: %s", task.id, exc)

@@ -21,6 +21,7 @@ waits for.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from a2a.types.a2a_pb2 import Task, TaskState
@@ -58,6 +59,8 @@ class Relay:
         self.subscription: JetStreamContext.PushSubscription | None = None
         self.reader: LogReader | None = None
         """A private relay's one reader (made before the first change arrives)."""
+        self.waiting = 0
+        """Callers waiting for a shared relay to start."""
         self._index: taskops.ArtifactIndex = {}
 
     async def start(self, journal: JetStreamJournal) -> TaskLog:
@@ -80,20 +83,33 @@ class Relay:
         self.subscription = await journal.follow(self.task_id, recorded.version, self._deliver)
         return log
 
-    async def start_replay(self, journal: JetStreamJournal, after: int) -> TaskLog:
+    async def start_replay(self, journal: JetStreamJournal, after: int, last: int) -> TaskLog:
         """Follow the task's changes from the one after ``after`` (a resumed stream).
+
+        From the task's snapshot when it is at or before the cursor, else from
+        the first change the stream still holds.
+
+        Args:
+            journal: The record.
+            after: The cursor (the last change the stream had).
+            last: The task's last change, as recorded when the stream resumed.
 
         Raises:
             FrameNotKeptError: The record no longer holds change ``after + 1``.
             StoreUnavailableError: NATS did not answer.
         """
-        first = await journal.entries(self.task_id, 0, messages=1)
-        if not first or first[0].seq > after + 1:
-            oldest = first[0].seq if first else after + 1
-            raise FrameNotKeptError(self.task_id, after + 1, oldest, max(oldest - 1, after))
+        snap = await journal.snapshot(self.task_id)
+        if snap is not None and snap.pos and snap.seq <= after:
+            start = snap.pos
+        else:
+            first = await journal.entries(self.task_id, 0, messages=1)
+            if not first or first[0].seq > after + 1:
+                oldest = first[0].seq if first else last + 1
+                raise FrameNotKeptError(self.task_id, after + 1, oldest, last)
+            start = first[0].pos - 1
         log = self._open(after + 1)
         self.reader = log.reader(after + 1)
-        self.subscription = await journal.follow(self.task_id, first[0].pos - 1, self._deliver)
+        self.subscription = await journal.follow(self.task_id, start, self._deliver)
         return log
 
     def _open(self, first_seq: int) -> TaskLog:
@@ -123,6 +139,11 @@ class Relay:
             except Exception:  # a change the owner accepted: only a bug of ours gets here
                 logger.exception("relay of task %s could not apply a change", self.task_id)
         log.append(entry.frame, entry.state, final=entry.final)
+
+
+def _close_reader(relay: Relay, _: object = None) -> None:
+    if relay.reader is not None:
+        relay.reader.close()
 
 
 def _ended(task: Task) -> UnsupportedOperationError:
@@ -171,7 +192,14 @@ class Relays:
             relay = self._shared.get(task_id)
             if relay is None:
                 relay = self._start(Relay(task_id, self._pool, shared=True), None)
-            await asyncio.shield(relay.started)
+            relay.waiting += 1
+            try:
+                await asyncio.shield(relay.started)
+            finally:
+                relay.waiting -= 1
+                if relay.waiting == 0:
+                    # (a caller that gave up may leave a started relay nobody reads)
+                    relay.started.add_done_callback(functools.partial(self._unread, relay))
             assert relay.log is not None
             try:
                 snapshot, reader = relay.log.subscribe()
@@ -193,8 +221,15 @@ class Relays:
         """
         if self._severed is not None:
             raise RelayLostError(self._severed)
-        relay = self._start(Relay(recorded.task.id, self._pool, shared=False), after)
-        await asyncio.shield(relay.started)
+        relay = self._start(
+            Relay(recorded.task.id, self._pool, shared=False), (after, recorded.seq)
+        )
+        try:
+            await asyncio.shield(relay.started)
+        except asyncio.CancelledError:
+            # The caller left while the replay started: its reader goes when it does.
+            relay.started.add_done_callback(functools.partial(_close_reader, relay))
+            raise
         assert relay.reader is not None
         return relay.reader
 
@@ -210,7 +245,13 @@ class Relays:
         while self._cleanups:
             await asyncio.gather(*self._cleanups, return_exceptions=True)
 
-    def _start(self, relay: Relay, after: int | None) -> Relay:
+    def _unread(self, relay: Relay, _: object = None) -> None:
+        """Stop a started shared relay that no reader joined (its callers left)."""
+        log = relay.log
+        if log is not None and not log.closed and not log.readers and not relay.waiting:
+            log.sever(RelayLostError("no reader left"))
+
+    def _start(self, relay: Relay, after: tuple[int, int] | None) -> Relay:
         if relay.shared:
             self._shared[relay.task_id] = relay
         self._open.add(relay)
@@ -221,16 +262,19 @@ class Relays:
         self._track(starter)
         return relay
 
-    async def _run_start(self, relay: Relay, after: int | None) -> None:
+    async def _run_start(self, relay: Relay, after: tuple[int, int] | None) -> None:
         try:
             if after is None:
                 log = await relay.start(self._journal)
             else:
-                log = await relay.start_replay(self._journal, after)
-        except Exception as exc:
+                log = await relay.start_replay(self._journal, *after)
+        except BaseException as exc:
             self._ended(relay)
-            relay.started.set_exception(exc)
+            failed = exc if isinstance(exc, Exception) else RelayLostError("relay start stopped")
+            relay.started.set_exception(failed)
             relay.started.exception()  # retrieved here: the waiters re-raise it
+            if not isinstance(exc, Exception):
+                raise  # (cancelled: never swallowed)
             return
         log.on_close(lambda: self._ended(relay))
         log.on_idle = lambda: log.sever(RelayLostError("no reader left"))
