@@ -157,7 +157,7 @@ class LogPool:
         if self.used <= self.max_bytes:
             self.peak = max(self.peak, self.used)
             return
-        for ended in [log for log in self._retained.values() if not log.readers]:
+        for ended in [kept for kept in self._retained.values() if not kept.readers]:
             if self.used <= self.max_bytes:
                 break
             ended.release()

@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import json
 import re
+from collections import deque
 from collections.abc import Callable
 
 import nats.errors
@@ -51,6 +52,10 @@ class JetStreamRequests:
         self._tokens = itertools.count(1)
         self._waiting: dict[str, Callable[[Msg], None]] = {}
         self._sub: Subscription | None = None
+        # Publishes waiting for their ack, by deadline: one timer for all of them
+        # (a timer per publish costs a heap entry that lingers after its cancel).
+        self._deadlines: deque[tuple[float, asyncio.Future[Msg]]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
 
     @property
     def max_payload(self) -> int:
@@ -64,6 +69,13 @@ class JetStreamRequests:
 
     async def close(self) -> None:
         """Stop listening for replies (requests still waiting time out)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for _, reply in self._deadlines:
+            if not reply.done():
+                reply.set_exception(nats.errors.ConnectionClosedError())
+        self._deadlines.clear()
         if self._sub is not None:
             sub, self._sub = self._sub, None
             with contextlib.suppress(nats.errors.Error):  # the connection is closing
@@ -87,14 +99,30 @@ class JetStreamRequests:
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[Msg] = loop.create_future()
         inbox = self._register(reply.set_result)
-        timer = loop.call_later(timeout, _expire, reply)
+        self._deadlines.append((loop.time() + timeout, reply))
+        if self._timer is None:
+            self._timer = loop.call_later(timeout, self._expire)
         try:
             await self._nc.publish(subject, data, reply=inbox, headers=headers)
             msg = await reply
         finally:
-            timer.cancel()
             self._waiting.pop(inbox.rsplit(".", 1)[1], None)
+            deadlines = self._deadlines
+            while deadlines and deadlines[0][1].done():  # acks come mostly in order
+                deadlines.popleft()
         return _ack(msg)
+
+    def _expire(self) -> None:
+        """Fail the publishes whose ack is overdue; wait for the next deadline."""
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now, deadlines = loop.time(), self._deadlines
+        while deadlines and (deadlines[0][0] <= now or deadlines[0][1].done()):
+            _, reply = deadlines.popleft()
+            if not reply.done():
+                reply.set_exception(nats.errors.TimeoutError())
+        if deadlines:
+            self._timer = loop.call_at(deadlines[0][0], self._expire)
 
     async def direct_get(
         self,
@@ -152,11 +180,6 @@ class JetStreamRequests:
         if handler is not None:
             with contextlib.suppress(asyncio.InvalidStateError):  # it timed out meanwhile
                 handler(msg)
-
-
-def _expire(reply: asyncio.Future[Msg]) -> None:
-    if not reply.done():
-        reply.set_exception(nats.errors.TimeoutError())
 
 
 def _ack(msg: Msg) -> int:
