@@ -106,9 +106,7 @@ class LiveTask:
     @property
     def state(self) -> TaskState:
         """The task's current state (UNSPECIFIED before it exists)."""
-        return (
-            self._task.status.state if self._task is not None else TaskState.TASK_STATE_UNSPECIFIED
-        )
+        return self._task.status.state if self._task is not None else taskops.UNSPECIFIED
 
     async def snapshot(self) -> tuple[Task | None, int]:
         """A copy of the task as recorded and the seq of the last change it includes.
@@ -171,11 +169,11 @@ class LiveTask:
                     # it before the journal accepted it. apply() validates before
                     # it mutates; if the journal then refuses, the task is "dirty"
                     # and ends (finalize) from what the journal holds.
-                    frame = taskops.apply(task, event, self._index)
+                    frame, state = taskops.apply_serialized(task, event, self._index)
                 except InvalidAgentResponseError as exc:
                     error = exc
                     break
-                changes.append(self._change(changes, frame))
+                changes.append(Change(self.log.last_seq + len(changes) + 1, frame, state))
             if changes:
                 assert task is not None
                 await self._record(task, changes, creating=creating)
@@ -298,8 +296,8 @@ class LiveTask:
                 raise InvalidAgentResponseError(
                     f"agent created a task in context {task.context_id!r}, not {self.context_id!r}"
                 )
-            if task.status.state == TaskState.TASK_STATE_UNSPECIFIED:
-                task.status.state = TaskState.TASK_STATE_SUBMITTED
+            if task.status.state == taskops.UNSPECIFIED:
+                task.status.state = taskops.SUBMITTED
             if not task.status.HasField("timestamp"):
                 task.status.timestamp.CopyFrom(taskops.now())
             first = self._first_message

@@ -35,6 +35,9 @@ TERMINAL = frozenset(
     }
 )
 INTERRUPTED = frozenset({TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED})
+UNSPECIFIED = TaskState.TASK_STATE_UNSPECIFIED
+"""(Read once: an enum wrapper's attribute costs a Python-level lookup each time.)"""
+SUBMITTED = TaskState.TASK_STATE_SUBMITTED
 
 
 def is_final(task: Task) -> bool:
@@ -59,7 +62,7 @@ def frame_state(frame: StreamResponse) -> TaskState:
         return frame.status_update.status.state
     if kind == "task":
         return frame.task.status.state
-    return TaskState.TASK_STATE_UNSPECIFIED
+    return UNSPECIFIED
 
 
 def copy(task: Task) -> Task:
@@ -79,7 +82,7 @@ def now() -> Timestamp:
 def new_task(task_id: str, context_id: str, message: Message | None) -> Task:
     """Create a task in SUBMITTED whose history holds the user's message."""
     task = Task(id=task_id, context_id=context_id)
-    task.status.state = TaskState.TASK_STATE_SUBMITTED
+    task.status.state = SUBMITTED
     task.status.timestamp.CopyFrom(now())
     if message is not None:
         task.history.append(message)
@@ -141,22 +144,59 @@ def apply(task: Task, event: Event, index: ArtifactIndex | None = None) -> Strea
             task or context, carries no state, or appends to an artifact that
             does not exist.
     """
-    if isinstance(event, Message):
-        _check_ids(task, event.task_id, event.context_id, "message")
-        task.history.append(event)
-        return StreamResponse(message=event)
-    if isinstance(event, Task):
-        _check_ids(task, event.id, event.context_id, "task")
-        _merge_task(task, event, index)
-        return StreamResponse(task=task)
-    if isinstance(event, TaskStatusUpdateEvent):
-        _check_ids(task, event.task_id, event.context_id, "status update")
-        _apply_status(task, event)
-        return StreamResponse(status_update=event)
+    field, payload = _apply(task, event, index)
+    frame = StreamResponse()
+    getattr(frame, _PAYLOADS[field]).CopyFrom(payload)
+    return frame
+
+
+def apply_serialized(
+    task: Task, event: Event, index: ArtifactIndex | None = None
+) -> tuple[bytes, TaskState]:
+    """``apply``, returning the frame serialized and the state it carries.
+
+    The same bytes as ``apply(...).SerializeToString()``, without building the
+    ``StreamResponse`` (a copy of the event) first.
+
+    Raises:
+        InvalidAgentResponseError: As ``apply``.
+    """
+    field, payload = _apply(task, event, index)
+    body = payload.SerializeToString()
+    size = len(body)
+    head = bytearray((field << 3 | 2,))
+    while size > 0x7F:
+        head.append(size & 0x7F | 0x80)
+        size >>= 7
+    head.append(size)
+    state = payload.status.state if field in (1, 3) else UNSPECIFIED  # type: ignore[union-attr]
+    return bytes(head) + body, state
+
+
+_PAYLOADS = {1: "task", 2: "message", 3: "status_update", 4: "artifact_update"}
+"""``StreamResponse``'s payload fields by number."""
+
+
+def _apply(
+    task: Task, event: Event, index: ArtifactIndex | None
+) -> tuple[int, Task | Message | TaskStatusUpdateEvent | TaskArtifactUpdateEvent]:
+    """Apply ``event`` to ``task``; return the frame's payload field and payload."""
     if isinstance(event, TaskArtifactUpdateEvent):
         _check_ids(task, event.task_id, event.context_id, "artifact update")
         _apply_artifact(task, event, index)
-        return StreamResponse(artifact_update=event)
+        return 4, event
+    if isinstance(event, TaskStatusUpdateEvent):
+        _check_ids(task, event.task_id, event.context_id, "status update")
+        _apply_status(task, event)
+        return 3, event
+    if isinstance(event, Message):
+        _check_ids(task, event.task_id, event.context_id, "message")
+        task.history.append(event)
+        return 2, event
+    if isinstance(event, Task):
+        _check_ids(task, event.id, event.context_id, "task")
+        _merge_task(task, event, index)
+        return 1, task
     raise InvalidAgentResponseError(
         f"agent enqueued a {type(event).__name__}; expected a Message, Task, "
         "TaskStatusUpdateEvent or TaskArtifactUpdateEvent"
@@ -200,7 +240,7 @@ def _check_ids(task: Task, task_id: str, context_id: str, what: str) -> None:
 
 def _merge_task(task: Task, event: Task, index: ArtifactIndex | None) -> None:
     if event.HasField("status"):
-        if event.status.state == TaskState.TASK_STATE_UNSPECIFIED:
+        if event.status.state == UNSPECIFIED:
             raise InvalidAgentResponseError("agent sent a task without a state")
         task.status.CopyFrom(event.status)
     for artifact in event.artifacts:
@@ -212,7 +252,7 @@ def _merge_task(task: Task, event: Task, index: ArtifactIndex | None) -> None:
 
 
 def _apply_status(task: Task, event: TaskStatusUpdateEvent) -> None:
-    if event.status.state == TaskState.TASK_STATE_UNSPECIFIED:
+    if event.status.state == UNSPECIFIED:
         raise InvalidAgentResponseError("agent sent a status update without a state")
     if not event.task_id:
         event.task_id = task.id

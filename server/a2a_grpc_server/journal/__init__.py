@@ -13,7 +13,7 @@ import base64
 import binascii
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 import grpc
 from a2a.types.a2a_pb2 import Message, Task, TaskState
@@ -79,8 +79,7 @@ class RecordedTask:
     seq: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
+class Change(NamedTuple):
     """What a write records beside the task itself: its place in the task's log.
 
     Attributes:
