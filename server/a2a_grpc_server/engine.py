@@ -134,7 +134,8 @@ def _no_more_messages(task: Task) -> UnsupportedOperationError:
     )
 
 
-def _ended(task: Task) -> UnsupportedOperationError:
+def ended(task: Task) -> UnsupportedOperationError:
+    """What a subscription to an ended task is answered (relays answer the same)."""
     return UnsupportedOperationError(
         f"task {task.id!r} is {taskops.state_name(task.status.state)}; "
         "a terminal task cannot be subscribed to (use GetTask)"
@@ -376,7 +377,7 @@ class TaskEngine:
                 live.log.make_resumable()
             snapshot, reader = await live.subscribe()
         except LogClosedError:
-            raise _ended(found.task) from None
+            raise ended(found.task) from None
         return snapshot or found.task, reader
 
     async def resume(self, task_id: str, after: int) -> LogReader:

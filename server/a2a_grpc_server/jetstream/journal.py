@@ -345,7 +345,8 @@ class JetStreamJournal:
         except StoreError as exc:
             # Written at the task's next change (revision 0: the key is still new).
             logger.warning("could not snapshot new task %s: %s", task.id, exc)
-            self._snapshotted[task.id] = _Snapshotted(0, 0, -1)
+            if not taskops.is_final(task):
+                self._snapshotted[task.id] = _Snapshotted(0, 0, -1)
             return
         if not taskops.is_final(task):
             self._snapshotted[task.id] = _Snapshotted(rev, seq, task.status.state)

@@ -2,9 +2,11 @@
 
 Who runs what: a gRPC handler calls ``Relays.subscribe``; the first one for a
 task creates its shared ``Relay`` and starts it (read the task, then follow
-its changes from just after the last one read), later ones wait for that start and join
-the same log. ``Relays.replay`` starts a private relay for one resumed
-stream, from the first change the stream still keeps. The JetStream
+its changes from just after the last one read), later ones wait for that
+start and join the same log. ``Relays.replay`` starts a private relay for
+one resumed stream, from the task's snapshot when the cursor is at or past
+it, else from the first change the stream still keeps. A relay nobody joins
+(its callers left while it started) stops. The JetStream
 consumer's callback (nats-py runs it in its own task, one message at a time)
 applies each change to the relay's snapshot and appends the owner's frame,
 with the owner's number, to the relay's ``TaskLog``: relayed readers are
@@ -24,12 +26,13 @@ import asyncio
 import functools
 import logging
 
-from a2a.types.a2a_pb2 import Task, TaskState
-from a2a.utils.errors import TaskNotFoundError, UnsupportedOperationError
+from a2a.types.a2a_pb2 import Task
+from a2a.utils.errors import TaskNotFoundError
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from .. import taskops
+from ..engine import ended
 from ..errors import FrameNotKeptError, RelayLostError
 from ..journal import RecordedTask
 from ..metrics import Metrics
@@ -76,7 +79,7 @@ class Relay:
             raise TaskNotFoundError(f"task {self.task_id!r} not found")
         task = recorded.task
         if taskops.is_final(task):
-            raise _ended(task)
+            raise ended(task)
         log = self._open(recorded.seq + 1)
         log.snapshot = task
         self._index = taskops.index_artifacts(task)
@@ -146,13 +149,6 @@ def _close_reader(relay: Relay, _: object = None) -> None:
         relay.reader.close()
 
 
-def _ended(task: Task) -> UnsupportedOperationError:
-    return UnsupportedOperationError(
-        f"task {task.id!r} is {TaskState.Name(task.status.state)}; "
-        "a terminal task cannot be subscribed to (use GetTask)"
-    )
-
-
 class Relays:
     """This instance's relays: at most one shared relay per task, and private replays.
 
@@ -206,7 +202,7 @@ class Relays:
             except LogClosedError:
                 final = relay.log.snapshot
                 if relay.log.final_seq and final is not None:
-                    raise _ended(final) from None
+                    raise ended(final) from None
                 continue  # it stopped as we arrived (its last reader left): start anew
             assert snapshot is not None
             return snapshot, reader
