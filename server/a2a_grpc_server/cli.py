@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--nats",
         metavar="URL[,URL...]",
         help="join the cluster on these NATS servers, e.g. nats://127.0.0.1:4222 "
-        "(default: no cluster, in-memory store)",
+        "(default: no cluster, in-memory journal)",
     )
     cluster.add_argument(
         "--nats-replicas", type=int, default=1, help="JetStream replicas (3 on a 3-node cluster)"

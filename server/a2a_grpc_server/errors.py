@@ -16,7 +16,7 @@ executor raising one of them is reported faithfully):
   resumption asked for one that did) -> OUT_OF_RANGE
 * ``ServerShuttingDownError``, ``OwnerUnavailableError``,
   ``RelayLostError`` (ours) -> UNAVAILABLE
-* ``StoreUnavailableError`` (ours, store backend down) -> UNAVAILABLE
+* ``StoreUnavailableError`` (ours, the journal's backend is down) -> UNAVAILABLE
 * anything else -> INTERNAL with a generic message; the traceback is logged.
 
 Every status carries a ``google.rpc.Status`` in ``grpc-status-details-bin``

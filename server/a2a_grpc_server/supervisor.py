@@ -185,7 +185,7 @@ class ExecutionSupervisor:
                 # Leaving the block waits for the consumer and the canceller.
         except Exception:
             # A fault of ours (the consumer handles the executor's and the
-            # store's): the streams still get their final frame.
+            # journal's): the streams still get their final frame.
             logger.exception("run of task %s failed", self.live.task_id)
             await self.live.finalize(TaskState.TASK_STATE_FAILED, "internal server error")
         finally:

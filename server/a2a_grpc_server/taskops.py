@@ -129,7 +129,7 @@ def index_artifacts(task: Task) -> ArtifactIndex:
 
 
 def apply(task: Task, event: Event, index: ArtifactIndex | None = None) -> StreamResponse:
-    """Apply ``event`` to ``task`` in place and return the frame to broadcast.
+    """Apply ``event`` to ``task`` in place and return the frame readers get for it.
 
     Args:
         task: The task to update (the caller owns it).

@@ -460,14 +460,19 @@ class JetStreamJournal:
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
+        msg = await self._last_message(task_id)
+        if msg is None:
+            return None
+        return Entry.unpack(msg, int((msg.headers or {})[STREAM_SEQ]))[-1]
+
+    async def _last_message(self, task_id: str) -> Msg | None:
+        """The task's last message in the stream, or None."""
         request: dict[str, object] = {"last_by_subj": subject(task_id)}
         msgs = await retrying(
             lambda: self._requests.direct_get(EVENTS_STREAM, request, REQUEST_TIMEOUT),
             f"read the last change of task {task_id}",
         )
-        if not msgs:
-            return None
-        return Entry.unpack(msgs[0], int((msgs[0].headers or {})[STREAM_SEQ]))[-1]
+        return msgs[0] if msgs else None
 
     async def follow(
         self, task_id: str, after_pos: int, handle: Callable[[Msg], Awaitable[None]]
@@ -561,9 +566,10 @@ class JetStreamJournal:
         try:
             return await retrying(attempt, f"record a change of task {task_id}")
         except WrongLastSequenceError:
-            last = await self._last_msg_id(task_id)
-            if attempts > 1 and last is not None and last[0] == headers[MSG_ID]:
-                return last[1]  # the attempt that timed out had landed
+            last = await self._last_message(task_id)
+            found = (last.headers or {}) if last is not None else {}
+            if attempts > 1 and found.get(MSG_ID) == headers[MSG_ID]:
+                return int(found[STREAM_SEQ])  # the attempt that timed out had landed
             if last is None and expected and await self.snapshot(task_id) is not None:
                 # The task's messages left the stream (a task parked past
                 # events_ttl); its snapshot holds it. Extending an empty subject
@@ -571,21 +577,9 @@ class JetStreamJournal:
                 return await self._publish(task_id, payload, headers, 0)
             if last is None:
                 raise UnknownTaskError(task_id) from None
-            entry = await self.last_entry(task_id)
-            if entry is not None and entry.final:
+            if taskops.is_final_state(int(found.get(STATE, "0"))):  # type: ignore[arg-type]
                 raise FinalTaskError(task_id) from None
             raise VersionConflictError(f"{task_id}: not at version {expected}") from None
-
-    async def _last_msg_id(self, task_id: str) -> tuple[str, int] | None:
-        request: dict[str, object] = {"last_by_subj": subject(task_id)}
-        msgs = await retrying(
-            lambda: self._requests.direct_get(EVENTS_STREAM, request, REQUEST_TIMEOUT),
-            f"read the last change of task {task_id}",
-        )
-        if not msgs:
-            return None
-        headers = msgs[0].headers or {}
-        return headers.get(MSG_ID, ""), int(headers[STREAM_SEQ])
 
     async def _maybe_snapshot(self, task: Task, seq: int, pos: int, *, force: bool = False) -> None:
         """Write the task's snapshot if one is due (see the module docstring)."""
