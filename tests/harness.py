@@ -28,6 +28,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from a2a_grpc_server import A2AService, ServerConfig, taskops
 from a2a_grpc_server.journal import TaskJournal
+from a2a_grpc_server.resume import RESUME_AFTER_KEY, URI
 
 if TYPE_CHECKING:
     from .agents import BurstAgent, ChunkAgent
@@ -249,6 +250,32 @@ async def burst_to_readers(
     from_sender: list[StreamResponse] = []
     await read_all(sender, from_sender)
     return from_sender, await attached.results()
+
+
+RESUME = (*V1, ("a2a-extensions", URI))
+"""Call metadata that activates the resume extension."""
+
+
+def seq_of(frame: StreamResponse) -> int:
+    """The sequence number the resume extension put in a frame's metadata."""
+    kind = frame.WhichOneof("payload")
+    assert kind is not None
+    metadata = getattr(frame, kind).metadata
+    assert URI in metadata, f"no seq in {kind}"
+    return int(metadata[URI]["seq"])
+
+
+def resume_call(stub: a2a_pb2_grpc.A2AServiceStub, task_id: str, after: int) -> Any:
+    """SubscribeToTask resumed after frame ``after``."""
+    metadata = (*RESUME, (RESUME_AFTER_KEY, str(after)))
+    return stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=metadata)
+
+
+def assert_each_rebuilds(streams: list[list[StreamResponse]], recorded: Task) -> None:
+    """Each stream's snapshot plus its frames is the recorded task (no frame missed or twice)."""
+    for frames in streams:
+        assert list(rebuilt(frames).artifacts) == list(recorded.artifacts), "no frame twice"
+        assert frames[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
 
 
 def rebuilt(frames: list[StreamResponse]) -> Task:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import grpc
 import pytest
@@ -21,24 +20,25 @@ from a2a.types.a2a_pb2 import (
 from a2a_grpc_server import taskops
 from a2a_grpc_server.jetstream.conn import EVENTS_STREAM
 from a2a_grpc_server.jetstream.journal import subject
-from a2a_grpc_server.resume import RESUME_AFTER_KEY, URI
 
 from . import natsserver
 from .agents import BurstAgent, CallerAgent, ChunkAgent, FloodAgent, InputAgent, StepAgent
 from .clusterharness import GatedPerTask, Instance, collect, instances
 from .harness import (
+    RESUME,
     V1,
+    assert_each_rebuilds,
     attach_as_it_flows,
     burst_to_readers,
     last_state,
     read_all,
-    rebuilt,
+    resume_call,
     rich_status,
     send_request,
+    seq_of,
 )
 
 S = TaskState
-RESUME = (*V1, ("a2a-extensions", URI))
 
 
 @pytest.fixture(scope="module")
@@ -267,20 +267,7 @@ async def test_subscribers_attaching_on_the_owner_mid_stream_rebuild_the_recorde
         _, streams, task_id = await attach_as_it_flows(a.stub, agent, points)
         stored = await b.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
         assert len(streams) == 30
-        for frames in streams:
-            assert list(rebuilt(frames).artifacts) == list(stored.artifacts), "no frame twice"
-            assert last_state(frames) == S.TASK_STATE_COMPLETED
-
-
-def seq_of(frame: StreamResponse) -> int:
-    kind = frame.WhichOneof("payload")
-    assert kind is not None
-    return int(getattr(frame, kind).metadata[URI]["seq"])
-
-
-def resume_call(instance: Instance, task_id: str, after: int) -> Any:
-    metadata = (*RESUME, (RESUME_AFTER_KEY, str(after)))
-    return instance.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=metadata)
+        assert_each_rebuilds(streams, stored)
 
 
 async def test_a_stream_cut_on_the_owner_resumes_on_the_other_instance_exactly_after_its_cursor(
@@ -305,7 +292,7 @@ async def test_a_stream_cut_on_the_owner_resumes_on_the_other_instance_exactly_a
         everything: list[StreamResponse] = []
         await read_all(sender, everything)
         resumed: list[StreamResponse] = []
-        await read_all(resume_call(b, task_id, cursor), resumed)
+        await read_all(resume_call(b.stub, task_id, cursor), resumed)
         assert resumed == [f for f in everything if seq_of(f) > cursor], "exactly what followed"
         from_relay: list[StreamResponse] = []
         await read_all(relayed, from_relay)
@@ -324,10 +311,10 @@ async def test_an_ended_task_resumes_from_the_record_on_any_instance(nats_url: s
         task_id, final = frames[0].task.id, seq_of(frames[-1])
         for instance in (a, b):
             resumed: list[StreamResponse] = []
-            await read_all(resume_call(instance, task_id, 2), resumed)
+            await read_all(resume_call(instance.stub, task_id, 2), resumed)
             assert resumed == [f for f in frames if seq_of(f) > 2]
             ended: list[StreamResponse] = []
-            await read_all(resume_call(instance, task_id, final), ended)
+            await read_all(resume_call(instance.stub, task_id, final), ended)
             assert ended == []
 
 
@@ -347,13 +334,13 @@ async def test_a_cursor_older_than_the_record_keeps_is_out_of_range_on_the_other
             await read_all(sender, frames)
             task_id, final = frames[0].task.id, seq_of(frames[-1])
             with pytest.raises(grpc.aio.AioRpcError) as old:
-                await read_all(resume_call(b, task_id, 1), [])
+                await read_all(resume_call(b.stub, task_id, 1), [])
             assert old.value.code() == grpc.StatusCode.OUT_OF_RANGE
             info = rich_status(old.value)[1]
             assert info.reason == "FRAME_NOT_KEPT"
             assert int(info.metadata["oldestKeptSeq"]) == final - 3
             kept: list[StreamResponse] = []
-            await read_all(resume_call(b, task_id, final - 4), kept)
+            await read_all(resume_call(b.stub, task_id, final - 4), kept)
             assert [seq_of(f) for f in kept] == list(range(final - 3, final + 1))
 
 

@@ -18,31 +18,25 @@ from a2a_grpc_server import ServerConfig
 from a2a_grpc_server.resume import RESUME_AFTER_KEY, URI
 
 from .agents import InputAgent, StepAgent
-from .harness import V1, Harness, rich_status, send_request, serve
+from .harness import (
+    RESUME,
+    V1,
+    Harness,
+    read_all,
+    resume_call,
+    rich_status,
+    send_request,
+    seq_of,
+    serve,
+)
 
 S = TaskState
-RESUME = (*V1, ("a2a-extensions", URI))
 
 
-def seq_of(frame: StreamResponse) -> int:
-    """The sequence number the extension put in a frame's metadata."""
-    kind = frame.WhichOneof("payload")
-    assert kind is not None
-    metadata = getattr(frame, kind).metadata
-    assert URI in metadata, f"no seq in {kind}"
-    return int(metadata[URI]["seq"])
-
-
-async def read_all(call: Any) -> list[StreamResponse]:
-    frames = []
-    while (frame := await call.read()) is not grpc.aio.EOF:
-        frames.append(frame)
+async def collected(call: Any) -> list[StreamResponse]:
+    frames: list[StreamResponse] = []
+    await read_all(call, frames)
     return frames
-
-
-def resume_call(h: Harness, task_id: str, after: int) -> Any:
-    metadata = (*RESUME, (RESUME_AFTER_KEY, str(after)))
-    return h.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=metadata)
 
 
 async def started(h: Harness, agent: StepAgent) -> tuple[str, Any]:
@@ -81,7 +75,7 @@ async def test_every_frame_carries_its_seq_and_a_snapshot_the_last_it_includes()
         agent.step()
         agent.finish()
         rest, watched, plain_rest = await asyncio.gather(
-            read_all(sender), read_all(watcher), read_all(plain)
+            collected(sender), collected(watcher), collected(plain)
         )
         assert [seq_of(f) for f in rest] == [5, 6]
         assert [seq_of(f) for f in watched] == [5, 6]
@@ -105,8 +99,8 @@ async def test_a_cut_stream_resumes_with_exactly_the_frames_after_its_cursor() -
         watcher.cancel()  # the connection is cut here; frames go on without it
         agent.step(2)
         agent.finish()
-        everything = await read_all(sender)
-        resumed = await read_all(resume_call(h, task_id, 4))
+        everything = await collected(sender)
+        resumed = await collected(resume_call(h.stub, task_id, 4))
         assert resumed == [f for f in everything if seq_of(f) > 4], "exactly what followed 4"
         assert resumed[0].WhichOneof("payload") == "artifact_update", "no snapshot first"
         assert resumed[-1].status_update.status.state == S.TASK_STATE_COMPLETED
@@ -119,13 +113,13 @@ async def test_an_ended_task_resumes_within_the_window_and_its_final_cursor_ends
         task_id, sender = await started(h, agent)
         agent.step(2)
         agent.finish()
-        frames = await read_all(sender)
+        frames = await collected(sender)
         final = seq_of(frames[-1])
         assert final == 5
-        after_two = await read_all(resume_call(h, task_id, 2))
+        after_two = await collected(resume_call(h.stub, task_id, 2))
         assert [seq_of(f) for f in after_two] == [3, 4, 5]
         assert after_two == frames
-        assert await read_all(resume_call(h, task_id, final)) == []
+        assert await collected(resume_call(h.stub, task_id, final)) == []
         assert h.service.engine.pool.retained_count == 1
         await h.settle()
 
@@ -139,18 +133,18 @@ async def test_cursors_too_old_or_past_the_end_are_out_of_range_with_what_is_kep
             agent.step()
             assert seq_of(await sender.read()) == seq
         with pytest.raises(grpc.aio.AioRpcError) as old:
-            await read_all(resume_call(h, task_id, 2))
+            await collected(resume_call(h.stub, task_id, 2))
         assert old.value.code() == grpc.StatusCode.OUT_OF_RANGE
         info = rich_status(old.value)[1]
         assert info.reason == "FRAME_NOT_KEPT"
         assert (info.metadata["wantedSeq"], info.metadata["oldestKeptSeq"]) == ("3", "5")
         assert info.metadata["lastSeq"] == "8"
         with pytest.raises(grpc.aio.AioRpcError) as ahead:
-            await read_all(resume_call(h, task_id, 9))
+            await collected(resume_call(h.stub, task_id, 9))
         assert ahead.value.code() == grpc.StatusCode.OUT_OF_RANGE
         assert "does not exist" in rich_status(ahead.value)[0].message
         agent.finish()
-        await read_all(sender)
+        await collected(sender)
         await h.settle()
 
 
@@ -165,13 +159,13 @@ async def test_a_resume_without_the_extension_or_a_number_is_refused_naming_the_
         ]:
             call = h.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=metadata)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await read_all(call)
+                await collected(call)
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             status, info = rich_status(refused.value)
             assert says in status.message and len(status.message) < 300
             assert info.reason == "INVALID_PARAMS"
         agent.finish()
-        await read_all(sender)
+        await collected(sender)
         await h.settle()
 
 
@@ -183,7 +177,7 @@ async def test_a_follow_up_message_takes_a_number_without_a_frame_and_resume_spa
         assert task.status.state == S.TASK_STATE_INPUT_REQUIRED and at == 3
         done = await h.stub.SendMessage(send_request("Ada", task_id=task.id), metadata=RESUME)
         assert seq_of(StreamResponse(task=done.task)) == 6, "message 4, WORKING 5, COMPLETED 6"
-        resumed = await read_all(resume_call(h, task.id, at))
+        resumed = await collected(resume_call(h.stub, task.id, at))
         assert [seq_of(f) for f in resumed] == [5, 6]
         assert resumed[-1].status_update.status.message.parts[0].text == "hello Ada"
         await h.settle()
@@ -201,7 +195,9 @@ async def test_an_ended_task_no_resuming_client_followed_keeps_nothing() -> None
         assert h.service.engine.pool.retained_count == 0
         assert h.service.engine.pool.used == 0
         with pytest.raises(grpc.aio.AioRpcError) as gone:
-            await read_all(resume_call(h, task_id, 1))
+            await collected(resume_call(h.stub, task_id, 1))
         assert gone.value.code() == grpc.StatusCode.OUT_OF_RANGE
-        assert await read_all(resume_call(h, task_id, 6)) == [], "its final seq still ends at once"
+        assert await collected(resume_call(h.stub, task_id, 6)) == [], (
+            "its final seq still ends at once"
+        )
         await h.settle()

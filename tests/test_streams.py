@@ -23,10 +23,10 @@ from a2a_grpc_server.journal.memory import MemoryJournal
 from .agents import BurstAgent, ChunkAgent, FloodAgent, GatedAgent
 from .harness import (
     V1,
+    assert_each_rebuilds,
     attach_as_it_flows,
     burst_to_readers,
     read_all,
-    rebuilt,
     rich_status,
     send_request,
     serve,
@@ -154,9 +154,7 @@ async def test_subscribers_attaching_during_slow_journal_writes_rebuild_the_reco
         _, streams, task_id = await attach_as_it_flows(h.stub, agent, points)
         stored = await h.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
         assert len(streams) == 30
-        for frames in streams:
-            assert list(rebuilt(frames).artifacts) == list(stored.artifacts), "no frame twice"
-            assert frames[-1].status_update.status.state == S.TASK_STATE_COMPLETED
+        assert_each_rebuilds(streams, stored)
         await h.settle()
 
 
