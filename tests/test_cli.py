@@ -127,6 +127,34 @@ async def test_sigterm_ends_running_streams_failed_and_the_process_exits_cleanly
         await client.close()
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_a_second_sigterm_ends_every_task_at_once_with_its_final_frame(loop: str) -> None:
+    server = await start(
+        "--agent", "tests.agents_for_cli:Hanging", "--shutdown-grace", "60", "--loop", loop
+    )
+    assert server.proc.stderr is not None
+    try:
+        async with asyncio.timeout(20):
+            client = GrpcTransport(grpc.aio.insecure_channel(server.grpc_addr), None)
+            stream = client.send_message_streaming(send_request("hang"))
+            await anext(stream)
+            server.proc.send_signal(signal.SIGTERM)
+            while b"draining" not in await server.proc.stderr.readline():
+                pass
+            # Draining with a 60 s grace: the task still runs until the second signal.
+            server.proc.send_signal(signal.SIGTERM)
+            frames = [f async for f in stream]
+            last = frames[-1].status_update.status
+            assert last.state == TaskState.TASK_STATE_FAILED
+            assert "shutting down" in last.message.parts[0].text
+            assert await server.proc.wait() == 3
+            await client.close()
+    finally:
+        if server.proc.returncode is None:
+            server.proc.kill()
+        await server.proc.wait()
+
+
 async def serve_until_exit(*args: str) -> tuple[int, bytes]:
     """Run ``serve`` expecting it to fail at start; its exit code and stderr."""
     proc = await asyncio.create_subprocess_exec(

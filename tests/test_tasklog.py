@@ -78,6 +78,37 @@ async def test_seal_appends_the_final_frame_then_runs_callbacks_then_readers_dra
     assert p.metrics.final_frames == 1
 
 
+@pytest.mark.parametrize("how", ["seal", "sever"])
+async def test_a_raising_close_callback_neither_stops_the_others_nor_strands_a_reader(
+    how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    p, _ = pool()
+    log = TaskLog("t", p, relayed=how == "sever")
+    reader = log.subscribe()[1]
+    waiting = asyncio.ensure_future(anext(reader))
+    await asyncio.sleep(0)  # sync-ok: lets the reader reach its wait (it has nothing to read)
+    ran: list[str] = []
+
+    def faulty() -> None:
+        ran.append("faulty")
+        raise RuntimeError("callback bug")
+
+    log.on_close(faulty)
+    log.on_close(lambda: ran.append("next"))
+    if how == "seal":
+        log.seal(b"end", FINAL)
+        assert (await asyncio.wait_for(waiting, 1))[:2] == (1, b"end")
+        with pytest.raises(StopAsyncIteration):
+            await anext(reader)
+    else:
+        log.sever(RelayLostError("gone"))
+        with pytest.raises(RelayLostError):
+            await asyncio.wait_for(waiting, 1)
+    assert ran == ["faulty", "next"]
+    assert log.closed
+    assert "close callback" in caplog.text
+
+
 async def test_a_waiting_reader_wakes_on_append_and_a_severed_log_drains_then_raises() -> None:
     p, _ = pool()
     log = TaskLog("t", p, relayed=True)

@@ -22,6 +22,8 @@ from a2a.server.context import ServerCallContext
 from a2a.server.id_generator import UUIDGenerator
 from a2a.utils.errors import VersionNotSupportedError
 
+from .errors import quote
+
 VERSION_KEY = "a2a-version"
 EXTENSIONS_KEY = "a2a-extensions"
 SERVED_VERSION = "1.0"
@@ -139,6 +141,6 @@ def _check_version(version: str, method: str) -> None:
             )
         return
     raise VersionNotSupportedError(
-        f"A2A version {version!r} is not supported; this server speaks {SERVED_VERSION} "
+        f"A2A version {quote(version)} is not supported; this server speaks {SERVED_VERSION} "
         f"(send metadata '{VERSION_KEY}: {SERVED_VERSION}')"
     )

@@ -1,7 +1,9 @@
 """``a2a-grpc-server serve``: run an agent as a standalone A2A gRPC server.
 
 Signals: the first SIGTERM/SIGINT drains (stop accepting, grace period, end
-the remaining tasks FAILED with a final frame); a second one exits at once.
+the remaining tasks FAILED with a final frame), then exits 0; a second one cuts
+the grace period short (every task ends FAILED with its final frame at once),
+then exits 3.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("a2a_grpc_server")
 
 DEFAULT_AGENT = "a2a_grpc_server.agents.echo:EchoAgent"
+EXIT_FORCED = 3
+"""Exit status after a second signal cut the drain short (2 is a usage error)."""
 _DEFAULTS = ServerConfig()
 
 
@@ -141,11 +145,15 @@ async def serve(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
+    main = asyncio.current_task()
+    assert main is not None
+
     def on_signal() -> None:
         if stop.is_set():
-            logger.warning("second signal: exiting now")
-            os._exit(1)
-        logger.info("signal received: draining (send it again to exit at once)")
+            logger.warning("second signal: ending every task now")
+            main.cancel()  # cuts the drain's grace short (below)
+            return
+        logger.info("signal received: draining (send it again to end every task at once)")
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -156,8 +164,14 @@ async def serve(args: argparse.Namespace) -> None:
     # otherwise pause the loop for tens of milliseconds now and then.
     gc.collect()
     gc.freeze()
-    await stop.wait()
-    await server.stop()
+    try:
+        await stop.wait()
+        await server.stop()
+    except asyncio.CancelledError:
+        # A second signal: every task ends FAILED now, streams get their final
+        # frame; then SystemExit, so asyncio.run still runs every ``finally``.
+        await server.stop(grace=0)
+        raise SystemExit(EXIT_FORCED) from None
     logger.info("stopped")
 
 

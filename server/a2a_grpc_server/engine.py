@@ -35,7 +35,7 @@ from a2a.utils.errors import (
 from . import taskops
 from .callmeta import Caller, request_context
 from .config import ServerConfig
-from .errors import FrameNotKeptError, ServerShuttingDownError
+from .errors import FrameNotKeptError, ServerShuttingDownError, quote
 from .journal import FinalTaskError, RecordedTask, TaskJournal
 from .live import LiveTask
 from .metrics import Metrics
@@ -129,7 +129,7 @@ class Routed:
 
 def _no_more_messages(task: Task) -> UnsupportedOperationError:
     return UnsupportedOperationError(
-        f"task {task.id!r} is {taskops.state_name(task.status.state)} and accepts no more "
+        f"task {quote(task.id)} is {taskops.state_name(task.status.state)} and accepts no more "
         "messages; start a new task (omit message.task_id)"
     )
 
@@ -137,7 +137,7 @@ def _no_more_messages(task: Task) -> UnsupportedOperationError:
 def ended(task: Task) -> UnsupportedOperationError:
     """What a subscription to an ended task is answered (relays answer the same)."""
     return UnsupportedOperationError(
-        f"task {task.id!r} is {taskops.state_name(task.status.state)}; "
+        f"task {quote(task.id)} is {taskops.state_name(task.status.state)}; "
         "a terminal task cannot be subscribed to (use GetTask)"
     )
 
@@ -238,7 +238,7 @@ class TaskEngine:
                 snapshot, reader = await live.subscribe() if subscribe else (None, None)
             except (LogClosedError, FinalTaskError):  # canceled as the message arrived
                 raise UnsupportedOperationError(
-                    f"task {live.task_id!r} ended before this message could start; "
+                    f"task {quote(live.task_id)} ended before this message could start; "
                     "start a new task (omit message.task_id)"
                 ) from None
             context = request_context(
@@ -289,7 +289,7 @@ class TaskEngine:
     async def _get_recorded(self, task_id: str) -> RecordedTask:
         recorded = await self._journal.get(task_id)
         if recorded is None:
-            raise TaskNotFoundError(f"task {task_id!r} not found")
+            raise TaskNotFoundError(f"task {quote(task_id)} not found")
         return recorded
 
     def _owned_elsewhere(self, recorded: RecordedTask) -> bool:
@@ -326,7 +326,7 @@ class TaskEngine:
             live = self._live.get(task_id)
             if taskops.is_final(recorded) or live is None:
                 raise TaskNotCancelableError(
-                    f"task {task_id!r} is {taskops.state_name(recorded.status.state)} "
+                    f"task {quote(task_id)} is {taskops.state_name(recorded.status.state)} "
                     "and cannot be canceled"
                 )
         run = live.run
@@ -351,7 +351,7 @@ class TaskEngine:
         final = (await self._get_recorded(task_id)).task
         if final.status.state != TaskState.TASK_STATE_CANCELED:
             raise TaskNotCancelableError(
-                f"task {task_id!r} ended {taskops.state_name(final.status.state)} "
+                f"task {quote(task_id)} ended {taskops.state_name(final.status.state)} "
                 "before it could be canceled"
             )
         return final
@@ -436,8 +436,8 @@ class TaskEngine:
         recorded = found.task
         if context_id and context_id != recorded.context_id:
             raise InvalidParamsError(
-                f"message.context_id {context_id!r} does not match task {task_id!r}'s "
-                f"context {recorded.context_id!r}; omit it or send the task's own"
+                f"message.context_id {quote(context_id)} does not match task {quote(task_id)}'s "
+                f"context {quote(recorded.context_id)}; omit it or send the task's own"
             )
         if taskops.is_final(recorded):
             raise _no_more_messages(recorded)
@@ -450,7 +450,7 @@ class TaskEngine:
             raise _no_more_messages(recorded)
         if live.admitting or (live.run is not None and not live.run.finished):
             raise UnsupportedOperationError(
-                f"task {recorded.id!r} is still {taskops.state_name(recorded.status.state)}; "
+                f"task {quote(recorded.id)} is still {taskops.state_name(recorded.status.state)}; "
                 "send follow-ups only when it asks for input, or cancel it"
             )
         # Held until the follow-up's run is spawned: one executor per task.

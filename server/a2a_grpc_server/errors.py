@@ -29,6 +29,7 @@ UPPER_SNAKE without "Error". Invalid parameters also carry a
 from __future__ import annotations
 
 import logging
+import time
 from typing import NoReturn
 
 import grpc
@@ -45,6 +46,12 @@ logger = logging.getLogger(__name__)
 A2A_DOMAIN = "a2a-protocol.org"
 SERVER_DOMAIN = "a2a-grpc-server"
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
+QUOTE_CHARS = 64
+"""Most characters of one client value an error message quotes."""
+MAX_MESSAGE_CHARS = 1024
+"""Most characters of an error message (it travels twice: grpc-message and the details)."""
+MAX_DETAIL_CHARS = 256
+"""Most characters of one ErrorInfo metadata value or BadRequest description."""
 
 
 class ServerError(Exception):
@@ -79,12 +86,12 @@ class FrameNotKeptError(ServerError):
     def __init__(self, task_id: str, wanted: int, first_kept: int, last: int) -> None:
         self.task_id, self.wanted, self.first_kept, self.last = task_id, wanted, first_kept, last
         if wanted > last + 1:
-            what = f"task {_short(task_id)} has only {last} frames; frame {wanted} does not exist"
+            what = f"task {quote(task_id)} has only {last} frames; frame {wanted} does not exist"
         elif first_kept > last:
-            what = f"frame {wanted} of task {_short(task_id)} is no longer kept (none is)"
+            what = f"frame {wanted} of task {quote(task_id)} is no longer kept (none is)"
         else:
             what = (
-                f"frame {wanted} of task {_short(task_id)} is no longer kept "
+                f"frame {wanted} of task {quote(task_id)} is no longer kept "
                 f"(oldest kept: {first_kept}, newest: {last})"
             )
         super().__init__(
@@ -154,7 +161,10 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str, status_pb2.Stat
         message, domain, reason = exc.message, A2A_DOMAIN, mapping.reason
         if isinstance(exc, InvalidFieldError):
             bad = error_details_pb2.BadRequest()
-            bad.field_violations.add(field=exc.field, description=exc.problem)
+            bad.field_violations.add(
+                field=_bounded(exc.field, MAX_DETAIL_CHARS),
+                description=_bounded(exc.problem, MAX_DETAIL_CHARS),
+            )
             details.append(_pack(bad))
     elif isinstance(exc, ServerError):
         code, message, domain, reason = exc.code, str(exc), SERVER_DOMAIN, exc.reason
@@ -163,6 +173,9 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str, status_pb2.Stat
         logger.error("internal error while serving a call", exc_info=exc)
         code, domain, reason = grpc.StatusCode.INTERNAL, SERVER_DOMAIN, "INTERNAL"
         message = "internal server error; the server log has the details"
+    # Messages quote client input through ``quote``; this bounds them whatever slipped by.
+    message = _bounded(message, MAX_MESSAGE_CHARS)
+    metadata = {key: _bounded(value, MAX_DETAIL_CHARS) for key, value in metadata.items()}
     info = error_details_pb2.ErrorInfo(domain=domain, reason=reason, metadata=metadata)
     status = status_pb2.Status(code=code.value[0], message=message)
     status.details.extend([_pack(info), *details])
@@ -186,9 +199,49 @@ async def abort(context: grpc.aio.ServicerContext[object, object], exc: BaseExce
     raise AssertionError("unreachable: context.abort always raises")  # pragma: no cover
 
 
-def _short(text: str, most: int = 64) -> str:
-    """``text`` for an error message, cut to ``most`` characters (ids are client input)."""
-    return repr(text) if len(text) <= most else repr(text[:most]) + "..."
+class RateLimitedLog:
+    """A log line that client behaviour can trigger, written at most once per period.
+
+    What was not written in between is counted and reported with the next
+    line, so a flood of bad requests costs one line per period, not one each.
+
+    Args:
+        log: The logger.
+        level: The level to log at.
+        period: Seconds between two lines.
+    """
+
+    def __init__(self, log: logging.Logger, level: int, period: float) -> None:
+        self._log, self._level, self._period = log, level, period
+        self._next = 0.0
+        self._skipped = 0
+
+    def log(self, text: str, *args: object) -> None:
+        """Log ``text % args`` unless a line was written less than a period ago."""
+        if not self._log.isEnabledFor(self._level):
+            return
+        now = time.monotonic()
+        if now < self._next:
+            self._skipped += 1
+            return
+        self._next = now + self._period
+        skipped, self._skipped = self._skipped, 0
+        suffix = f" ({skipped} more since the last such line)" if skipped else ""
+        self._log.log(self._level, text + suffix, *args)
+
+
+def quote(text: str, most: int = QUOTE_CHARS) -> str:
+    """Client input quoted in an error message: ``repr``, cut to ``most`` characters.
+
+    Every value a client sent (ids, tokens, header values) goes through this
+    before it is part of an error, so an error stays small whatever was sent.
+    """
+    return repr(text) if len(text) <= most else repr(text[:most]) + f"... ({len(text)} chars)"
+
+
+def _bounded(text: str, most: int) -> str:
+    """``text`` cut to ``most`` characters (a last guard on what goes in a trailer)."""
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def _mapped_class(exc: A2AError) -> type[A2AError]:

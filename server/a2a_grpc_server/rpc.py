@@ -41,10 +41,12 @@ from a2a.types.a2a_pb2 import (
 )
 from a2a.utils.errors import (
     ExtendedAgentCardNotConfiguredError,
+    InvalidRequestError,
     PushNotificationNotSupportedError,
 )
 from google.protobuf import message_factory
 from google.protobuf.empty_pb2 import Empty
+from google.protobuf.message import Message as ProtoMessage
 
 from . import errors, resume, taskops, validation
 from .callmeta import EXTENSIONS_KEY, Caller, caller
@@ -61,14 +63,54 @@ R = TypeVar("R")
 SERVICE = a2a_pb2.DESCRIPTOR.services_by_name["A2AService"]
 
 
+class Undecodable:
+    """What a request's deserializer hands over for bytes that are not its message.
+
+    grpc.aio would answer such a call UNKNOWN and log a traceback; the RPC
+    answers INVALID_ARGUMENT with ErrorInfo instead (see ``_handled``).
+    """
+
+    __slots__ = ("error", "type_name")
+
+    def __init__(self, type_name: str, error: Exception) -> None:
+        self.type_name, self.error = type_name, error
+
+    def problem(self) -> InvalidRequestError:
+        """The error the call is answered with."""
+        return InvalidRequestError(
+            f"the request is not a valid {self.type_name} ({type(self.error).__name__}: "
+            f"{errors.quote(str(self.error), 120)}); send it serialized as protobuf, "
+            "as the stubs generated from proto/ do"
+        )
+
+
+_undecodable_log = errors.RateLimitedLog(logger, logging.DEBUG, period=10.0)
+
+
+def _decoder(cls: type[ProtoMessage]) -> Callable[[bytes], ProtoMessage | Undecodable]:
+    """A request deserializer that never raises (see ``Undecodable``)."""
+    name = cls.DESCRIPTOR.full_name
+
+    def decode(data: bytes) -> ProtoMessage | Undecodable:
+        try:
+            return cls.FromString(data)
+        except Exception as exc:  # DecodeError, RecursionError, a bad UTF-8 string, ...
+            _undecodable_log.log("undecodable %s (%d bytes): %s", name, len(data), exc)
+            return Undecodable(name, exc)
+
+    return decode
+
+
 def _handled(
     fn: Callable[[Any, Any, Context], Awaitable[R]],
 ) -> Callable[[Any, Any, Context], Awaitable[R]]:
-    """Route every error of an RPC through ``errors.abort``."""
+    """Route every error of an RPC through ``errors.abort``; refuse undecodable requests."""
 
     @functools.wraps(fn)
     async def call(self: Any, request: Any, context: Context) -> R:
         try:
+            if type(request) is Undecodable:
+                raise request.problem()
             return await fn(self, request, context)
         except grpc.aio.AbortError:
             raise
@@ -326,17 +368,17 @@ def add_to_server(servicer: RpcServicer, server: grpc.aio.Server) -> None:
     """
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in SERVICE.methods:
-        request = message_factory.GetMessageClass(method.input_type)
+        decode = _decoder(message_factory.GetMessageClass(method.input_type))
         response = message_factory.GetMessageClass(method.output_type)
         behavior = getattr(servicer, method.name)
         if method.server_streaming:
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(  # type: ignore[no-untyped-call]
-                behavior, request_deserializer=request.FromString, response_serializer=_frame_bytes
+                behavior, request_deserializer=decode, response_serializer=_frame_bytes
             )
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(  # type: ignore[no-untyped-call]
                 behavior,
-                request_deserializer=request.FromString,
+                request_deserializer=decode,
                 response_serializer=response.SerializeToString,
             )
     server.add_generic_rpc_handlers(

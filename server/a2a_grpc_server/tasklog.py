@@ -536,7 +536,10 @@ class TaskLog:
         callbacks, self._close_callbacks = self._close_callbacks, None
         try:
             for callback in callbacks or ():
-                callback()
+                try:
+                    callback()
+                except Exception:  # one faulty callback must not keep the others from running
+                    logger.exception("a close callback of task %s's log failed", self.task_id)
         finally:
             self._wake()
             if self.resumable:

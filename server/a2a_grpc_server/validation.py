@@ -21,6 +21,10 @@ from .errors import InvalidFieldError
 
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 50
+MAX_ID_CHARS = 256
+"""Longest id (task, context, message) a request may carry; the server's own are 36."""
+MAX_TOKEN_CHARS = 1024
+"""Longest page token; the server's own are far shorter."""
 
 
 def check_size(request: ProtoMessage, config: ServerConfig) -> None:
@@ -62,6 +66,9 @@ def check_send(
 def _check_message(message: Message, config: ServerConfig) -> None:
     if not message.message_id:
         raise InvalidFieldError("message.message_id", "is required (a unique id, e.g. a UUID)")
+    _check_length("message.message_id", message.message_id)
+    _check_length("message.task_id", message.task_id)
+    _check_length("message.context_id", message.context_id)
     if message.role not in Role.values():
         raise InvalidFieldError("message.role", f"unknown value {message.role}; send ROLE_USER")
     if message.role != Role.ROLE_USER:
@@ -103,9 +110,17 @@ def input_modes(modes: list[str]) -> frozenset[str]:
 
 
 def check_task_id(task_id: str, field: str = "id") -> None:
-    """Refuse an empty task id."""
+    """Refuse an empty or overlong task id."""
     if not task_id:
         raise InvalidFieldError(field, "is required (the task's id)")
+    _check_length(field, task_id)
+
+
+def _check_length(field: str, value: str, most: int = MAX_ID_CHARS) -> None:
+    if len(value) > most:
+        raise InvalidFieldError(
+            field, f"is {len(value)} characters long; at most {most} are accepted"
+        )
 
 
 def check_history_length(value: int, present: bool, field: str = "history_length") -> None:
@@ -119,6 +134,8 @@ def check_list(request: ListTasksRequest) -> int:
     if request.status not in TaskState.values():
         raise InvalidFieldError("status", f"unknown value {request.status}")
     check_history_length(request.history_length, request.HasField("history_length"))
+    _check_length("context_id", request.context_id)
+    _check_length("page_token", request.page_token, MAX_TOKEN_CHARS)
     if not request.HasField("page_size"):
         return DEFAULT_PAGE_SIZE
     if not 1 <= request.page_size <= MAX_PAGE_SIZE:

@@ -33,7 +33,7 @@ from nats.js import JetStreamContext
 
 from .. import taskops
 from ..engine import ended
-from ..errors import FrameNotKeptError, RelayLostError
+from ..errors import FrameNotKeptError, RelayLostError, quote
 from ..journal import RecordedTask
 from ..metrics import Metrics
 from ..supervisor import TASK_PREFIX
@@ -76,7 +76,7 @@ class Relay:
         """
         recorded = await journal.get(self.task_id)
         if recorded is None:
-            raise TaskNotFoundError(f"task {self.task_id!r} not found")
+            raise TaskNotFoundError(f"task {quote(self.task_id)} not found")
         task = recorded.task
         if taskops.is_final(task):
             raise ended(task)

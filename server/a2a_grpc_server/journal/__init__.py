@@ -18,7 +18,7 @@ from typing import NamedTuple, Protocol, TypeVar
 import grpc
 from a2a.types.a2a_pb2 import Message, Task, TaskState
 
-from ..errors import ServerError
+from ..errors import ServerError, quote
 
 
 class StoreError(Exception):
@@ -179,7 +179,9 @@ def _decode_token(token: str, mark: str) -> int:
             raise ValueError(raw)
         return int(raw[len(mark) :])
     except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
-        raise InvalidPageTokenError(f"page_token {token!r} was not issued by this server") from exc
+        raise InvalidPageTokenError(
+            f"page_token {quote(token)} was not issued by this server"
+        ) from exc
 
 
 class TaskJournal(Protocol):
