@@ -153,15 +153,20 @@ class TaskFirstAgent(AgentExecutor):
 
 
 class InputAgent(AgentExecutor):
-    """Asks for input (or auth) on the first message; completes on the follow-up."""
+    """Asks for input (or auth) on the first message; completes on the follow-up.
 
-    def __init__(self, ask: TaskState = TaskState.TASK_STATE_INPUT_REQUIRED) -> None:
-        self.ask = ask
+    With ``pad``, it first adds an artifact of that many bytes.
+    """
+
+    def __init__(self, ask: TaskState = TaskState.TASK_STATE_INPUT_REQUIRED, pad: int = 0) -> None:
+        self.ask, self.pad = ask, pad
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         updater = _updater(context, event_queue)
         if context.current_task is None:
             await updater.start_work()
+            if self.pad:
+                await updater.add_artifact([Part(text="p" * self.pad)], artifact_id="pad")
             await updater.update_status(
                 self.ask, updater.new_agent_message([Part(text="your name?")])
             )
@@ -358,6 +363,27 @@ class StepAgent(AgentExecutor):
         while await self._steps.get():
             await updater.add_artifact([Part(text=str(i))], artifact_id=f"step-{i}")
             i += 1
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).cancel()
+
+
+class PayloadAgent(AgentExecutor):
+    """Emits artifacts as its message's text says: ``"<add|replace> <bytes> <count>"``.
+
+    ``add``: ``count`` artifacts of ``bytes`` each; ``replace``: one artifact
+    replaced ``count`` times (``append: false``, the same id). Then COMPLETED.
+    """
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = _updater(context, event_queue)
+        mode, size, count = context.get_user_input().split()
+        await updater.start_work()
+        for i in range(int(count)):
+            artifact_id = "doc" if mode == "replace" else f"part-{i}"
+            payload = f"{i:08d}" + "x" * (int(size) - 8)
+            await updater.add_artifact([Part(text=payload)], artifact_id=artifact_id)
         await updater.complete()
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:

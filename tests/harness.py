@@ -27,6 +27,7 @@ from a2a.types.a2a_pb2 import (
 from google.rpc import error_details_pb2, status_pb2
 
 from a2a_grpc_server import A2AService, ServerConfig, taskops
+from a2a_grpc_server.app import grpc_options
 from a2a_grpc_server.journal import TaskJournal
 from a2a_grpc_server.resume import RESUME_AFTER_KEY, URI
 
@@ -91,7 +92,7 @@ def _runs_our_code(coro: object) -> bool:
 
 async def expose(service: A2AService) -> Harness:
     """Serve ``service`` on a real grpc.aio server on 127.0.0.1:0, with clients of it."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=grpc_options(service.config))
     service.add_to_server(server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

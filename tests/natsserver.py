@@ -51,6 +51,8 @@ class Node:
     store_dir: Path
     cluster_port: int = 0
     routes: list[int] = field(default_factory=list)
+    max_payload: int = 0
+    """The server's max_payload (0: its default, 1 MiB)."""
     proc: subprocess.Popen[str] | None = None
     log: list[str] = field(default_factory=list)
     _reader: threading.Thread | None = None
@@ -68,6 +70,10 @@ class Node:
         """
         args = [binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js"]
         args += ["-sd", str(self.store_dir), "--server_name", self.name]
+        if self.max_payload:
+            conf = self.store_dir.with_suffix(".conf")
+            conf.write_text(f"max_payload: {self.max_payload}\n")
+            args += ["-c", str(conf)]
         if self.cluster_port:
             args += ["--cluster_name", "a2a-test", "--cluster"]
             args += [f"nats://127.0.0.1:{self.cluster_port}"]
@@ -121,11 +127,17 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running(size: int = 1) -> Iterator[Cluster]:
+def running(size: int = 1, max_payload: int = 0) -> Iterator[Cluster]:
     """Start ``size`` nodes (1, or a cluster of 3) in a temp dir; kill them on exit."""
     with tempfile.TemporaryDirectory(prefix="a2a-nats-") as tmp:
         nodes = [
-            Node(f"n{i}", free_port(), Path(tmp) / f"n{i}", free_port() if size > 1 else 0)
+            Node(
+                f"n{i}",
+                free_port(),
+                Path(tmp) / f"n{i}",
+                free_port() if size > 1 else 0,
+                max_payload=max_payload,
+            )
             for i in range(size)
         ]
         for node in nodes:

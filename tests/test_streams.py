@@ -104,7 +104,7 @@ class Readers:
 
 async def test_a_reader_behind_the_logs_budget_ends_out_of_range_and_memory_stays_bounded() -> None:
     agent = FloodAgent(count=600, size=32 * 1024, window=16)  # 19 MB: past any transport buffer
-    config = ServerConfig(cancel_timeout=1.0, log_max_frames=64)
+    config = ServerConfig(cancel_timeout=1.0, log_max_frames=64, max_task_bytes=32 << 20)
     async with asyncio.timeout(30), serve(agent, config) as h:
         sender = h.client.send_message_streaming(send_request("go"))
         task_id = (await anext(sender)).task.id

@@ -6,7 +6,7 @@ standalone ``A2AServer`` (``a2a-grpc-server serve``).
 
 from __future__ import annotations
 
-from .app import A2AServer, A2AService
+from .app import A2AServer, A2AService, grpc_options
 from .config import ServerConfig
 
-__all__ = ["A2AServer", "A2AService", "ServerConfig"]
+__all__ = ["A2AServer", "A2AService", "ServerConfig", "grpc_options"]

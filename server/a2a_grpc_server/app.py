@@ -41,6 +41,27 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = a2a_pb2.DESCRIPTOR.services_by_name["A2AService"].full_name
 
 
+ANSWER_SLACK = 64 * 1024
+"""Bytes an answer may take beyond ``max_task_bytes`` (a ListTasks page's own fields,
+a frame's resume tag)."""
+
+
+def grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
+    """The message size options a ``grpc.aio`` server serving ``config`` needs.
+
+    Requests up to twice ``max_message_bytes`` reach the server's validation
+    (and get INVALID_ARGUMENT saying what is accepted, not a bare
+    RESOURCE_EXHAUSTED); answers go up to ``max_task_bytes`` plus slack,
+    which every answer fits (see ``ServerConfig.max_task_bytes``). Clients
+    that read large tasks raise their own receive limit to match (gRPC's
+    default is 4 MiB).
+    """
+    return [
+        ("grpc.max_receive_message_length", 2 * config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_task_bytes + ANSWER_SLACK),
+    ]
+
+
 class A2AService:
     """The A2A service for an existing ``grpc.aio`` server.
 
@@ -65,7 +86,18 @@ class A2AService:
         extended_card: AgentCard | None = None,
         cluster: Cluster | None = None,
     ) -> None:
-        self.config = config or ServerConfig()
+        wanted = config or ServerConfig()
+        self.config = wanted.fitted(cluster.max_record_bytes if cluster is not None else None)
+        if self.config is not wanted:
+            logger.warning(
+                "the cluster's NATS servers carry one task in at most one message: tasks are "
+                "limited to %d bytes and requests to %d (asked: %d and %d); raise max_payload "
+                "in the NATS servers' configuration (up to 64 MiB) to allow more",
+                self.config.max_task_bytes,
+                self.config.max_message_bytes,
+                wanted.max_task_bytes,
+                wanted.max_message_bytes,
+            )
         self.card = with_extension(
             card or default_card(), resume_extension(self.config.resume_window)
         )
@@ -94,7 +126,7 @@ class A2AService:
             await self.cluster.wait_idle()
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        """Register the A2A servicer on ``server``."""
+        """Register the A2A servicer on ``server`` (made with ``grpc_options(config)``)."""
         rpc.add_to_server(self.servicer, server)
 
     async def shutdown(self, grace: float | None = None) -> None:
@@ -182,13 +214,9 @@ class A2AServer:
 
     async def _serve(self) -> None:
         """Start the gRPC and HTTP servers (see ``start``)."""
-        limit = self.service.config.max_message_bytes
-        # gRPC's own limit sits above ours so oversized requests reach our
-        # validation and get INVALID_ARGUMENT with an explanation.
         server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", 2 * limit),
-                ("grpc.max_send_message_length", 2 * limit),
+                *grpc_options(self.service.config),
                 # Without this a second server silently shares the port.
                 ("grpc.so_reuseport", 0),
             ]

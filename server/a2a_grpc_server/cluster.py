@@ -47,6 +47,15 @@ class Cluster(Protocol):
         """The record every instance shares; the service's journal in cluster mode."""
         ...
 
+    @property
+    def max_record_bytes(self) -> int | None:
+        """The largest serialized task the shared record stores (None: no limit of its own).
+
+        The service lowers ``ServerConfig.max_task_bytes`` (and with it the
+        request limit) to this, so whatever it accepts it can record.
+        """
+        ...
+
     async def join(self, engine: TaskEngine) -> None:
         """Start serving other instances' routed requests with ``engine``.
 

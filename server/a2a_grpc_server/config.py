@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,15 @@ class ServerConfig:
         max_final_tasks: Final tasks kept in the in-memory journal; the oldest
             final task is evicted first.
         final_task_ttl: Seconds a final task is kept in the in-memory journal.
-        max_message_bytes: Largest request the gRPC server accepts.
+        max_message_bytes: Largest request the server accepts (serialized); at
+            most half of ``max_task_bytes``, so the task a message starts always
+            fits.
+        max_task_bytes: Largest task the server keeps (serialized: history,
+            artifacts, status); it also bounds every frame and every answer. An
+            executor event that could take its task past it ends the task
+            FAILED; a follow-up message that would is refused. In cluster mode
+            it is lowered to what one NATS message carries (see
+            ``Cluster.max_record_bytes``).
         max_parts: Most parts one message may carry.
         shutdown_grace: Seconds running tasks get to finish on shutdown before
             they are ended FAILED.
@@ -44,6 +52,7 @@ class ServerConfig:
     max_final_tasks: int = 10_000
     final_task_ttl: float = 3600.0
     max_message_bytes: int = 4 * 1024 * 1024
+    max_task_bytes: int = 16 * 1024 * 1024
     max_parts: int = 1000
     shutdown_grace: float = 10.0
 
@@ -60,3 +69,27 @@ class ServerConfig:
             raise ValueError("cancel_timeout must be positive")
         if self.max_final_tasks < 0 or self.final_task_ttl < 0:
             raise ValueError("retention limits must not be negative")
+        if self.max_message_bytes < 1 or self.max_message_bytes * 2 > self.max_task_bytes:
+            raise ValueError(
+                f"max_message_bytes ({self.max_message_bytes}) must be positive and at most "
+                f"half of max_task_bytes ({self.max_task_bytes})"
+            )
+
+    def fitted(self, record_bytes: int | None) -> ServerConfig:
+        """These settings with the size limits lowered to what a record can hold.
+
+        Args:
+            record_bytes: The largest task the journal's backend stores (None:
+                no limit of its own).
+
+        Returns:
+            ``self`` if it fits; else a copy with ``max_task_bytes`` lowered to
+            ``record_bytes`` and ``max_message_bytes`` to at most half of that.
+        """
+        if record_bytes is None or record_bytes >= self.max_task_bytes:
+            return self
+        return replace(
+            self,
+            max_task_bytes=record_bytes,
+            max_message_bytes=min(self.max_message_bytes, record_bytes // 2),
+        )

@@ -35,10 +35,11 @@ from a2a.utils.errors import (
 from . import taskops
 from .callmeta import Caller, request_context
 from .config import ServerConfig
-from .errors import FrameNotKeptError, ServerShuttingDownError, quote
+from .errors import FrameNotKeptError, InvalidFieldError, ServerShuttingDownError, quote
 from .journal import FinalTaskError, RecordedTask, TaskJournal
 from .live import LiveTask
 from .metrics import Metrics
+from .sizing import TaskTooLargeError
 from .supervisor import TASK_PREFIX, ExecutionSupervisor
 from .tasklog import LogClosedError, LogLimits, LogPool, LogReader, TaskLog
 
@@ -232,7 +233,12 @@ class TaskEngine:
                 live.log.make_resumable()
             try:
                 if follow_up:
-                    await live.add_user_message(message)
+                    try:
+                        await live.add_user_message(message)
+                    except TaskTooLargeError as exc:
+                        raise InvalidFieldError(
+                            "message", f"{exc.message}; start a new task (omit message.task_id)"
+                        ) from None
                 if live.log.closed:
                     raise LogClosedError(live.task_id)
                 snapshot, reader = await live.subscribe() if subscribe else (None, None)
@@ -260,7 +266,12 @@ class TaskEngine:
         message.task_id, message.context_id = task_id, context_id
         self.metrics.tasks_started += 1
         live = LiveTask(
-            task_id, context_id, self._journal, TaskLog(task_id, self.pool), first_message=message
+            task_id,
+            context_id,
+            self._journal,
+            TaskLog(task_id, self.pool),
+            first_message=message,
+            max_bytes=self._config.max_task_bytes,
         )
         self._register(live)
         return live

@@ -19,11 +19,19 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from a2a.types.a2a_pb2 import Message, StreamResponse, Task, TaskState, TaskStatusUpdateEvent
+from a2a.types.a2a_pb2 import (
+    Message,
+    StreamResponse,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskState,
+    TaskStatusUpdateEvent,
+)
 from a2a.utils.errors import InvalidAgentResponseError
 
 from . import taskops
 from .journal import Change, FinalTaskError, StoreError, TaskJournal
+from .sizing import TaskSize, TaskTooLargeError
 from .tasklog import LogReader, TaskLog
 from .taskops import Event
 
@@ -31,6 +39,8 @@ if TYPE_CHECKING:
     from .supervisor import ExecutionSupervisor
 
 logger = logging.getLogger(__name__)
+
+_EVENTS = (Message, Task, TaskStatusUpdateEvent, TaskArtifactUpdateEvent)
 
 
 class LiveTask:
@@ -45,6 +55,7 @@ class LiveTask:
             created yet.
         version: The recorded version of ``task``.
         first_message: The user message that starts a new task.
+        max_bytes: The most bytes the task may take (``ServerConfig.max_task_bytes``).
     """
 
     __slots__ = (
@@ -52,6 +63,7 @@ class LiveTask:
         "_first_message",
         "_index",
         "_journal",
+        "_size",
         "_task",
         "_unconfirmed",
         "_version",
@@ -73,6 +85,7 @@ class LiveTask:
         task: Task | None = None,
         version: int = 0,
         first_message: Message | None = None,
+        max_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.task_id = task_id
         self.context_id = context_id
@@ -84,6 +97,7 @@ class LiveTask:
         self._task = task
         self._index = taskops.index_artifacts(task) if task is not None else {}
         self._version = version
+        self._size = TaskSize(max_bytes, task)
         self._first_message = first_message
         self._dirty = False
         self._unconfirmed: list[Change] = []
@@ -164,6 +178,9 @@ class LiveTask:
                         changes.append(self._change(changes, StreamResponse(task=task)))
                         if isinstance(event, Task):
                             continue
+                    if isinstance(event, _EVENTS):  # (anything else: apply() refuses it)
+                        adding = event.ByteSize()
+                        self._size.admit(task, self.task_id, adding, f"a {type(event).__name__}")
                     # Applied in place, not on a copy (a copy per event would make
                     # a long stream quadratic), under the lock, so no reader sees
                     # it before the journal accepted it. apply() validates before
@@ -176,6 +193,10 @@ class LiveTask:
                 changes.append(Change(self.log.last_seq + len(changes) + 1, frame, state))
             if changes:
                 assert task is not None
+                if not creating and self._size.should_rebuild(task):
+                    # Its arena holds more replaced bytes than live ones: a fresh copy
+                    # frees them (see ``sizing``).
+                    task = taskops.copy(task)
                 await self._record(task, changes, creating=creating)
             if error is not None:
                 raise error
@@ -184,6 +205,7 @@ class LiveTask:
         """Record a follow-up user message in the task's history (a change without a frame)."""
         async with self.lock:
             assert self._task is not None
+            self._size.admit(self._task, self.task_id, message.ByteSize(), "this message")
             updated = taskops.copy(self._task)
             taskops.add_user_message(updated, message)
             change = Change(self.log.last_seq + 1, message=message)
@@ -247,6 +269,7 @@ class LiveTask:
             self._task = self.log.snapshot = recorded.task
             self._version = recorded.version
             self._index = taskops.index_artifacts(recorded.task)
+            self._size.measure(recorded.task)
             self._first_message = None
         final = recorded is not None and taskops.is_final(recorded.task)
         for i, change in enumerate(self._unconfirmed[:landed]):
@@ -305,6 +328,11 @@ class LiveTask:
                 task.history.insert(0, first)
         else:
             task = taskops.new_task(self.task_id, self.context_id, self._first_message)
+        self._size.measure(task)
+        if self._size.exact > self._size.limit:
+            raise TaskTooLargeError(
+                self.task_id, 0, self._size.exact, self._size.limit, "the agent's Task"
+            )
         self._index = taskops.index_artifacts(task)
         return task
 
@@ -346,6 +374,9 @@ class LiveTask:
             self.log.append(change.frame, change.state, final=final and change is last)
 
     def _answer(self, message: Message) -> None:
+        size = message.ByteSize()
+        if size > self._size.limit:
+            raise TaskTooLargeError(self.task_id, 0, size, self._size.limit, "the agent's answer")
         self.answer = message
         self.log.append(StreamResponse(message=message).SerializeToString(), final=True)
 

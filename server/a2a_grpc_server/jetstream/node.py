@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from ..engine import TaskEngine
 
 CANCEL_SLACK = 1.0
+RECORD_SLACK = 64 * 1024
+"""Bytes of a NATS message kept for what travels beside a task: a snapshot's head, a
+record's header, a routed request's headers (the caller's metadata: gRPC limits it to
+16 KiB) and the request's other fields."""
 
 
 class NatsCluster:
@@ -73,6 +77,14 @@ class NatsCluster:
     def journal(self) -> JetStreamJournal:
         """The shared record (the event stream and the snapshot bucket)."""
         return self._journal
+
+    @property
+    def max_record_bytes(self) -> int:
+        """What one NATS message carries (``max_payload``), less room for what travels beside.
+
+        See ``Cluster.max_record_bytes`` and ``RECORD_SLACK``.
+        """
+        return self._requests.max_payload - RECORD_SLACK
 
     async def join(self, engine: TaskEngine) -> None:
         """Start heartbeating and serving routed requests for ``engine``.

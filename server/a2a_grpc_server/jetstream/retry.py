@@ -11,7 +11,7 @@ from typing import TypeVar
 import nats.errors
 import nats.js.errors
 
-from ..journal import StoreUnavailableError
+from ..journal import StoreRefusedError, StoreUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -26,9 +26,10 @@ TRANSIENT = (
     nats.errors.NoRespondersError,
     nats.js.errors.NoStreamResponseError,
     nats.js.errors.ServiceUnavailableError,
-    nats.errors.ConnectionClosedError,
     asyncio.TimeoutError,
 )
+"""What NATS raises while it fails over or is briefly unreachable: worth another try.
+(Not ``ConnectionClosedError``: this instance closed its connection, for good.)"""
 
 
 async def retrying(attempt: Callable[[], Awaitable[T]], what: str) -> T:
@@ -36,14 +37,18 @@ async def retrying(attempt: Callable[[], Awaitable[T]], what: str) -> T:
 
     Retries go on for ``RETRY_FOR`` s after the first failure; pauses grow from
     50 ms to 1 s, with jitter, so instances retrying together spread out.
+    Whatever else NATS raises is the journal's error at once: every backend
+    error leaves here as a ``StoreError``.
 
     Raises:
-        StoreUnavailableError: NATS kept failing for the whole budget.
+        StoreUnavailableError: NATS kept failing for the whole budget, or the
+            connection is closed.
+        StoreRefusedError: NATS refused the operation (not worth a retry).
     """
     try:
-        return await attempt()  # the usual case: no retry, no bookkeeping
-    except TRANSIENT as exc:
-        logger.warning("%s: %s; retrying", what, type(exc).__name__)
+        return await _once(attempt, what)  # the usual case: no retry, no bookkeeping
+    except _Retry as retry:
+        logger.warning("%s: %s; retrying", what, type(retry.error).__name__)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + RETRY_FOR
     pause = 0.05
@@ -51,10 +56,28 @@ async def retrying(attempt: Callable[[], Awaitable[T]], what: str) -> T:
         await asyncio.sleep(pause * random.uniform(0.5, 1.0))  # NATS is failing over
         pause = min(pause * 2, 1.0)
         try:
-            return await attempt()
-        except TRANSIENT as exc:
+            return await _once(attempt, what)
+        except _Retry as retry:
             if loop.time() + pause > deadline:
                 raise StoreUnavailableError(
-                    f"NATS did not answer ({type(exc).__name__}) for {RETRY_FOR:.0f} s: {what}"
-                ) from exc
-            logger.warning("%s: %s; retrying", what, type(exc).__name__)
+                    f"NATS did not answer ({type(retry.error).__name__}) for "
+                    f"{RETRY_FOR:.0f} s: {what}"
+                ) from retry.error
+            logger.warning("%s: %s; retrying", what, type(retry.error).__name__)
+
+
+class _Retry(Exception):
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+async def _once(attempt: Callable[[], Awaitable[T]], what: str) -> T:
+    """One attempt; a transient failure becomes ``_Retry``, any other NATS error a StoreError."""
+    try:
+        return await attempt()
+    except TRANSIENT as exc:
+        raise _Retry(exc) from exc
+    except nats.errors.ConnectionClosedError as exc:
+        raise StoreUnavailableError(f"the NATS connection is closed: {what}") from exc
+    except (nats.errors.Error, nats.js.errors.Error) as exc:
+        raise StoreRefusedError(f"NATS refused to {what}: {type(exc).__name__}: {exc}") from exc

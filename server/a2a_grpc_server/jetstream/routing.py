@@ -96,10 +96,10 @@ class Router:
             )
 
     async def stop(self) -> None:
-        """Stop taking requests; wait for the ones being served."""
+        """Stop taking requests: drain (serve what already arrived), then wait for them."""
         for sub in self._subs:
-            with contextlib.suppress(nats.errors.ConnectionClosedError):
-                await sub.unsubscribe()
+            with contextlib.suppress(nats.errors.Error):  # the connection is already closed
+                await sub.drain()
         self._subs.clear()
         while self._serving:
             await asyncio.gather(*self._serving, return_exceptions=True)
@@ -137,6 +137,11 @@ class Router:
                 f"instance {owner}, which runs this task, did not answer; if it is gone, "
                 "the task ends FAILED once its lease expires"
             ) from exc
+        except nats.errors.Error as exc:  # e.g. this instance's connection is closing
+            raise OwnerUnavailableError(
+                f"could not reach instance {owner}, which runs this task "
+                f"({type(exc).__name__}); retry"
+            ) from exc
         error = (msg.headers or {}).get(ERROR)
         if error:
             raise _ERRORS.get(error, OwnerUnavailableError)(msg.data.decode())
@@ -165,8 +170,8 @@ class Router:
             reply_headers = {ERROR: InternalError.__name__}
         try:
             await self._nc.publish(msg.reply, reply, headers=reply_headers)
-        except nats.errors.ConnectionClosedError:
-            logger.warning("could not answer routed %s: connection closed", msg.subject)
+        except nats.errors.Error as exc:
+            logger.warning("could not answer routed %s: %s", msg.subject, type(exc).__name__)
 
     async def _serve_cancel(self, msg: Msg, call: Caller) -> bytes:
         assert self._engine is not None

@@ -32,6 +32,13 @@ class StoreUnavailableError(StoreError, ServerError):
     reason = "STORE_UNAVAILABLE"
 
 
+class StoreRefusedError(StoreError, ServerError):
+    """The journal's backend refused an operation (not a passing outage: no retry helps)."""
+
+    code = grpc.StatusCode.INTERNAL
+    reason = "STORE_REFUSED"
+
+
 class TaskExistsError(StoreError):
     """``create`` was called for a task id the journal already holds."""
 
