@@ -9,6 +9,7 @@ HTTP agent card, with ``start()`` / ``stop(grace)``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -129,14 +130,25 @@ class A2AService:
         """Register the A2A servicer on ``server`` (made with ``grpc_options(config)``)."""
         rpc.add_to_server(self.servicer, server)
 
-    async def shutdown(self, grace: float | None = None) -> None:
+    async def shutdown(self, grace: float | None = None, within: float | None = None) -> None:
         """Refuse new work, give running tasks ``grace`` seconds, then end them FAILED.
 
         Every open stream receives its final frame before this returns (in
         cluster mode, streams relayed from other instances end UNAVAILABLE
         RELAY_LOST, and this instance then leaves the cluster).
+
+        Args:
+            grace: Seconds runs may take to finish (default ``shutdown_grace``).
+            within: Seconds this takes at most (default: ``shutdown_timeout``
+                less ``shutdown_flush``, what the transport gets afterwards).
         """
-        await self.engine.shutdown(self.config.shutdown_grace if grace is None else grace)
+        config = self.config
+        if within is None:
+            within = config.shutdown_timeout - config.shutdown_flush
+        deadline = asyncio.get_running_loop().time() + within
+        await self.engine.shutdown(
+            config.shutdown_grace if grace is None else grace, deadline=deadline
+        )
         if self.cluster is not None:
             await self.cluster.leave()
 
@@ -268,7 +280,7 @@ class A2AServer:
             await self._http.stop()
         if self._grpc is not None:
             # Streams have their final frames already; this only flushes them.
-            await self._grpc.stop(grace=1.0)
+            await self._grpc.stop(grace=self.service.config.shutdown_flush)
             self._grpc = None
         if self.service.cluster is not None:
             await self.service.cluster.close()

@@ -41,6 +41,12 @@ class ServerConfig:
         max_parts: Most parts one message may carry.
         shutdown_grace: Seconds running tasks get to finish on shutdown before
             they are ended FAILED.
+        shutdown_timeout: Seconds a shutdown takes at most, everything included:
+            the grace, ending the remaining tasks (all at once, each with its
+            final frame whether or not the journal records it in time), and
+            flushing the final frames to clients.
+        shutdown_flush: Seconds of ``shutdown_timeout`` kept for gRPC to deliver
+            the final frames before connections close.
     """
 
     log_max_frames: int = 16_384
@@ -55,6 +61,8 @@ class ServerConfig:
     max_task_bytes: int = 16 * 1024 * 1024
     max_parts: int = 1000
     shutdown_grace: float = 10.0
+    shutdown_timeout: float = 20.0
+    shutdown_flush: float = 2.0
 
     def __post_init__(self) -> None:
         if self.log_max_frames < 1 or self.log_max_bytes < 1:
@@ -69,6 +77,11 @@ class ServerConfig:
             raise ValueError("cancel_timeout must be positive")
         if self.max_final_tasks < 0 or self.final_task_ttl < 0:
             raise ValueError("retention limits must not be negative")
+        if not 0 < self.shutdown_flush < self.shutdown_timeout or self.shutdown_grace < 0:
+            raise ValueError(
+                "shutdown_flush must be positive and below shutdown_timeout, "
+                "and shutdown_grace not negative"
+            )
         if self.max_message_bytes < 1 or self.max_message_bytes * 2 > self.max_task_bytes:
             raise ValueError(
                 f"max_message_bytes ({self.max_message_bytes}) must be positive and at most "

@@ -17,7 +17,9 @@ to the owner (see ``cluster``), which runs them through this same class with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import random
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,7 +38,7 @@ from . import taskops
 from .callmeta import Caller, request_context
 from .config import ServerConfig
 from .errors import FrameNotKeptError, InvalidFieldError, ServerShuttingDownError, quote
-from .journal import FinalTaskError, RecordedTask, TaskJournal
+from .journal import FinalTaskError, RecordedTask, StoreError, TaskJournal
 from .live import LiveTask
 from .metrics import Metrics
 from .sizing import TaskTooLargeError
@@ -50,6 +52,10 @@ logger = logging.getLogger(__name__)
 
 CANCEL_SLACK = 1.0
 """Seconds CancelTask waits beyond ``cancel_timeout`` before it ends the task itself."""
+FINAL_RETRY_PAUSE = 0.25
+"""Seconds before the first retry of a final state the journal could not record."""
+FINAL_RETRY_MAX_PAUSE = 5.0
+"""Most seconds between two such retries (each attempt retries for its own budget too)."""
 
 
 @dataclass(slots=True)
@@ -178,6 +184,11 @@ class TaskEngine:
         self._idle = asyncio.Event()
         self._idle.set()
         self._accepting = True
+        self._unrecorded: dict[str, LiveTask] = {}
+        """Ended tasks whose final state the journal has not recorded yet (retried)."""
+        self._recorders: set[asyncio.Task[None]] = set()
+        self._all_recorded = asyncio.Event()
+        self._all_recorded.set()
 
     @property
     def journal(self) -> TaskJournal:
@@ -298,6 +309,15 @@ class TaskEngine:
         return recorded.task, recorded.seq
 
     async def _get_recorded(self, task_id: str) -> RecordedTask:
+        """The task as recorded; for a final state not recorded yet, that state.
+
+        Raises:
+            TaskNotFoundError: No such task.
+        """
+        final = self._ended_unrecorded(task_id)
+        if final is not None:
+            live = self._unrecorded[task_id]
+            return RecordedTask(taskops.copy(final), 0, "", live.log.last_seq)
         recorded = await self._journal.get(task_id)
         if recorded is None:
             raise TaskNotFoundError(f"task {quote(task_id)} not found")
@@ -419,18 +439,49 @@ class TaskEngine:
         first = log.first_kept if log is not None else last + 1
         raise FrameNotKeptError(task_id, after + 1, first, last)
 
-    async def shutdown(self, grace: float) -> None:
-        """Stop accepting work, let runs finish for ``grace`` seconds, then end the rest FAILED."""
+    async def shutdown(self, grace: float, deadline: float | None = None) -> None:
+        """Stop accepting work, let runs finish for ``grace`` s, then end the rest FAILED.
+
+        Every live task is ended at once (concurrently), each with its final
+        frame to every reader whether or not the journal can record it by
+        ``deadline``; final states not recorded by then are given up on (in
+        cluster mode a survivor ends those tasks once this instance's lease is
+        released).
+
+        Args:
+            grace: Seconds runs may take to finish on their own.
+            deadline: Event-loop time by which shutdown returns (None: no bound
+                beyond the journal's own retries).
+        """
         self._accepting = False
-        try:
+        loop = asyncio.get_running_loop()
+        if deadline is not None:
+            grace = min(grace, max(0.0, deadline - loop.time()))
+        with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
                 await self._wait_runs_interrupted()
-        except TimeoutError:
-            pass
-        for live in list(self._live.values()):
-            await live.finalize(TaskState.TASK_STATE_FAILED, "server shutting down")
+        ending = [
+            live.finalize(TaskState.TASK_STATE_FAILED, "server shutting down", deadline=deadline)
+            for live in list(self._live.values())
+        ]
+        await asyncio.gather(*ending)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                await self._all_recorded.wait()
+        for task in list(self._recorders):
+            task.cancel()
+        if self._unrecorded:
+            logger.error(
+                "shutting down with %d final state(s) not recorded (tasks %s); in cluster mode "
+                "a survivor ends them FAILED",
+                len(self._unrecorded),
+                ", ".join(list(self._unrecorded)[:10]),
+            )
         try:
-            async with asyncio.timeout(self._config.cancel_timeout):
+            remaining = self._config.cancel_timeout
+            if deadline is not None:
+                remaining = min(remaining, max(0.0, deadline - loop.time()))
+            async with asyncio.timeout(remaining):
                 await self.wait_idle()
         except TimeoutError:
             # Only an executor that swallows its cancellation gets here; its
@@ -439,8 +490,10 @@ class TaskEngine:
         self.pool.close()
 
     async def wait_idle(self) -> None:
-        """Wait until no run of this engine is alive."""
+        """Wait until no run of this engine is alive and no final state is being recorded."""
         await self._idle.wait()
+        while self._recorders:
+            await asyncio.wait(list(self._recorders))
 
     async def _check_follow_up(self, task_id: str, context_id: str) -> RecordedTask:
         found = await self._get_recorded(task_id)
@@ -488,8 +541,53 @@ class TaskEngine:
 
         def forget() -> None:
             self._live.pop(live.task_id, None)
+            if live.final_unrecorded:
+                self._unrecorded[live.task_id] = live
+                self._all_recorded.clear()
+                task = asyncio.create_task(
+                    self._record_final(live), name=f"{TASK_PREFIX}:record-final:{live.task_id}"
+                )
+                self._recorders.add(task)
+                task.add_done_callback(self._recorders.discard)
 
         live.log.on_close(forget)
+
+    async def _record_final(self, live: LiveTask) -> None:
+        """Retry recording a final state the streams already got until the journal holds it.
+
+        This instance keeps the task meanwhile (its lease says it is alive, so
+        no survivor ends it): reads of it here answer the final state, and it
+        accepts no subscription, cancel or message.
+        """
+        pause = FINAL_RETRY_PAUSE
+        try:
+            while True:
+                try:
+                    await live.record_final()
+                    logger.warning("task %s: its final state is recorded now", live.task_id)
+                    return
+                except StoreError as exc:
+                    logger.warning(
+                        "task %s: its final state is not recorded yet (%s); retrying",
+                        live.task_id,
+                        exc,
+                    )
+                await asyncio.sleep(pause * random.uniform(0.5, 1.0))  # jitter: spread out
+                pause = min(pause * 2, FINAL_RETRY_MAX_PAUSE)
+        finally:
+            self._unrecorded.pop(live.task_id, None)
+            if not self._unrecorded:
+                self._all_recorded.set()
+
+    def _ended_unrecorded(self, task_id: str) -> Task | None:
+        """The final task of ``task_id`` if the journal does not hold it yet."""
+        live = self._unrecorded.get(task_id)
+        return live.log.snapshot if live is not None else None
+
+    def current(self, task: Task) -> Task:
+        """``task`` as the journal listed it, or its final state if that is not recorded yet."""
+        final = self._ended_unrecorded(task.id)
+        return taskops.copy(final) if final is not None else task
 
     def _spawn(
         self,

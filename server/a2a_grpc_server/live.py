@@ -70,6 +70,7 @@ class LiveTask:
         "admitting",
         "answer",
         "context_id",
+        "final_unrecorded",
         "lock",
         "log",
         "run",
@@ -105,6 +106,8 @@ class LiveTask:
         """The execution currently feeding this task, if any."""
         self.admitting = False
         """A follow-up message is being admitted (its run is about to start)."""
+        self.final_unrecorded = False
+        """The log ended with a final frame the journal could not record yet."""
         log.snapshot = task
 
     @property
@@ -211,24 +214,33 @@ class LiveTask:
             change = Change(self.log.last_seq + 1, message=message)
             await self._record(updated, [change], creating=False)
 
-    async def finalize(self, state: TaskState, text: str) -> None:
+    async def finalize(self, state: TaskState, text: str, *, deadline: float | None = None) -> None:
         """End the task in ``state`` unless it already ended; every reader gets the frame.
+
+        The frame goes to the readers even if the journal cannot record it
+        now: the task is then ``final_unrecorded``, and the engine retries
+        ``record_final`` until the journal holds it.
 
         Args:
             state: A terminal state.
             text: The status message, for a person to read.
+            deadline: Event-loop time after which the journal is not waited for
+                (the frame goes to the readers, the write is retried later).
         """
         async with self.lock:
             if self.log.closed:
                 return
+            readable = True
             try:
-                await self._settled()
-                if self.log.closed:  # the write that failed had landed, and ended it
-                    return
-                if self._task is None:
-                    await self._create(None)
-            except StoreError:
+                async with asyncio.timeout_at(deadline):
+                    await self._settled()
+                    if self.log.closed:  # the write that failed had landed, and ended it
+                        return
+                    if self._task is None:
+                        await self._create(None)
+            except (StoreError, TimeoutError):
                 logger.exception("could not read or create task %s to end it", self.task_id)
+                readable = False
             # (A task that reads final here ended in a write that failed: the log
             # has no final frame yet, so it gets this one.)
             base = self._task or taskops.new_task(
@@ -237,18 +249,62 @@ class LiveTask:
             updated = taskops.copy(base)
             frame = taskops.apply(updated, taskops.status_event(updated, state, text))
             data = frame.SerializeToString()
-            try:
-                if self._task is not None:
+            recorded = False
+            if readable and self._task is not None:
+                try:
                     change = Change(self.log.last_seq + 1, data, state)
-                    self._version = await self._journal.update(updated, self._version, [change])
-            except FinalTaskError:
-                if await self._close_as_recorded():
-                    return
-            except StoreError:
-                # Readers still get the frame even if the journal refused it.
-                logger.exception("could not record the final state of task %s", self.task_id)
+                    async with asyncio.timeout_at(deadline):
+                        self._version = await self._journal.update(updated, self._version, [change])
+                    recorded = True
+                except FinalTaskError:
+                    if await self._close_as_recorded():
+                        return
+                except (StoreError, TimeoutError):
+                    logger.exception("could not record the final state of task %s", self.task_id)
+            # Readers get the frame now, recorded or not; what is not is retried.
+            self.final_unrecorded = not recorded
             self._task = self.log.snapshot = updated
             self.log.seal(data, state)
+
+    async def record_final(self) -> None:
+        """Record the final state the log ended with (after ``finalize`` could not).
+
+        Written on top of what the journal holds now, with the status the
+        streams received, so the journal, later reads and later subscribers
+        agree with them.
+
+        Once it returns, the journal holds a final state: this one, or one
+        another instance recorded first.
+
+        Raises:
+            StoreError: The journal could not be read or refused the write (or
+                someone wrote the task meanwhile): try again.
+        """
+        final = self.log.snapshot
+        assert final is not None and self.log.closed
+        recorded = await self._journal.get(self.task_id)
+        if recorded is not None and taskops.is_final(recorded.task):
+            if recorded.task.status.state != final.status.state:
+                logger.warning(
+                    "task %s: streams got %s, but another instance recorded %s first",
+                    self.task_id,
+                    taskops.state_name(final.status.state),
+                    taskops.state_name(recorded.task.status.state),
+                )
+            self.final_unrecorded = False
+            return
+        if recorded is None:  # it was never created
+            task = taskops.copy(final)
+            first = Change(1, StreamResponse(task=task).SerializeToString(), task.status.state)
+            await self._journal.create(task, [first], keep_frames=False)
+        else:
+            task = taskops.copy(recorded.task)
+            event = TaskStatusUpdateEvent(task_id=self.task_id, context_id=self.context_id)
+            event.status.CopyFrom(final.status)
+            frame, state = taskops.apply_serialized(task, event)
+            change = Change(recorded.seq + 1, frame, state)
+            await self._journal.update(task, recorded.version, [change])
+        self.final_unrecorded = False
 
     async def _reconcile(self) -> None:
         """Start again from what the journal holds, after a write of ours failed.

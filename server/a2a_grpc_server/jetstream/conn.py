@@ -73,6 +73,9 @@ class NatsConfig:
         snapshot_every: Changes between two snapshots of a running task (it is
             also snapshotted when created, when its state changes, and when it
             ends): reading a task folds at most this many changes.
+        retry_for: Seconds a read or write keeps retrying through a NATS outage
+            or failover before it fails (a change that cannot be recorded ends
+            its task FAILED; a final state is retried until it is recorded).
     """
 
     servers: list[str] = field(default_factory=lambda: ["nats://127.0.0.1:4222"])
@@ -84,6 +87,7 @@ class NatsConfig:
     events_per_task: int = 16_384
     events_max_bytes: int = 1 << 30
     snapshot_every: int = 32
+    retry_for: float = 30.0
 
 
 @dataclass

@@ -89,7 +89,7 @@ from ..journal import (
 )
 from .conn import EVENTS_STREAM, EVENTS_SUBJECT, TASKS_BUCKET
 from .requests import JetStreamRequests, WrongLastSequenceError
-from .retry import REQUEST_TIMEOUT, RETRY_FOR, retrying
+from .retry import Retry
 
 logger = logging.getLogger(__name__)
 
@@ -257,6 +257,7 @@ class JetStreamJournal:
         kv: The snapshot bucket.
         owner: This instance's id, recorded with every task it creates.
         snapshot_every: Changes between two snapshots of a running task.
+        retry: How long an operation retries through a NATS outage.
     """
 
     def __init__(
@@ -266,8 +267,10 @@ class JetStreamJournal:
         kv: KeyValue,
         owner: str,
         snapshot_every: int = 32,
+        retry: Retry | None = None,
     ) -> None:
         self._requests = requests
+        self._retry = retry or Retry()
         self._js = js
         self._kv = kv
         self._owner = owner
@@ -442,8 +445,10 @@ class JetStreamJournal:
                 "next_by_subj": subject(task_id),
                 "batch": most,
             }
-            msgs = await retrying(
-                lambda r=request: self._requests.direct_get(EVENTS_STREAM, r, REQUEST_TIMEOUT),  # type: ignore[misc]
+            msgs = await self._retry(
+                lambda r=request, t=self._retry.timeout: self._requests.direct_get(  # type: ignore[misc]
+                    EVENTS_STREAM, r, t
+                ),
                 f"read the changes of task {task_id}",
             )
             for msg in msgs:
@@ -468,8 +473,8 @@ class JetStreamJournal:
     async def _last_message(self, task_id: str) -> Msg | None:
         """The task's last message in the stream, or None."""
         request: dict[str, object] = {"last_by_subj": subject(task_id)}
-        msgs = await retrying(
-            lambda: self._requests.direct_get(EVENTS_STREAM, request, REQUEST_TIMEOUT),
+        msgs = await self._retry(
+            lambda: self._requests.direct_get(EVENTS_STREAM, request, self._retry.timeout),
             f"read the last change of task {task_id}",
         )
         return msgs[0] if msgs else None
@@ -491,7 +496,7 @@ class JetStreamJournal:
             else api.DeliverPolicy.ALL,
             opt_start_seq=after_pos + 1 if after_pos else None,
         )
-        return await retrying(
+        return await self._retry(
             lambda: self._js.subscribe(
                 subject(task_id),
                 stream=EVENTS_STREAM,
@@ -561,10 +566,12 @@ class JetStreamJournal:
         async def attempt() -> int:
             nonlocal attempts
             attempts += 1
-            return await self._requests.publish(subject(task_id), payload, headers, REQUEST_TIMEOUT)
+            return await self._requests.publish(
+                subject(task_id), payload, headers, self._retry.timeout
+            )
 
         try:
-            return await retrying(attempt, f"record a change of task {task_id}")
+            return await self._retry(attempt, f"record a change of task {task_id}")
         except WrongLastSequenceError:
             last = await self._last_message(task_id)
             found = (last.headers or {}) if last is not None else {}
@@ -624,11 +631,11 @@ class JetStreamJournal:
             nonlocal attempts
             attempts += 1
             return await self._requests.publish(
-                f"$KV.{TASKS_BUCKET}.{key}", value, {EXPECT: str(rev)}, REQUEST_TIMEOUT
+                f"$KV.{TASKS_BUCKET}.{key}", value, {EXPECT: str(rev)}, self._retry.timeout
             )
 
         try:
-            return await retrying(attempt, f"snapshot task {key}")
+            return await self._retry(attempt, f"snapshot task {key}")
         except WrongLastSequenceError:
             if attempts > 1:
                 current = await self._kv_entry(key)
@@ -639,18 +646,19 @@ class JetStreamJournal:
     async def _kv_entry(self, key: str) -> tuple[bytes, int] | None:
         async def attempt() -> KeyValue.Entry | None:
             try:
-                return await self._kv.get(key)
+                async with asyncio.timeout(self._retry.timeout):
+                    return await self._kv.get(key)
             except nats.js.errors.KeyNotFoundError:
                 return None
 
-        entry = await retrying(attempt, f"read task {key}")
+        entry = await self._retry(attempt, f"read task {key}")
         if entry is None or entry.value is None or entry.revision is None:
             return None
         return entry.value, entry.revision
 
     async def _scan(self) -> builtins.list[tuple[bytes, int]]:
         """The latest value of every key, read with one ephemeral pull consumer."""
-        return await retrying(self._scan_once, "list the task bucket")
+        return await self._retry(self._scan_once, "list the task bucket")
 
     async def _scan_once(self) -> builtins.list[tuple[bytes, int]]:
         config = api.ConsumerConfig(
@@ -667,7 +675,8 @@ class JetStreamJournal:
         try:
             pending = (await sub.consumer_info()).num_pending
             while pending:
-                for msg in await sub.fetch(batch=min(pending, SCAN_BATCH), timeout=RETRY_FOR):
+                batch = min(pending, SCAN_BATCH)
+                for msg in await sub.fetch(batch=batch, timeout=self._retry.budget):
                     pending = msg.metadata.num_pending
                     op = (msg.headers or {}).get("KV-Operation")
                     if op is None and msg.data:

@@ -22,6 +22,7 @@ from .journal import JetStreamJournal
 from .lease import Lease
 from .relay import Relays
 from .requests import JetStreamRequests
+from .retry import Retry
 from .routing import Router
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class NatsCluster:
             conn.tasks,
             conn.config.instance_id,
             conn.config.snapshot_every,
+            Retry(conn.config.retry_for),
         )
         self._relays: Relays | None = None
         self._router: Router | None = None

@@ -32,38 +32,51 @@ TRANSIENT = (
 (Not ``ConnectionClosedError``: this instance closed its connection, for good.)"""
 
 
-async def retrying(attempt: Callable[[], Awaitable[T]], what: str) -> T:
-    """Run ``attempt`` until it succeeds, retrying transient NATS failures.
+class Retry:
+    """How long NATS operations keep retrying: ``budget`` seconds after the first failure.
 
-    Retries go on for ``RETRY_FOR`` s after the first failure; pauses grow from
-    50 ms to 1 s, with jitter, so instances retrying together spread out.
-    Whatever else NATS raises is the journal's error at once: every backend
-    error leaves here as a ``StoreError``.
-
-    Raises:
-        StoreUnavailableError: NATS kept failing for the whole budget, or the
-            connection is closed.
-        StoreRefusedError: NATS refused the operation (not worth a retry).
+    Args:
+        budget: Seconds of retrying (``NatsConfig.retry_for``).
     """
-    try:
-        return await _once(attempt, what)  # the usual case: no retry, no bookkeeping
-    except _Retry as retry:
-        logger.warning("%s: %s; retrying", what, type(retry.error).__name__)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + RETRY_FOR
-    pause = 0.05
-    while True:
-        await asyncio.sleep(pause * random.uniform(0.5, 1.0))  # NATS is failing over
-        pause = min(pause * 2, 1.0)
+
+    __slots__ = ("budget", "timeout")
+
+    def __init__(self, budget: float = RETRY_FOR) -> None:
+        self.budget = budget
+        self.timeout = min(REQUEST_TIMEOUT, budget)
+        """Seconds one attempt waits for an answer."""
+
+    async def __call__(self, attempt: Callable[[], Awaitable[T]], what: str) -> T:
+        """Run ``attempt`` until it succeeds, retrying transient NATS failures.
+
+        Pauses grow from 50 ms to 1 s, with jitter, so instances retrying
+        together spread out. Whatever else NATS raises is the journal's error
+        at once: every backend error leaves here as a ``StoreError``.
+
+        Raises:
+            StoreUnavailableError: NATS kept failing for the whole budget, or
+                the connection is closed.
+            StoreRefusedError: NATS refused the operation (no retry would help).
+        """
         try:
-            return await _once(attempt, what)
+            return await _once(attempt, what)  # the usual case: no retry, no bookkeeping
         except _Retry as retry:
-            if loop.time() + pause > deadline:
-                raise StoreUnavailableError(
-                    f"NATS did not answer ({type(retry.error).__name__}) for "
-                    f"{RETRY_FOR:.0f} s: {what}"
-                ) from retry.error
             logger.warning("%s: %s; retrying", what, type(retry.error).__name__)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.budget
+        pause = 0.05
+        while True:
+            await asyncio.sleep(pause * random.uniform(0.5, 1.0))  # NATS is failing over
+            pause = min(pause * 2, 1.0)
+            try:
+                return await _once(attempt, what)
+            except _Retry as retry:
+                if loop.time() + pause > deadline:
+                    raise StoreUnavailableError(
+                        f"NATS did not answer ({type(retry.error).__name__}) for "
+                        f"{self.budget:g} s: {what}"
+                    ) from retry.error
+                logger.warning("%s: %s; retrying", what, type(retry.error).__name__)
 
 
 class _Retry(Exception):
