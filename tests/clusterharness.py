@@ -59,6 +59,7 @@ async def start_instance(
     replicas: int = 1,
     config: ServerConfig | None = None,
     events_per_task: int = 16_384,
+    retry_for: float = 30.0,
 ) -> Instance:
     """Start one instance joined to the cluster on ``servers``."""
     cluster = await NatsCluster.connect(
@@ -68,6 +69,7 @@ async def start_instance(
             lease=lease,
             replicas=replicas,
             events_per_task=events_per_task,
+            retry_for=retry_for,
         )
     )
     service = A2AService(

@@ -96,6 +96,16 @@ class Node:
                 ready.set()
         ready.set()  # exited: start() checks poll()
 
+    def pause(self) -> None:
+        """SIGSTOP the process: connections stay open, nothing is answered."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused process."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL the process and reap it (no-op if not running)."""
         if self.proc is not None and self.proc.poll() is None:

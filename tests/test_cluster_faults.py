@@ -9,10 +9,16 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from a2a.client.transports.grpc import GrpcTransport
-from a2a.types.a2a_pb2 import GetTaskRequest, StreamResponse, SubscribeToTaskRequest, TaskState
+from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    StreamResponse,
+    SubscribeToTaskRequest,
+    TaskState,
+)
 
 from . import natsserver
-from .agents import FloodAgent
+from .agents import ChunkAgent, FloodAgent
 from .clusterharness import GatedPerTask, collect, instances
 from .harness import V1, last_state, send_request
 from .serveproc import start
@@ -177,3 +183,42 @@ async def test_a_restart_under_the_same_instance_id_ends_what_the_dead_process_l
             if proc is not None and proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+async def test_nats_paused_past_the_retry_budget_streams_end_failed_and_the_record_agrees() -> None:
+    agent = ChunkAgent(count=0)  # after release: one artifact, then it waits (nothing final)
+    with natsserver.running(1) as cluster:
+        node = cluster.nodes[0]
+        async with (
+            asyncio.timeout(40),
+            instances(agent, cluster.urls, lease=5.0, retry_for=0.5) as (a, b),
+        ):
+            sender = a.client.send_message_streaming(send_request("go"))
+            task_id = (await anext(sender)).task.id
+            assert (await anext(sender)).status_update.status.state == S.TASK_STATE_WORKING
+            relayed = b.client.subscribe(SubscribeToTaskRequest(id=task_id))
+            await anext(relayed)
+            node.pause()
+            try:
+                agent.release.set()  # its artifact cannot be recorded: the task ends FAILED
+                frames = await collect(sender)
+                assert last_state(frames) == S.TASK_STATE_FAILED
+                assert "could not record" in frames[-1].status_update.status.message.parts[0].text
+                # The owner answers with the outcome its streams got, NATS or not.
+                seen = await a.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
+                assert seen.status.state == S.TASK_STATE_FAILED
+            finally:
+                node.resume()
+            # Once NATS is back, the final state is recorded: everyone agrees.
+            await a.service.engine.wait_idle()
+            assert last_state(await collect(relayed)) == S.TASK_STATE_FAILED
+            for instance in (a, b):
+                stored = await instance.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
+                assert stored.status.state == S.TASK_STATE_FAILED
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await b.stub.CancelTask(CancelTaskRequest(id=task_id), metadata=V1)
+            assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            call = b.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=V1)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await anext(aiter(call))
+            assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
