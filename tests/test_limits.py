@@ -10,6 +10,7 @@ import grpc
 import pytest
 from a2a.types.a2a_pb2 import (
     GetTaskRequest,
+    ListTasksRequest,
     SendMessageRequest,
     StreamResponse,
     SubscribeToTaskRequest,
@@ -122,3 +123,22 @@ async def test_in_cluster_mode_the_limits_follow_nats_max_payload(
                     b.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=V1), []
                 )
             assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_list_tasks_pages_are_cut_by_bytes_and_the_token_continues_after_the_cut() -> None:
+    config = ServerConfig(cancel_timeout=1.0, max_task_bytes=64 * KIB, max_message_bytes=32 * KIB)
+    async with asyncio.timeout(10), serve(PayloadAgent(), config) as h:
+        made = []
+        for i in range(5):
+            request = send_request(f"add 10 1 {i}" + " " * 30_000)
+            made.append((await h.stub.SendMessage(request, metadata=V1)).task.id)
+        pages, token = [], ""
+        while True:
+            page = await h.stub.ListTasks(ListTasksRequest(page_token=token), metadata=V1)
+            assert page.ByteSize() <= 64 * KIB + 1024
+            pages.append([t.id for t in page.tasks])
+            token = page.next_page_token
+            if not token:
+                break
+        assert [len(p) for p in pages] == [2, 2, 1], "cut by bytes, not by page_size (50)"
+        assert [t for p in pages for t in p] == made[::-1], "each task once, newest first"

@@ -14,6 +14,8 @@ executor raising one of them is reported faithfully):
     * ``InvalidAgentResponseError``, ``InternalError`` -> INTERNAL
 * ``FrameNotKeptError`` (ours: a stream's next frame left the task's log, or a
   resumption asked for one that did) -> OUT_OF_RANGE
+* ``AnswerTooLargeError`` (ours: one task is larger than an answer may be) ->
+  RESOURCE_EXHAUSTED
 * ``ServerShuttingDownError``, ``OwnerUnavailableError``,
   ``RelayLostError`` (ours) -> UNAVAILABLE
 * ``StoreUnavailableError`` (ours, the journal's backend is down) -> UNAVAILABLE
@@ -106,6 +108,30 @@ class FrameNotKeptError(ServerError):
             "oldestKeptSeq": str(self.first_kept),
             "lastSeq": str(self.last),
         }
+
+
+class AnswerTooLargeError(ServerError):
+    """One task is larger than an answer may be (a task stored before a lower limit).
+
+    Args:
+        task_id: The task.
+        size: Its size as it would be sent.
+        most: The most bytes of tasks one answer carries (``max_task_bytes``).
+    """
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "ANSWER_TOO_LARGE"
+
+    def __init__(self, task_id: str, size: int, most: int) -> None:
+        self.task_id, self.size, self.most = task_id, size, most
+        super().__init__(
+            f"task {quote(task_id)} is {size} bytes, more than one answer carries ({most}); "
+            "ask for less of it (history_length, include_artifacts=false)"
+        )
+
+    def details(self) -> dict[str, str]:
+        """The task, its size and the limit."""
+        return {"taskId": self.task_id, "size": str(self.size), "limit": str(self.most)}
 
 
 class ServerShuttingDownError(ServerError):

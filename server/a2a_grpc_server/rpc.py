@@ -52,7 +52,7 @@ from . import errors, resume, taskops, validation
 from .callmeta import EXTENSIONS_KEY, Caller, caller
 from .config import ServerConfig
 from .engine import TaskEngine
-from .errors import FrameNotKeptError, InvalidFieldError
+from .errors import AnswerTooLargeError, FrameNotKeptError, InvalidFieldError
 from .journal import InvalidPageTokenError, TaskQuery
 from .tasklog import LogReader
 
@@ -212,13 +212,20 @@ class RpcServicer:
         numbered = await _activate_resume(call, context)
         task, seq = await self._engine.read(request.id, resumable=numbered)
         _trim(task, request.history_length, request.HasField("history_length"))
+        if task.ByteSize() > self._config.max_task_bytes:  # stored under a higher limit
+            raise AnswerTooLargeError(task.id, task.ByteSize(), self._config.max_task_bytes)
         if numbered:
             resume.tag_task(task, seq)
         return task
 
     @_handled
     async def ListTasks(self, request: ListTasksRequest, context: Context) -> ListTasksResponse:
-        """List tasks, most recently updated first, with cursor pagination."""
+        """List tasks, most recently updated first, with cursor pagination.
+
+        A page holds at most ``page_size`` tasks and at most ``max_task_bytes``
+        bytes of them: a page cut short by bytes has a ``next_page_token``
+        that continues right after its last task.
+        """
         caller(context, "ListTasks")
         page_size = validation.check_list(request)
         after = request.status_timestamp_after
@@ -233,16 +240,22 @@ class RpcServicer:
             page = await self._engine.journal.list(query)
         except InvalidPageTokenError as exc:
             raise InvalidFieldError("page_token", str(exc)) from None
-        for task in page.tasks:
+        answer = ListTasksResponse(page_size=page_size, total_size=page.total_size)
+        budget = self._config.max_task_bytes
+        for i, listed in enumerate(page.tasks):
+            task = self._engine.current(listed)
             _trim(task, request.history_length, request.HasField("history_length"))
             if not request.include_artifacts:
                 del task.artifacts[:]
-        return ListTasksResponse(
-            tasks=page.tasks,
-            next_page_token=page.next_page_token,
-            page_size=page_size,
-            total_size=page.total_size,
-        )
+            budget -= task.ByteSize()
+            if budget < 0:
+                if i == 0:
+                    raise AnswerTooLargeError(task.id, task.ByteSize(), self._config.max_task_bytes)
+                answer.next_page_token = page.after[i - 1]
+                return answer
+            answer.tasks.append(task)
+        answer.next_page_token = page.next_page_token
+        return answer
 
     @_handled
     async def CancelTask(self, request: CancelTaskRequest, context: Context) -> Task:

@@ -138,6 +138,9 @@ class TaskPage:
     tasks: list[Task] = field(default_factory=list)
     next_page_token: str = ""
     total_size: int = 0
+    after: list[str] = field(default_factory=list)
+    """For each task, the page token that continues right after it (a caller that
+    answers only the first tasks of the page hands out the token after the last)."""
 
 
 class InvalidPageTokenError(StoreError):
@@ -172,6 +175,7 @@ def paginate(
         tasks=[to_task(item) for _, item in page],
         next_page_token=_encode_token(page[-1][0], mark) if remaining else "",
         total_size=len(matches),
+        after=[_encode_token(rev, mark) for rev, _ in page],
     )
 
 
