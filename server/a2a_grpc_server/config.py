@@ -39,6 +39,14 @@ class ServerConfig:
             it is lowered to what one NATS message carries (see
             ``Cluster.max_record_bytes``).
         max_parts: Most parts one message may carry.
+        parked_timeout: Seconds a task waiting for input (INPUT_REQUIRED,
+            AUTH_REQUIRED) with no open stream stays in memory; then it leaves
+            memory (its record stays in the journal, and a follow-up, a
+            subscription or a cancel brings it back).
+        max_parked_tasks: Most tasks waiting for input this instance holds.
+            Over it, with the in-memory journal a new task is refused
+            (RESOURCE_EXHAUSTED, PARKED_TASKS_LIMIT); in cluster mode the
+            longest-waiting unread task leaves memory early instead.
         shutdown_grace: Seconds running tasks get to finish on shutdown before
             they are ended FAILED.
         shutdown_timeout: Seconds a shutdown takes at most, everything included:
@@ -60,6 +68,8 @@ class ServerConfig:
     max_message_bytes: int = 4 * 1024 * 1024
     max_task_bytes: int = 16 * 1024 * 1024
     max_parts: int = 1000
+    parked_timeout: float = 300.0
+    max_parked_tasks: int = 10_000
     shutdown_grace: float = 10.0
     shutdown_timeout: float = 20.0
     shutdown_flush: float = 2.0
@@ -77,6 +87,8 @@ class ServerConfig:
             raise ValueError("cancel_timeout must be positive")
         if self.max_final_tasks < 0 or self.final_task_ttl < 0:
             raise ValueError("retention limits must not be negative")
+        if self.parked_timeout <= 0 or self.max_parked_tasks < 1:
+            raise ValueError("parked_timeout and max_parked_tasks must be positive")
         if not 0 < self.shutdown_flush < self.shutdown_timeout or self.shutdown_grace < 0:
             raise ValueError(
                 "shutdown_flush must be positive and below shutdown_timeout, "

@@ -41,6 +41,7 @@ from .errors import FrameNotKeptError, InvalidFieldError, ServerShuttingDownErro
 from .journal import FinalTaskError, RecordedTask, StoreError, TaskJournal
 from .live import LiveTask
 from .metrics import Metrics
+from .parking import ParkingLot
 from .sizing import TaskTooLargeError
 from .supervisor import TASK_PREFIX, ExecutionSupervisor
 from .tasklog import LogClosedError, LogLimits, LogPool, LogReader, TaskLog
@@ -189,6 +190,14 @@ class TaskEngine:
         self._recorders: set[asyncio.Task[None]] = set()
         self._all_recorded = asyncio.Event()
         self._all_recorded.set()
+        self.parking = ParkingLot(
+            config.parked_timeout,
+            config.max_parked_tasks,
+            durable=cluster is not None,
+            evict=self._evict,
+            clock=self.pool.clock,
+        )
+        """The tasks waiting for input here (see ``parking``)."""
 
     @property
     def journal(self) -> TaskJournal:
@@ -272,6 +281,7 @@ class TaskEngine:
         return Started(live, snapshot, reader, start_seq, run)
 
     def _new_task(self, message: Message) -> LiveTask:
+        self.parking.make_room()
         task_id = str(uuid.uuid4())
         context_id = message.context_id or str(uuid.uuid4())
         message.task_id, message.context_id = task_id, context_id
@@ -354,7 +364,7 @@ class TaskEngine:
                 final = await self._cluster.cancel(found, call)
                 self.metrics.cancel_seconds.observe(time.monotonic() - started)
                 return final
-            live = self._live.get(task_id)
+            live = self._live.get(task_id) or self._revive(found)
             if taskops.is_final(recorded) or live is None:
                 raise TaskNotCancelableError(
                     f"task {quote(task_id)} is {taskops.state_name(recorded.status.state)} "
@@ -398,7 +408,7 @@ class TaskEngine:
             UnsupportedOperationError: The task already ended.
         """
         found = await self._get_recorded(task_id)
-        live = self._live.get(task_id)
+        live = self._live.get(task_id) or self._revive(found)
         if live is None and self._cluster is not None and not taskops.is_final(found.task):
             return await self._cluster.subscribe(found)
         try:
@@ -454,6 +464,7 @@ class TaskEngine:
                 beyond the journal's own retries).
         """
         self._accepting = False
+        self.parking.close()
         loop = asyncio.get_running_loop()
         if deadline is not None:
             grace = min(grace, max(0.0, deadline - loop.time()))
@@ -509,7 +520,7 @@ class TaskEngine:
 
     def _admit(self, found: RecordedTask) -> LiveTask:
         recorded = found.task
-        live = self._live.get(recorded.id)
+        live = self._live.get(recorded.id) or self._revive(found)
         if live is None or live.log.closed:
             raise _no_more_messages(recorded)
         if live.admitting or (live.run is not None and not live.run.finished):
@@ -520,6 +531,32 @@ class TaskEngine:
         # Held until the follow-up's run is spawned: one executor per task.
         live.admitting = True
         return live
+
+    def _revive(self, found: RecordedTask) -> LiveTask | None:
+        """Bring a parked task that left memory back from its record (None: it is not one)."""
+        task = found.task
+        if task.status.state not in taskops.INTERRUPTED or self._owned_elsewhere(found):
+            return None
+        if not self._accepting:
+            return None
+        live = LiveTask(
+            task.id,
+            task.context_id,
+            self._journal,
+            TaskLog(task.id, self.pool, first_seq=found.seq + 1),
+            task=task,
+            version=found.version,
+            max_bytes=self._config.max_task_bytes,
+        )
+        self._register(live)
+        self.parking.park(live)
+        return live
+
+    def _evict(self, live: LiveTask) -> None:
+        """Take a parked task out of memory (``ParkingLot``); its record stays."""
+        if self._live.get(live.task_id) is live:
+            del self._live[live.task_id]
+        live.log.release()
 
     async def _route_send(
         self, found: RecordedTask, request: SendMessageRequest, call: Caller
@@ -541,6 +578,7 @@ class TaskEngine:
 
         def forget() -> None:
             self._live.pop(live.task_id, None)
+            self.parking.unpark(live.task_id)
             if live.final_unrecorded:
                 self._unrecorded[live.task_id] = live
                 self._all_recorded.clear()
@@ -607,6 +645,7 @@ class TaskEngine:
             cancel=cancel,
         )
         live.run = run
+        self.parking.unpark(live.task_id)
         task = asyncio.create_task(run.run(), name=f"{TASK_PREFIX}:run:{live.task_id}")
         self._runs[task] = run
         self._idle.clear()
@@ -615,8 +654,11 @@ class TaskEngine:
 
     def _run_done(self, task: asyncio.Task[None]) -> None:
         run = self._runs.pop(task)
-        if run.live.run is run:
-            run.live.run = None
+        live = run.live
+        if live.run is run:
+            live.run = None
+            if not live.log.closed and live.state in taskops.INTERRUPTED and not live.admitting:
+                self.parking.park(live)
         if not task.cancelled() and task.exception() is not None:
             logger.error("run of task %s crashed", run.live.task_id, exc_info=task.exception())
         if not self._runs:

@@ -1,0 +1,171 @@
+"""ParkingLot: the tasks waiting for input on this instance, and which of them leave memory.
+
+A task is *parked* when its run ended with the task INPUT_REQUIRED or
+AUTH_REQUIRED: nothing runs for it until a follow-up message (or a cancel)
+comes, which may be never. Parked tasks cost memory (the live task, its log,
+its lock) for as long as they wait, so:
+
+* a parked task nobody reads leaves memory after ``parked_timeout`` seconds
+  (``evict_idle``, run by a timer every quarter of it): its record stays in
+  the journal, and a follow-up, a subscription or a cancel brings it back
+  (``TaskEngine`` revives it from the record);
+* at most ``max_parked_tasks`` are held. With a durable journal (cluster
+  mode) a new task over the cap makes the longest-parked unread task leave
+  memory early; with the in-memory journal, where the record itself is
+  memory, the new task is refused (``ParkedTasksLimitError``,
+  RESOURCE_EXHAUSTED) until some parked task is continued or canceled.
+
+Who runs what: everything here runs on the event loop, synchronously; the
+engine calls ``park`` when a run ends, ``unpark`` when work resumes on the
+task, and ``make_room`` before it creates a task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import grpc
+
+from .errors import ServerError
+
+if TYPE_CHECKING:
+    from .live import LiveTask
+
+logger = logging.getLogger(__name__)
+
+
+class ParkedTasksLimitError(ServerError):
+    """This instance holds ``max_parked_tasks`` tasks waiting for input; no new task now.
+
+    Args:
+        most: The limit.
+    """
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "PARKED_TASKS_LIMIT"
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        super().__init__(
+            f"this server holds {most} tasks waiting for input (max_parked_tasks); continue "
+            "or cancel some of them, or retry later"
+        )
+
+    def details(self) -> dict[str, str]:
+        """The limit."""
+        return {"limit": str(self.most)}
+
+
+class ParkingLot:
+    """Parked tasks in the order they parked (see the module docstring).
+
+    Args:
+        timeout: Seconds a parked, unread task stays in memory (``parked_timeout``).
+        most: Most parked tasks held (``max_parked_tasks``).
+        durable: The journal is not in this process's memory: a task that
+            leaves memory costs nothing here.
+        evict: Takes a task out of memory (its record stays).
+        clock: Monotonic clock.
+    """
+
+    def __init__(
+        self,
+        timeout: float,
+        most: int,
+        *,
+        durable: bool,
+        evict: Callable[[LiveTask], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._timeout = timeout
+        self._most = most
+        self._durable = durable
+        self._evict = evict
+        self._clock = clock
+        self._parked: OrderedDict[str, tuple[LiveTask, float]] = OrderedDict()
+        self._held: set[str] = set()
+        """Parked tasks out of memory whose record is in this process (in-memory journal)."""
+        self._timer: asyncio.TimerHandle | None = None
+        self.evicted = 0
+        """Parked tasks that left memory so far."""
+
+    @property
+    def count(self) -> int:
+        """Parked tasks this instance holds (in memory, or in its in-memory journal)."""
+        return len(self._parked) + len(self._held)
+
+    def park(self, live: LiveTask) -> None:
+        """``live`` is waiting for input from now on."""
+        self._held.discard(live.task_id)
+        self._parked[live.task_id] = (live, self._clock())
+        self._parked.move_to_end(live.task_id)
+        self._schedule()
+
+    def unpark(self, task_id: str) -> None:
+        """Work resumes on the task (or it ended): it is no longer parked."""
+        self._parked.pop(task_id, None)
+        self._held.discard(task_id)
+
+    def make_room(self) -> None:
+        """Before a new task: keep the parked tasks under ``max_parked_tasks``.
+
+        Raises:
+            ParkedTasksLimitError: At the limit, and no parked task can leave
+                (in-memory journal, or every parked task is being read).
+        """
+        if self.count < self._most:
+            return
+        if self._durable:
+            for live, _ in list(self._parked.values()):
+                if self._leave(live):
+                    return
+        raise ParkedTasksLimitError(self._most)
+
+    def evict_idle(self, now: float | None = None) -> int:
+        """Take out of memory every task parked unread for ``timeout`` s; return how many.
+
+        Args:
+            now: The clock's current time (None: read it).
+        """
+        horizon = (self._clock() if now is None else now) - self._timeout
+        left = 0
+        for live, since in list(self._parked.values()):
+            if since > horizon:
+                break
+            if live.log.readers:  # read right now: its wait starts again
+                self._parked[live.task_id] = (live, horizon + self._timeout)
+                self._parked.move_to_end(live.task_id)
+                continue
+            left += self._leave(live)
+        return left
+
+    def close(self) -> None:
+        """Stop the timer (the engine is shutting down)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _leave(self, live: LiveTask) -> bool:
+        if live.log.readers or live.log.closed:
+            return False
+        self._parked.pop(live.task_id, None)
+        if not self._durable:
+            self._held.add(live.task_id)
+        self.evicted += 1
+        self._evict(live)
+        return True
+
+    def _schedule(self) -> None:
+        if self._timer is None and self._parked:
+            period = max(self._timeout / 4, 0.05)
+            self._timer = asyncio.get_running_loop().call_later(period, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self.evict_idle()
+        self._schedule()
