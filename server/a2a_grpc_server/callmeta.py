@@ -42,12 +42,14 @@ class Caller:
 
     Args:
         headers: The call's metadata, binary (``-bin``) keys left out.
+        timeout: Seconds the client gives the call (its gRPC deadline), or None.
     """
 
-    __slots__ = ("_context", "headers")
+    __slots__ = ("_context", "headers", "timeout")
 
-    def __init__(self, headers: tuple[tuple[str, str], ...]) -> None:
+    def __init__(self, headers: tuple[tuple[str, str], ...], timeout: float | None = None) -> None:
         self.headers = headers
+        self.timeout = timeout
         self._context: ServerCallContext | None = None
 
     def header_map(self) -> dict[str, str]:
@@ -92,7 +94,7 @@ def caller(context: grpc.aio.ServicerContext[object, object], method: str) -> Ca
         if key == VERSION_KEY:
             version = value  # a repeated key: the last one counts
     _check_version(version.strip() or LEGACY_VERSION, method)
-    return Caller(headers)
+    return Caller(headers, context.time_remaining())
 
 
 def request_context(call: Caller, **kwargs: Any) -> RequestContext:

@@ -18,6 +18,8 @@ executor raising one of them is reported faithfully):
   RESOURCE_EXHAUSTED
 * ``ServerShuttingDownError``, ``OwnerUnavailableError``,
   ``RelayLostError`` (ours) -> UNAVAILABLE
+* ``OwnerTimeoutError`` (ours: a routed request's answer did not come in time;
+  it may have taken effect) -> DEADLINE_EXCEEDED
 * ``StoreUnavailableError`` (ours, the journal's backend is down) -> UNAVAILABLE
 * anything else -> INTERNAL with a generic message; the traceback is logged.
 
@@ -146,6 +148,13 @@ class OwnerUnavailableError(ServerError):
 
     code = grpc.StatusCode.UNAVAILABLE
     reason = "OWNER_UNAVAILABLE"
+
+
+class OwnerTimeoutError(ServerError):
+    """The task's owner did not answer a routed request in time; it may have acted (cluster)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    reason = "OWNER_TIMEOUT"
 
 
 class RelayLostError(ServerError):

@@ -4,7 +4,10 @@ Who runs what: ``start`` writes this instance's first heartbeat (before it
 serves anything), subscribes to the instances bucket (nats-py runs the
 callback, which only records when each instance was last heard from), and
 runs one asyncio task: the heartbeat loop, a put to ``A2A_INSTANCES/<id>``
-every ``lease / 4`` seconds that also judges the others and sweeps.
+every ``lease / 4`` seconds that also judges the others. A sweep runs in an
+asyncio task of its own (one at a time; one asked for meanwhile runs next),
+so a long sweep never delays a heartbeat; it claims at most
+``CLAIM_CONCURRENCY`` tasks at once.
 
 An instance not heard from for ``lease`` seconds, or whose key was deleted
 (graceful shutdown), is lost, but only while this instance's own heartbeats
@@ -42,6 +45,8 @@ from .journal import JetStreamJournal, Snapshot
 logger = logging.getLogger(__name__)
 
 DELETED = ("DEL", "PURGE")
+CLAIM_CONCURRENCY = 16
+"""Tasks one sweep claims at once (each a read and a compare-and-set write)."""
 
 
 async def stop_task(task: asyncio.Task[None], within: float) -> None:
@@ -80,6 +85,7 @@ class Lease:
         self._watch: JetStreamContext.PushSubscription | None = None
         self._js = conn.js
         self._sweep_requested = False
+        self._sweeping: asyncio.Task[None] | None = None
         self._healthy_since: float | None = None
         self._swept_at_start = False
 
@@ -119,6 +125,9 @@ class Lease:
             self._stopping.set()
             await stop_task(self._task, within=self._lease)
             self._task = None
+        if self._sweeping is not None:
+            await stop_task(self._sweeping, within=0)
+            self._sweeping = None
         if self._watch is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._watch.unsubscribe()
@@ -147,13 +156,20 @@ class Lease:
                 del self._seen[instance]
                 logger.warning("instance %s lost (no heartbeat for %.1f s)", instance, self._lease)
             due = healthy and not self._swept_at_start
-            if lost or due or self._sweep_requested:
+            if (lost or due or self._sweep_requested) and not self._sweep_running():
                 self._swept_at_start = self._swept_at_start or due
                 self._sweep_requested = False
-                await self._sweep_logged()
+                self._sweeping = asyncio.create_task(
+                    self._sweep_logged(), name=f"{TASK_PREFIX}:lease-sweep"
+                )
+            elif lost:
+                self._sweep_requested = True  # after the one running
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._lease / 4):  # the heartbeat period
                     await self._stopping.wait()
+
+    def _sweep_running(self) -> bool:
+        return self._sweeping is not None and not self._sweeping.done()
 
     async def _heard(self, msg: Msg) -> None:
         key = msg.subject.rsplit(".", 1)[-1]
@@ -180,12 +196,19 @@ class Lease:
             StoreError: The journal could not be read.
         """
         live = self.live()
-        won = 0
-        for snap, task_id in await self._unfinished():
-            if snap.owner in live or not snap.owner:
-                continue
-            won += await self._claim(task_id, f"owner instance {snap.owner} was lost")
-        return won
+        lost = [
+            (snap, task_id)
+            for snap, task_id in await self._unfinished()
+            if snap.owner and snap.owner not in live
+        ]
+        gate = asyncio.Semaphore(CLAIM_CONCURRENCY)
+
+        async def claim(owner: str, task_id: str) -> int:
+            async with gate:
+                return await self._claim(task_id, f"owner instance {owner} was lost")
+
+        won = await asyncio.gather(*(claim(snap.owner, task_id) for snap, task_id in lost))
+        return sum(won)
 
     async def _unfinished(self) -> list[tuple[Snapshot, str]]:
         return [(snap, snap.task().id) for snap in await self._journal.unfinished()]

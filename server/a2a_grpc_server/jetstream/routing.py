@@ -36,7 +36,12 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
 from ..callmeta import Caller
-from ..errors import OwnerUnavailableError, ServerError, ServerShuttingDownError
+from ..errors import (
+    OwnerTimeoutError,
+    OwnerUnavailableError,
+    ServerError,
+    ServerShuttingDownError,
+)
 from ..supervisor import TASK_PREFIX
 from .conn import CONTROL_SUBJECT
 
@@ -48,8 +53,13 @@ logger = logging.getLogger(__name__)
 ERROR = "A2a-Error"
 CALL_HEADERS = "A2a-Call-Headers"
 """The caller's gRPC metadata, a JSON list of [key, value] pairs."""
+TIMEOUT = "A2a-Timeout"
+"""Seconds the asking instance waits for the answer (the client's deadline, or the default)."""
 REPLY_SLACK = 2.0
 """Seconds the asking instance waits beyond the owner's own bound."""
+ANSWER_MARGIN = 0.25
+"""Seconds before the client's deadline by which the asker answers (so the client reads
+why), and the least time left for the owner to start the work."""
 
 _ERRORS: dict[str, type[Exception]] = {
     cls.__name__: cls
@@ -60,6 +70,7 @@ _ERRORS: dict[str, type[Exception]] = {
         InvalidParamsError,
         ServerShuttingDownError,
         InternalError,
+        OwnerTimeoutError,
     )
 }
 
@@ -82,7 +93,7 @@ class Router:
     def __init__(self, nc: Client, instance_id: str, cancel_bound: float) -> None:
         self._nc = nc
         self._id = instance_id
-        self._cancel_bound = cancel_bound
+        self._bound = cancel_bound + REPLY_SLACK
         self._subs: list[NatsSubscription] = []
         self._serving: set[asyncio.Task[None]] = set()
         self._engine: TaskEngine | None = None
@@ -124,18 +135,27 @@ class Router:
         await self._request(owner, "send", request.SerializeToString(), call)
 
     async def _request(self, owner: str, op: str, payload: bytes, call: Caller) -> bytes:
-        headers = {CALL_HEADERS: json.dumps(call.headers)}
+        # The client's deadline, if it set one, bounds the wait; the owner is told,
+        # so it starts nothing it could not answer in time.
+        # (answering ANSWER_MARGIN before the client gives up, so it gets our reason).
+        timeout = self._bound if call.timeout is None else call.timeout - ANSWER_MARGIN
+        if timeout <= 0:
+            raise OwnerTimeoutError("too little of the call's deadline is left to ask the owner")
+        headers = {CALL_HEADERS: json.dumps(call.headers), TIMEOUT: f"{timeout:.3f}"}
         try:
             msg = await self._nc.request(
-                control_subject(owner, op),
-                payload,
-                timeout=self._cancel_bound + REPLY_SLACK,
-                headers=headers,
+                control_subject(owner, op), payload, timeout=timeout, headers=headers
             )
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
+        except nats.errors.NoRespondersError as exc:
             raise OwnerUnavailableError(
-                f"instance {owner}, which runs this task, did not answer; if it is gone, "
+                f"instance {owner}, which runs this task, is not reachable; if it is gone, "
                 "the task ends FAILED once its lease expires"
+            ) from exc
+        except nats.errors.TimeoutError as exc:
+            # It may have acted: say so, rather than that it is unavailable.
+            raise OwnerTimeoutError(
+                f"instance {owner}, which runs this task, did not answer within {timeout:.1f} s; "
+                "the request may or may not have taken effect (GetTask tells)"
             ) from exc
         except nats.errors.Error as exc:  # e.g. this instance's connection is closing
             raise OwnerUnavailableError(
@@ -156,9 +176,13 @@ class Router:
 
     async def _serve(self, msg: Msg, serve: Callable[[Msg, Caller], Awaitable[bytes]]) -> None:
         headers = msg.headers or {}
+        received = asyncio.get_running_loop().time()
         try:
             pairs = json.loads(headers.get(CALL_HEADERS, "[]"))
-            call = Caller(tuple((str(k), str(v)) for k, v in pairs))
+            timeout = float(headers.get(TIMEOUT, self._bound))
+            call = Caller(tuple((str(k), str(v)) for k, v in pairs), timeout)
+            if timeout < ANSWER_MARGIN:
+                raise OwnerTimeoutError("the request reached the task's owner too late to act")
             reply, reply_headers = await serve(msg, call), None
         except (A2AError, ServerError) as exc:
             text = getattr(exc, "message", None) or str(exc)
@@ -168,6 +192,8 @@ class Router:
             logger.exception("routed %s failed", msg.subject)
             reply = b"internal error on the instance running the task; its log has the details"
             reply_headers = {ERROR: InternalError.__name__}
+        if asyncio.get_running_loop().time() - received > float(headers.get(TIMEOUT, "inf")):
+            logger.warning("routed %s took longer than its asker waits", msg.subject)
         try:
             await self._nc.publish(msg.reply, reply, headers=reply_headers)
         except nats.errors.Error as exc:
