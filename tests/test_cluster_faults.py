@@ -4,6 +4,7 @@ an instance shutting down. Real processes, killed by PID."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Iterator
 
 import grpc
@@ -20,7 +21,7 @@ from a2a.types.a2a_pb2 import (
 from . import natsserver
 from .agents import ChunkAgent, FloodAgent
 from .clusterharness import GatedPerTask, collect, instances
-from .harness import V1, last_state, send_request
+from .harness import V1, last_state, rich_status, send_request
 from .serveproc import start
 
 S = TaskState
@@ -222,3 +223,56 @@ async def test_nats_paused_past_the_retry_budget_streams_end_failed_and_the_reco
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await anext(aiter(call))
             assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_an_owner_paused_past_its_lease_ends_its_streams_with_the_survivors_outcome(
+    nats_url: str,
+) -> None:
+    owner = await start(
+        "--agent", "tests.agents_for_cli:Hanging", "--nats", nats_url, "--lease", str(LEASE)
+    )
+    client = GrpcTransport(grpc.aio.insecure_channel(owner.grpc_addr), None)
+    try:
+        async with (
+            asyncio.timeout(30),
+            instances(GatedPerTask(), [nats_url], names=("B",), lease=LEASE) as (b,),
+        ):
+            sender = client.send_message_streaming(send_request("go"))
+            task_id = (await anext(sender)).task.id
+            assert (await anext(sender)).status_update.status.state == S.TASK_STATE_WORKING
+            other = client.send_message_streaming(send_request("to cancel"))
+            other_id = (await anext(other)).task.id
+            relayed = b.client.subscribe(SubscribeToTaskRequest(id=task_id))
+            await anext(relayed)
+            owner.proc.send_signal(signal.SIGSTOP)
+            try:
+                # A routed cancel answers within the client's deadline, and says the
+                # owner may still act on it (not that it is unavailable).
+                request = CancelTaskRequest(id=other_id)
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await b.stub.CancelTask(request, metadata=V1, timeout=1.0)
+                assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                assert rich_status(caught.value)[1].reason == "OWNER_TIMEOUT"
+                # Past the lease, the survivor ends the tasks FAILED.
+                from_b = await collect(relayed)
+                assert last_state(from_b) == S.TASK_STATE_FAILED
+                lost = from_b[-1].status_update.status.message.parts[0].text
+                assert "was lost" in lost
+            finally:
+                owner.proc.send_signal(signal.SIGCONT)
+            # Resumed, the owner does not overwrite that outcome: its own streams get
+            # it, the one of a task nothing happened to since included.
+            for stream in (sender, other):
+                from_owner = [f async for f in stream]
+                assert last_state(from_owner) == S.TASK_STATE_FAILED
+                assert from_owner[-1].status_update.status.message.parts[0].text == lost
+            stored = await b.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
+            assert stored.status.state == S.TASK_STATE_FAILED
+            assert stored.status.message.parts[0].text == lost
+            owner.proc.send_signal(signal.SIGTERM)
+            assert await owner.proc.wait() == 0
+    finally:
+        await client.close()
+        if owner.proc.returncode is None:
+            owner.proc.kill()
+            await owner.proc.wait()

@@ -53,6 +53,8 @@ logger = logging.getLogger(__name__)
 
 CANCEL_SLACK = 1.0
 """Seconds CancelTask waits beyond ``cancel_timeout`` before it ends the task itself."""
+RECHECK_CONCURRENCY = 16
+"""Tasks ``recheck_ownership`` reads at once."""
 FINAL_RETRY_PAUSE = 0.25
 """Seconds before the first retry of a final state the journal could not record."""
 FINAL_RETRY_MAX_PAUSE = 5.0
@@ -420,6 +422,24 @@ class TaskEngine:
         except LogClosedError:
             raise ended(found.task) from None
         return snapshot or found.task, reader
+
+    async def recheck_ownership(self) -> int:
+        """End every live task that another instance ended meanwhile, with that outcome.
+
+        Called after this instance was out of touch with the cluster for
+        longer than its lease (see ``LiveTask.close_if_ended_elsewhere``).
+
+        Returns:
+            How many tasks had ended elsewhere.
+        """
+        gate = asyncio.Semaphore(RECHECK_CONCURRENCY)
+
+        async def check(live: LiveTask) -> bool:
+            async with gate:
+                return await live.close_if_ended_elsewhere()
+
+        ended_elsewhere = await asyncio.gather(*(check(live) for live in list(self._live.values())))
+        return sum(ended_elsewhere)
 
     async def resume(self, task_id: str, after: int) -> LogReader:
         """A reader of exactly the task's frames after ``after`` (the resume extension).

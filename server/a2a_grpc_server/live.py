@@ -333,6 +333,21 @@ class LiveTask:
         self._unconfirmed = []
         self._dirty = False
 
+    async def close_if_ended_elsewhere(self) -> bool:
+        """End the log with the recorded outcome if another instance ended the task.
+
+        For an owner that was out of touch longer than its lease (paused,
+        partitioned): a survivor may have ended its tasks meanwhile, and a
+        task that writes nothing more would never learn it otherwise.
+
+        Returns:
+            Whether the task had ended elsewhere (its streams got that outcome).
+        """
+        async with self.lock:
+            if self.log.closed:
+                return False
+            return await self._close_as_recorded()
+
     async def _close_as_recorded(self) -> bool:
         """End the log with the outcome another instance already recorded.
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
@@ -71,9 +72,18 @@ class Lease:
         conn: The NATS connection.
         journal: The shared record (writes as this instance).
         metrics: Where reaped tasks are counted.
+        on_gap: Run (in a task of its own) when a heartbeat succeeds after none
+            did for longer than the lease: survivors may have ended this
+            instance's tasks meanwhile.
     """
 
-    def __init__(self, conn: NatsConnection, journal: JetStreamJournal, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        conn: NatsConnection,
+        journal: JetStreamJournal,
+        metrics: Metrics,
+        on_gap: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
         self._kv = conn.instances
         self._id = conn.config.instance_id
         self._lease = conn.config.lease
@@ -86,6 +96,9 @@ class Lease:
         self._js = conn.js
         self._sweep_requested = False
         self._sweeping: asyncio.Task[None] | None = None
+        self._on_gap = on_gap
+        self._last_beat: float | None = None
+        self._rechecking: asyncio.Task[None] | None = None
         self._healthy_since: float | None = None
         self._swept_at_start = False
 
@@ -125,9 +138,10 @@ class Lease:
             self._stopping.set()
             await stop_task(self._task, within=self._lease)
             self._task = None
-        if self._sweeping is not None:
-            await stop_task(self._sweeping, within=0)
-            self._sweeping = None
+        for task in (self._sweeping, self._rechecking):
+            if task is not None:
+                await stop_task(task, within=0)
+        self._sweeping = self._rechecking = None
         if self._watch is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._watch.unsubscribe()
@@ -149,6 +163,7 @@ class Lease:
             else:
                 if self._healthy_since is None:
                     self._healthy_since = loop.time()
+                self._after_beat(loop.time())
             now = loop.time()
             healthy = self._healthy_since is not None and now - self._healthy_since >= self._lease
             lost = [i for i, t in self._seen.items() if healthy and now - t > self._lease]
@@ -167,6 +182,27 @@ class Lease:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._lease / 4):  # the heartbeat period
                     await self._stopping.wait()
+
+    def _after_beat(self, now: float) -> None:
+        """Note a heartbeat; after a gap longer than the lease, recheck this instance's tasks."""
+        last, self._last_beat = self._last_beat, now
+        if last is None or now - last <= self._lease or self._on_gap is None:
+            return
+        logger.warning(
+            "no heartbeat for %.1f s (lease %.1f s): checking whether other instances "
+            "ended this instance's tasks meanwhile",
+            now - last,
+            self._lease,
+        )
+        if self._rechecking is None or self._rechecking.done():
+            self._rechecking = asyncio.create_task(self._recheck(), name=f"{TASK_PREFIX}:recheck")
+
+    async def _recheck(self) -> None:
+        assert self._on_gap is not None
+        try:
+            await self._on_gap()
+        except StoreError as exc:
+            logger.warning("could not recheck this instance's tasks: %s", exc)
 
     def _sweep_running(self) -> bool:
         return self._sweeping is not None and not self._sweeping.done()

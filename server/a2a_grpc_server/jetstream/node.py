@@ -97,7 +97,9 @@ class NatsCluster:
         config = engine.config
         self._relays = Relays(self._journal, engine.pool, engine.metrics)
         self._router = Router(self.conn.nc, self.instance_id, config.cancel_timeout + CANCEL_SLACK)
-        self.lease = Lease(self.conn, self._journal, engine.metrics)
+        self.lease = Lease(
+            self.conn, self._journal, engine.metrics, on_gap=engine.recheck_ownership
+        )
         await self.lease.start()
         await self._router.start(engine)
 
