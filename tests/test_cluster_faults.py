@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from a2a.client.errors import A2AClientError
 from a2a.client.transports.grpc import GrpcTransport
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
@@ -276,3 +277,65 @@ async def test_an_owner_paused_past_its_lease_ends_its_streams_with_the_survivor
         if owner.proc.returncode is None:
             owner.proc.kill()
             await owner.proc.wait()
+
+
+async def test_nats_killed_and_restarted_mid_stream_loses_no_event_or_final_frame() -> None:
+    agent = FloodAgent(count=120, size=64, window=40)
+    with natsserver.running(1) as cluster:
+        node = cluster.nodes[0]
+        async with asyncio.timeout(60), instances(agent, cluster.urls, lease=15.0) as (a, b):
+            sender = a.client.send_message_streaming(send_request("go"))
+            task_id = (await anext(sender)).task.id
+            on_b = b.client.subscribe(SubscribeToTaskRequest(id=task_id))
+            await anext(on_b)
+            agent.release.set()
+            from_sender: list[StreamResponse] = []
+            while sum(f.WhichOneof("payload") == "artifact_update" for f in from_sender) < 40:
+                from_sender.append(await anext(sender))
+            node.kill()  # SIGKILL: every instance loses its connection and its writes wait
+            node.start()  # same port, same store: JetStream recovers the stream
+            for _ in range(80):
+                agent.credits.release()
+            rest, from_b = await asyncio.gather(collect(sender), collect(on_b))
+            from_sender += rest
+            for frames in (from_sender, from_b):
+                artifacts = [f for f in frames if f.WhichOneof("payload") == "artifact_update"]
+                ids = [f.artifact_update.artifact.artifact_id for f in artifacts]
+                assert ids == [f"chunk-{i}" for i in range(120)], "each once, in order"
+                assert last_state(frames) == S.TASK_STATE_COMPLETED
+            stored = await b.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
+            assert stored.status.state == S.TASK_STATE_COMPLETED
+            assert len(stored.artifacts) == 120
+
+
+async def test_a_relaying_instance_killed_leaves_the_task_and_its_other_streams_whole(
+    nats_url: str,
+) -> None:
+    relay = await start("--nats", nats_url, "--lease", str(LEASE))
+    relay_client = GrpcTransport(grpc.aio.insecure_channel(relay.grpc_addr), None)
+    agent = GatedPerTask()
+    try:
+        async with (
+            asyncio.timeout(20),
+            instances(agent, [nats_url], names=("A",), lease=LEASE) as (a,),
+        ):
+            sender = a.client.send_message_streaming(send_request("go"))
+            task_id = (await anext(sender)).task.id
+            await agent.working(task_id).wait()
+            relayed = relay_client.subscribe(SubscribeToTaskRequest(id=task_id))
+            await anext(relayed)
+            relay.proc.kill()  # SIGKILL the instance relaying the task
+            await relay.proc.wait()
+            with pytest.raises(A2AClientError):
+                await collect(relayed)  # its client learns the stream broke (not an outcome)
+            # The owner is unaffected: its streams end with the outcome, the store agrees.
+            agent.release(task_id)
+            assert last_state(await collect(sender)) == S.TASK_STATE_COMPLETED
+            stored = await a.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
+            assert stored.status.state == S.TASK_STATE_COMPLETED
+            assert a.service.engine.live_count == 0
+    finally:
+        await relay_client.close()
+        if relay.proc.returncode is None:
+            relay.proc.kill()
+            await relay.proc.wait()
