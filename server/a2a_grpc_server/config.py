@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+DEFAULT_MAX_TASK_BYTES = 4 * 1024 * 1024 - 64 * 1024
+"""gRPC's default receive limit (4 MiB) less room for an answer's own fields."""
+
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
@@ -35,8 +38,11 @@ class ServerConfig:
         max_task_bytes: Largest task the server keeps (serialized: history,
             artifacts, status); it also bounds every frame and every answer. An
             executor event that could take its task past it ends the task
-            FAILED; a follow-up message that would is refused. In cluster mode
-            it is lowered to what one NATS message carries (see
+            FAILED; a follow-up message that would is refused. The default
+            keeps every answer under gRPC's default 4 MiB receive limit, so
+            clients with default settings read every answer; raise it (and
+            the clients' limit) for larger tasks. In cluster mode it is
+            lowered to what one NATS message carries (see
             ``Cluster.max_record_bytes``).
         max_parts: Most parts one message may carry.
         parked_timeout: Seconds a task waiting for input (INPUT_REQUIRED,
@@ -65,8 +71,8 @@ class ServerConfig:
     cancel_timeout: float = 3.0
     max_final_tasks: int = 10_000
     final_task_ttl: float = 3600.0
-    max_message_bytes: int = 4 * 1024 * 1024
-    max_task_bytes: int = 16 * 1024 * 1024
+    max_message_bytes: int = DEFAULT_MAX_TASK_BYTES // 2
+    max_task_bytes: int = DEFAULT_MAX_TASK_BYTES
     max_parts: int = 1000
     parked_timeout: float = 300.0
     max_parked_tasks: int = 10_000

@@ -30,6 +30,7 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import InvalidAgentResponseError
 
 from . import taskops
+from .config import DEFAULT_MAX_TASK_BYTES
 from .journal import Change, FinalTaskError, StoreError, TaskJournal
 from .sizing import TaskSize, TaskTooLargeError
 from .tasklog import LogReader, TaskLog
@@ -86,7 +87,7 @@ class LiveTask:
         task: Task | None = None,
         version: int = 0,
         first_message: Message | None = None,
-        max_bytes: int = 16 * 1024 * 1024,
+        max_bytes: int = DEFAULT_MAX_TASK_BYTES,
     ) -> None:
         self.task_id = task_id
         self.context_id = context_id
