@@ -131,7 +131,9 @@ def _dump_tasks(why: str) -> None:
 
 def _infrastructure(name: str) -> bool:
     """Per-instance background tasks that live as long as the instance, not a task."""
-    return name.endswith((":lease", ":heartbeat", ":lease-watch", ":lease-sweep", ":recheck"))
+    return name.endswith(
+        (":lease", ":heartbeat", ":lease-watch", ":lease-sweep", ":lease-claim", ":recheck")
+    )
 
 
 class GatedPerTask(AgentExecutor):

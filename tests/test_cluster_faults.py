@@ -339,3 +339,43 @@ async def test_a_relaying_instance_killed_leaves_the_task_and_its_other_streams_
         if relay.proc.returncode is None:
             relay.proc.kill()
             await relay.proc.wait()
+
+
+async def test_a_long_sweep_never_holds_up_the_survivors_heartbeat(nats_url: str) -> None:
+    owner = await start(
+        "--agent", "tests.agents_for_cli:Hanging", "--nats", nats_url, "--lease", str(LEASE)
+    )
+    client = GrpcTransport(grpc.aio.insecure_channel(owner.grpc_addr), None)
+    try:
+        async with (
+            asyncio.timeout(30),
+            instances(GatedPerTask(), [nats_url], names=("B", "C"), lease=LEASE) as (b, c),
+        ):
+            sender = client.send_message_streaming(send_request("go"))
+            await anext(sender)
+            await anext(sender)  # WORKING: the task is recorded
+            lease = b.cluster.lease
+            assert lease is not None
+            claiming, gate = asyncio.Event(), asyncio.Event()
+            real_claim = lease._claim
+
+            async def slow_claim(task_id: str, text: str) -> int:
+                # A stand-in for a sweep with thousands of tasks to claim.
+                claiming.set()
+                await gate.wait()
+                return await real_claim(task_id, text)
+
+            lease._claim = slow_claim  # type: ignore[method-assign]
+            owner.proc.kill()
+            await owner.proc.wait()
+            await claiming.wait()  # B's sweep is under way, and stays so
+            await asyncio.sleep(3 * LEASE)  # sync-ok: time passing is what is tested
+            c_lease = c.cluster.lease
+            assert c_lease is not None
+            assert b.instance_id in c_lease.live(), "B kept heartbeating while it swept"
+            gate.set()
+    finally:
+        await client.close()
+        if owner.proc.returncode is None:
+            owner.proc.kill()
+            await owner.proc.wait()

@@ -243,8 +243,12 @@ class Lease:
             async with gate:
                 return await self._claim(task_id, f"owner instance {owner} was lost")
 
-        won = await asyncio.gather(*(claim(snap.owner, task_id) for snap, task_id in lost))
-        return sum(won)
+        async with asyncio.TaskGroup() as group:
+            claims = [
+                group.create_task(claim(snap.owner, task_id), name=f"{TASK_PREFIX}:lease-claim")
+                for snap, task_id in lost
+            ]
+        return sum(done.result() for done in claims)
 
     async def _unfinished(self) -> list[tuple[Snapshot, str]]:
         return [(snap, snap.task().id) for snap in await self._journal.unfinished()]
