@@ -437,6 +437,12 @@ class LiveTask:
             with contextlib.suppress(StoreError):
                 await self._reconcile()
             raise
+        except asyncio.CancelledError:
+            # The caller gave up (its deadline passed) mid-write: the write may
+            # have landed. Dirty: the next reader of the task, or finalize, reads
+            # the journal back first.
+            self._dirty, self._unconfirmed = True, changes
+            raise
         if creating:
             self._first_message = None  # in the task's history now
         self._task = self.log.snapshot = task
