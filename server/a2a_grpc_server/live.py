@@ -75,6 +75,7 @@ class LiveTask:
         "lock",
         "log",
         "run",
+        "state_seq",
         "task_id",
     )
 
@@ -109,6 +110,8 @@ class LiveTask:
         """A follow-up message is being admitted (its run is about to start)."""
         self.final_unrecorded = False
         """The log ended with a final frame the journal could not record yet."""
+        self.state_seq = 0
+        """The sequence number of the last change that carried a state."""
         log.snapshot = task
 
     @property
@@ -450,6 +453,8 @@ class LiveTask:
         final, last = taskops.is_final(task), changes[-1]
         for change in changes:
             self.log.append(change.frame, change.state, final=final and change is last)
+            if change.state:
+                self.state_seq = change.seq
 
     def _answer(self, message: Message) -> None:
         size = message.ByteSize()

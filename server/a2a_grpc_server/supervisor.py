@@ -120,6 +120,7 @@ class ExecutionSupervisor:
         "_executor",
         "_group",
         "_queue",
+        "_start_seq",
         "finished",
         "live",
         "sources",
@@ -149,6 +150,7 @@ class ExecutionSupervisor:
         self._consumer: asyncio.Task[None] | None = None
         self.finished = False
         """The run has ended (its TaskGroup exited)."""
+        self._start_seq = live.log.last_seq
 
     async def run(self) -> None:
         """Execute under the run's TaskGroup until the task ends or is interrupted."""
@@ -327,5 +329,11 @@ class ExecutionSupervisor:
                 TaskState.TASK_STATE_FAILED,
                 f"agent failed with {type(done.error).__name__}",
             )
-        elif live.state not in taskops.INTERRUPTED and not self._cancel_requested:
+        elif self._cancel_requested:
+            return
+        elif live.state not in taskops.INTERRUPTED:
             await live.finalize(TaskState.TASK_STATE_FAILED, "agent ended without an outcome")
+        elif live.state_seq <= self._start_seq and live.task is not None:
+            # Still waiting for input, but this run never said so: its streams
+            # (and relays) get the state again, as a status update, and end with it.
+            await self._commit([taskops.status_event(live.task, live.state, None)])

@@ -28,7 +28,6 @@ from .routing import Router
 if TYPE_CHECKING:
     from ..engine import TaskEngine
 
-CANCEL_SLACK = 1.0
 RECORD_SLACK = 64 * 1024
 """Bytes of a NATS message kept for what travels beside a task: a snapshot's head, a
 record's header, a routed request's headers (the caller's metadata: gRPC limits it to
@@ -96,7 +95,7 @@ class NatsCluster:
         """
         config = engine.config
         self._relays = Relays(self._journal, engine.pool, engine.metrics)
-        self._router = Router(self.conn.nc, self.instance_id, config.cancel_timeout + CANCEL_SLACK)
+        self._router = Router(self.conn.nc, self.instance_id, config.cancel_timeout)
         self.lease = Lease(
             self.conn, self._journal, engine.metrics, on_gap=engine.recheck_ownership
         )

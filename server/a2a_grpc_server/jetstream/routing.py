@@ -23,25 +23,14 @@ from typing import TYPE_CHECKING
 
 import nats.errors
 from a2a.types.a2a_pb2 import SendMessageRequest, Task
-from a2a.utils.errors import (
-    A2AError,
-    InternalError,
-    InvalidParamsError,
-    TaskNotCancelableError,
-    TaskNotFoundError,
-    UnsupportedOperationError,
-)
+from a2a.utils.errors import A2AError, InternalError
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
 from ..callmeta import Caller
-from ..errors import (
-    OwnerTimeoutError,
-    OwnerUnavailableError,
-    ServerError,
-    ServerShuttingDownError,
-)
+from ..errors import OwnerTimeoutError, OwnerUnavailableError, ServerError
+from ..routed import ANSWER_MARGIN, ERROR, decode_error, default_wait, encode_error
 from ..supervisor import TASK_PREFIX
 from .conn import CONTROL_SUBJECT
 
@@ -50,29 +39,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-ERROR = "A2a-Error"
 CALL_HEADERS = "A2a-Call-Headers"
 """The caller's gRPC metadata, a JSON list of [key, value] pairs."""
 TIMEOUT = "A2a-Timeout"
 """Seconds the asking instance waits for the answer (the client's deadline, or the default)."""
-REPLY_SLACK = 2.0
-"""Seconds the asking instance waits beyond the owner's own bound."""
-ANSWER_MARGIN = 0.25
-"""Seconds before the client's deadline by which the asker answers (so the client reads
-why), and the least time left for the owner to start the work."""
-
-_ERRORS: dict[str, type[Exception]] = {
-    cls.__name__: cls
-    for cls in (
-        TaskNotFoundError,
-        TaskNotCancelableError,
-        UnsupportedOperationError,
-        InvalidParamsError,
-        ServerShuttingDownError,
-        InternalError,
-        OwnerTimeoutError,
-    )
-}
 
 
 def control_subject(instance_id: str, op: str) -> str:
@@ -86,14 +56,13 @@ class Router:
     Args:
         nc: The NATS connection.
         instance_id: This instance's id.
-        cancel_bound: Seconds the owner may take to cancel (its cancel
-            timeout plus slack); the asking side waits a little longer.
+        cancel_timeout: The engine's ``cancel_timeout`` (see ``routed.default_wait``).
     """
 
-    def __init__(self, nc: Client, instance_id: str, cancel_bound: float) -> None:
+    def __init__(self, nc: Client, instance_id: str, cancel_timeout: float) -> None:
         self._nc = nc
         self._id = instance_id
-        self._bound = cancel_bound + REPLY_SLACK
+        self._bound = default_wait(cancel_timeout)
         self._subs: list[NatsSubscription] = []
         self._serving: set[asyncio.Task[None]] = set()
         self._engine: TaskEngine | None = None
@@ -162,9 +131,9 @@ class Router:
                 f"could not reach instance {owner}, which runs this task "
                 f"({type(exc).__name__}); retry"
             ) from exc
-        error = (msg.headers or {}).get(ERROR)
-        if error:
-            raise _ERRORS.get(error, OwnerUnavailableError)(msg.data.decode())
+        error = decode_error(msg.data, msg.headers or {})
+        if error is not None:
+            raise error
         return bytes(msg.data)
 
     async def _on_request(self, msg: Msg) -> None:
@@ -185,9 +154,7 @@ class Router:
                 raise OwnerTimeoutError("the request reached the task's owner too late to act")
             reply, reply_headers = await serve(msg, call), None
         except (A2AError, ServerError) as exc:
-            text = getattr(exc, "message", None) or str(exc)
-            known = next((c.__name__ for c in type(exc).__mro__ if c.__name__ in _ERRORS), None)
-            reply, reply_headers = text.encode(), {ERROR: known or InternalError.__name__}
+            reply, reply_headers = encode_error(exc)
         except Exception:
             logger.exception("routed %s failed", msg.subject)
             reply = b"internal error on the instance running the task; its log has the details"

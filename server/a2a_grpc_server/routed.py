@@ -1,0 +1,86 @@
+"""Routed requests between instances: their time bounds, and how their errors cross.
+
+A cancel or follow-up sent through an instance that does not run the task is
+routed to the task's owner (see ``cluster``). Whatever carries it (NATS in
+``jetstream.routing``, an in-process fake in the tests), the same rules hold:
+
+* the asker waits as long as the client's deadline allows, less
+  ``ANSWER_MARGIN`` (so the client reads why it failed), or ``default_wait``
+  without a deadline; the owner refuses a request that reaches it with less
+  than ``ANSWER_MARGIN`` left;
+* the owner's error comes back as the same domain error (``encode_error`` on
+  the owner, ``decode_error`` on the asker): its class, its message, and the
+  field an invalid-parameter error names.
+"""
+
+from __future__ import annotations
+
+from a2a.utils.errors import (
+    A2AError,
+    InternalError,
+    InvalidParamsError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
+
+from .errors import (
+    InvalidFieldError,
+    OwnerTimeoutError,
+    OwnerUnavailableError,
+    ServerError,
+    ServerShuttingDownError,
+)
+
+CANCEL_SLACK = 1.0
+"""Seconds an owner's cancel may take beyond its ``cancel_timeout``."""
+REPLY_SLACK = 2.0
+"""Seconds the asker waits beyond the owner's own bound (without a client deadline)."""
+ANSWER_MARGIN = 0.25
+"""Seconds before the client's deadline by which the asker answers, and the least time
+left for the owner to start the work."""
+ERROR = "A2a-Error"
+"""Header: the class name of the owner's error."""
+FIELD = "A2a-Error-Field"
+"""Header: the field an invalid-parameter error names."""
+
+ERRORS: dict[str, type[Exception]] = {
+    cls.__name__: cls
+    for cls in (
+        TaskNotFoundError,
+        TaskNotCancelableError,
+        UnsupportedOperationError,
+        InvalidParamsError,
+        ServerShuttingDownError,
+        InternalError,
+        OwnerTimeoutError,
+    )
+}
+"""The errors that cross as themselves; any other comes back as the first of these in
+its class's MRO, else as ``InternalError``."""
+
+
+def default_wait(cancel_timeout: float) -> float:
+    """Seconds an asker waits for the owner when the client set no deadline."""
+    return cancel_timeout + CANCEL_SLACK + REPLY_SLACK
+
+
+def encode_error(exc: A2AError | ServerError) -> tuple[bytes, dict[str, str]]:
+    """The owner's error as a reply: its message, and headers naming its class (and field)."""
+    if isinstance(exc, InvalidFieldError):
+        return exc.problem.encode(), {ERROR: InvalidParamsError.__name__, FIELD: exc.field}
+    text = getattr(exc, "message", None) or str(exc)
+    known = next((c.__name__ for c in type(exc).__mro__ if c.__name__ in ERRORS), None)
+    return text.encode(), {ERROR: known or InternalError.__name__}
+
+
+def decode_error(data: bytes, headers: dict[str, str]) -> Exception | None:
+    """The error a reply carries, raised again on the asker (None: the reply is no error)."""
+    name = headers.get(ERROR)
+    if not name:
+        return None
+    text = data.decode()
+    field = headers.get(FIELD)
+    if field is not None:
+        return InvalidFieldError(field, text)
+    return ERRORS.get(name, OwnerUnavailableError)(text)
