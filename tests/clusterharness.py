@@ -102,13 +102,7 @@ async def instances(
         for name in names:
             started.append(await start_instance(name, executor, servers, **options))  # type: ignore[arg-type]
         yield started
-        async with asyncio.timeout(1.0):
-            for instance in started:
-                await instance.service.wait_idle()
-        relays = {i.name: i.service.metrics.relays_open for i in started}
-        assert not any(relays.values()), f"relays left open: {relays}"
-        left = [t for t in our_tasks() if not _infrastructure(t)]
-        assert not left, f"coroutines of ours still alive: {left}"
+        await assert_idle({i.name: i.service for i in started})
     finally:
         for instance in started:
             try:
@@ -117,6 +111,18 @@ async def instances(
             except TimeoutError:
                 _dump_tasks(f"instance {instance.name} did not stop within 10 s")
                 raise
+
+
+async def assert_idle(services: dict[str, A2AService]) -> None:
+    """Within 1 s every service is idle, no relay is open, and no coroutine of ours is left
+    (but the instances' own background tasks)."""
+    async with asyncio.timeout(1.0):
+        for service in services.values():
+            await service.wait_idle()
+    relays = {name: service.metrics.relays_open for name, service in services.items()}
+    assert not any(relays.values()), f"relays left open: {relays}"
+    left = [t for t in our_tasks() if not _infrastructure(t)]
+    assert not left, f"coroutines of ours still alive: {left}"
 
 
 def _dump_tasks(why: str) -> None:

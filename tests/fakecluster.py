@@ -86,7 +86,8 @@ from a2a_grpc_server.routed import ANSWER_MARGIN, decode_error, default_wait, en
 from a2a_grpc_server.supervisor import TASK_PREFIX
 from a2a_grpc_server.tasklog import LogReader, TaskLog
 
-from .harness import Harness, expose, our_tasks
+from .clusterharness import assert_idle
+from .harness import Harness, expose
 
 logger = logging.getLogger(__name__)
 
@@ -585,13 +586,7 @@ async def fake_instances(
         for name, executor in zip(names, executors, strict=True):
             started.append(await start_instance(hub, name, executor, config))
         yield started
-        async with asyncio.timeout(1.0):
-            for instance in started:
-                await instance.service.wait_idle()
-        relays = {i.name: i.service.metrics.relays_open for i in started}
-        assert not any(relays.values()), f"relays left open: {relays}"
-        left = our_tasks()
-        assert not left, f"coroutines of ours still alive: {left}"
+        await assert_idle({i.name: i.service for i in started})
     finally:
         for instance in started:
             async with asyncio.timeout(10):

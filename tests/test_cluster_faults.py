@@ -4,8 +4,9 @@ an instance shutting down. Real processes, killed by PID."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import pytest
@@ -23,7 +24,7 @@ from . import natsserver
 from .agents import ChunkAgent, FloodAgent
 from .clusterharness import GatedPerTask, collect, instances
 from .harness import V1, last_state, rich_status, send_request
-from .serveproc import start
+from .serveproc import Process, start
 
 S = TaskState
 LEASE = 1.0
@@ -37,44 +38,54 @@ def nats_url() -> Iterator[str]:
         yield cluster.urls[0]
 
 
-async def test_owner_killed_mid_task_every_subscriber_on_the_survivors_ends_failed_in_time(
-    nats_url: str,
-) -> None:
+@contextlib.asynccontextmanager
+async def owner_process(
+    nats_url: str, lease: float
+) -> AsyncIterator[tuple[Process, GrpcTransport]]:
+    """A ``serve`` process running the Hanging agent in the cluster, and a client of it;
+    killed on exit if it still runs."""
     owner = await start(
-        "--agent", "tests.agents_for_cli:Hanging", "--nats", nats_url, "--lease", str(LEASE)
+        "--agent", "tests.agents_for_cli:Hanging", "--nats", nats_url, "--lease", str(lease)
     )
     client = GrpcTransport(grpc.aio.insecure_channel(owner.grpc_addr), None)
     try:
-        async with (
-            asyncio.timeout(20),
-            instances(GatedPerTask(), [nats_url], names=("B", "C"), lease=LEASE) as (b, c),
-        ):
-            sender = client.send_message_streaming(send_request("go"))
-            task_id = (await anext(sender)).task.id
-            working = await anext(sender)
-            assert working.status_update.status.state == S.TASK_STATE_WORKING
-            subs = []
-            for instance in (b, c, b):
-                sub = instance.client.subscribe(SubscribeToTaskRequest(id=task_id))
-                assert (await anext(sub)).task.status.state == S.TASK_STATE_WORKING
-                subs.append(sub)
-            tails = asyncio.gather(*(collect(s) for s in subs))
-            owner.proc.kill()  # SIGKILL: no shutdown, no final frame from the owner
-            await owner.proc.wait()
-            async with asyncio.timeout(LEASE + 1.0):  # the promise: lease + 1 s
-                results = await tails
-            for frames in results:
-                assert last_state(frames) == S.TASK_STATE_FAILED
-                assert "was lost" in frames[-1].status_update.status.message.parts[0].text
-            stored = await c.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
-            assert stored.status.state == S.TASK_STATE_FAILED
-            reaped = b.service.metrics.tasks_reaped + c.service.metrics.tasks_reaped
-            assert reaped == 1, "exactly one survivor claims the task"
+        yield owner, client
     finally:
         await client.close()
         if owner.proc.returncode is None:
             owner.proc.kill()
             await owner.proc.wait()
+
+
+async def test_owner_killed_mid_task_every_subscriber_on_the_survivors_ends_failed_in_time(
+    nats_url: str,
+) -> None:
+    async with (
+        owner_process(nats_url, LEASE) as (owner, client),
+        asyncio.timeout(20),
+        instances(GatedPerTask(), [nats_url], names=("B", "C"), lease=LEASE) as (b, c),
+    ):
+        sender = client.send_message_streaming(send_request("go"))
+        task_id = (await anext(sender)).task.id
+        working = await anext(sender)
+        assert working.status_update.status.state == S.TASK_STATE_WORKING
+        subs = []
+        for instance in (b, c, b):
+            sub = instance.client.subscribe(SubscribeToTaskRequest(id=task_id))
+            assert (await anext(sub)).task.status.state == S.TASK_STATE_WORKING
+            subs.append(sub)
+        tails = asyncio.gather(*(collect(s) for s in subs))
+        owner.proc.kill()  # SIGKILL: no shutdown, no final frame from the owner
+        await owner.proc.wait()
+        async with asyncio.timeout(LEASE + 1.0):  # the promise: lease + 1 s
+            results = await tails
+        for frames in results:
+            assert last_state(frames) == S.TASK_STATE_FAILED
+            assert "was lost" in frames[-1].status_update.status.message.parts[0].text
+        stored = await c.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
+        assert stored.status.state == S.TASK_STATE_FAILED
+        reaped = b.service.metrics.tasks_reaped + c.service.metrics.tasks_reaped
+        assert reaped == 1, "exactly one survivor claims the task"
 
 
 async def test_an_instance_shutting_down_ends_its_tasks_failed_on_every_instance_at_once(
@@ -231,54 +242,45 @@ async def test_nats_paused_past_the_retry_budget_streams_end_failed_and_the_reco
 async def test_an_owner_paused_past_its_lease_ends_its_streams_with_the_survivors_outcome(
     nats_url: str,
 ) -> None:
-    owner = await start(
-        "--agent", "tests.agents_for_cli:Hanging", "--nats", nats_url, "--lease", str(LEASE)
-    )
-    client = GrpcTransport(grpc.aio.insecure_channel(owner.grpc_addr), None)
-    try:
-        async with (
-            asyncio.timeout(30),
-            instances(GatedPerTask(), [nats_url], names=("B",), lease=LEASE) as (b,),
-        ):
-            sender = client.send_message_streaming(send_request("go"))
-            task_id = (await anext(sender)).task.id
-            assert (await anext(sender)).status_update.status.state == S.TASK_STATE_WORKING
-            other = client.send_message_streaming(send_request("to cancel"))
-            other_id = (await anext(other)).task.id
-            relayed = b.client.subscribe(SubscribeToTaskRequest(id=task_id))
-            await anext(relayed)
-            owner.proc.send_signal(signal.SIGSTOP)
-            try:
-                # A routed cancel answers within the client's deadline, and says the
-                # owner may still act on it (not that it is unavailable).
-                request = CancelTaskRequest(id=other_id)
-                with pytest.raises(grpc.aio.AioRpcError) as caught:
-                    await b.stub.CancelTask(request, metadata=V1, timeout=1.0)
-                assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-                assert rich_status(caught.value)[1].reason == "OWNER_TIMEOUT"
-                # Past the lease, the survivor ends the tasks FAILED.
-                from_b = await collect(relayed)
-                assert last_state(from_b) == S.TASK_STATE_FAILED
-                lost = from_b[-1].status_update.status.message.parts[0].text
-                assert "was lost" in lost
-            finally:
-                owner.proc.send_signal(signal.SIGCONT)
-            # Resumed, the owner does not overwrite that outcome: its own streams get
-            # it, the one of a task nothing happened to since included.
-            for stream in (sender, other):
-                from_owner = [f async for f in stream]
-                assert last_state(from_owner) == S.TASK_STATE_FAILED
-                assert from_owner[-1].status_update.status.message.parts[0].text == lost
-            stored = await b.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
-            assert stored.status.state == S.TASK_STATE_FAILED
-            assert stored.status.message.parts[0].text == lost
-            owner.proc.send_signal(signal.SIGTERM)
-            assert await owner.proc.wait() == 0
-    finally:
-        await client.close()
-        if owner.proc.returncode is None:
-            owner.proc.kill()
-            await owner.proc.wait()
+    async with (
+        owner_process(nats_url, LEASE) as (owner, client),
+        asyncio.timeout(30),
+        instances(GatedPerTask(), [nats_url], names=("B",), lease=LEASE) as (b,),
+    ):
+        sender = client.send_message_streaming(send_request("go"))
+        task_id = (await anext(sender)).task.id
+        assert (await anext(sender)).status_update.status.state == S.TASK_STATE_WORKING
+        other = client.send_message_streaming(send_request("to cancel"))
+        other_id = (await anext(other)).task.id
+        relayed = b.client.subscribe(SubscribeToTaskRequest(id=task_id))
+        await anext(relayed)
+        owner.proc.send_signal(signal.SIGSTOP)
+        try:
+            # A routed cancel answers within the client's deadline, and says the
+            # owner may still act on it (not that it is unavailable).
+            request = CancelTaskRequest(id=other_id)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await b.stub.CancelTask(request, metadata=V1, timeout=1.0)
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert rich_status(caught.value)[1].reason == "OWNER_TIMEOUT"
+            # Past the lease, the survivor ends the tasks FAILED.
+            from_b = await collect(relayed)
+            assert last_state(from_b) == S.TASK_STATE_FAILED
+            lost = from_b[-1].status_update.status.message.parts[0].text
+            assert "was lost" in lost
+        finally:
+            owner.proc.send_signal(signal.SIGCONT)
+        # Resumed, the owner does not overwrite that outcome: its own streams get
+        # it, the one of a task nothing happened to since included.
+        for stream in (sender, other):
+            from_owner = [f async for f in stream]
+            assert last_state(from_owner) == S.TASK_STATE_FAILED
+            assert from_owner[-1].status_update.status.message.parts[0].text == lost
+        stored = await b.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
+        assert stored.status.state == S.TASK_STATE_FAILED
+        assert stored.status.message.parts[0].text == lost
+        owner.proc.send_signal(signal.SIGTERM)
+        assert await owner.proc.wait() == 0
 
 
 async def test_nats_killed_and_restarted_mid_stream_loses_no_event_or_final_frame() -> None:
@@ -344,41 +346,32 @@ async def test_a_relaying_instance_killed_leaves_the_task_and_its_other_streams_
 
 
 async def test_a_long_sweep_never_holds_up_the_survivors_heartbeat(nats_url: str) -> None:
-    owner = await start(
-        "--agent", "tests.agents_for_cli:Hanging", "--nats", nats_url, "--lease", str(SWEEP_LEASE)
-    )
-    client = GrpcTransport(grpc.aio.insecure_channel(owner.grpc_addr), None)
-    try:
-        async with (
-            asyncio.timeout(30),
-            instances(GatedPerTask(), [nats_url], names=("B", "C"), lease=SWEEP_LEASE) as (b, c),
-        ):
-            sender = client.send_message_streaming(send_request("go"))
-            await anext(sender)
-            await anext(sender)  # WORKING: the task is recorded
-            lease = b.cluster.lease
-            assert lease is not None
-            claiming, gate = asyncio.Event(), asyncio.Event()
-            real_claim = lease._claim
+    async with (
+        owner_process(nats_url, SWEEP_LEASE) as (owner, client),
+        asyncio.timeout(30),
+        instances(GatedPerTask(), [nats_url], names=("B", "C"), lease=SWEEP_LEASE) as (b, c),
+    ):
+        sender = client.send_message_streaming(send_request("go"))
+        await anext(sender)
+        await anext(sender)  # WORKING: the task is recorded
+        lease = b.cluster.lease
+        assert lease is not None
+        claiming, gate = asyncio.Event(), asyncio.Event()
+        real_claim = lease._claim
 
-            async def slow_claim(task_id: str, text: str) -> int:
-                # A stand-in for a sweep with thousands of tasks to claim.
-                claiming.set()
-                await gate.wait()
-                return await real_claim(task_id, text)
+        async def slow_claim(task_id: str, text: str) -> int:
+            # A stand-in for a sweep with thousands of tasks to claim.
+            claiming.set()
+            await gate.wait()
+            return await real_claim(task_id, text)
 
-            lease._claim = slow_claim  # type: ignore[method-assign]
-            owner.proc.kill()
-            await owner.proc.wait()
-            await claiming.wait()  # B's sweep is under way, and stays so
-            # Without a heartbeat for a lease, C would take B for lost.
-            await asyncio.sleep(1.5 * SWEEP_LEASE)  # sync-ok: time passing is what is tested
-            c_lease = c.cluster.lease
-            assert c_lease is not None
-            assert b.instance_id in c_lease.live(), "B kept heartbeating while it swept"
-            gate.set()
-    finally:
-        await client.close()
-        if owner.proc.returncode is None:
-            owner.proc.kill()
-            await owner.proc.wait()
+        lease._claim = slow_claim  # type: ignore[method-assign]
+        owner.proc.kill()
+        await owner.proc.wait()
+        await claiming.wait()  # B's sweep is under way, and stays so
+        # Without a heartbeat for a lease, C would take B for lost.
+        await asyncio.sleep(1.5 * SWEEP_LEASE)  # sync-ok: time passing is what is tested
+        c_lease = c.cluster.lease
+        assert c_lease is not None
+        assert b.instance_id in c_lease.live(), "B kept heartbeating while it swept"
+        gate.set()
