@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Iterator
 
@@ -142,3 +143,33 @@ async def test_list_tasks_pages_are_cut_by_bytes_and_the_token_continues_after_t
                 break
         assert [len(p) for p in pages] == [2, 2, 1], "cut by bytes, not by page_size (50)"
         assert [t for p in pages for t in p] == made[::-1], "each task once, newest first"
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096 / 1e6
+
+
+async def test_a_task_edited_in_place_costs_its_size_not_every_byte_it_was_ever_sent() -> None:
+    # 2,000 replacements of one 64 KiB artifact: 131 MB emitted, a task of 64 KiB.
+    async with asyncio.timeout(60), serve(PayloadAgent()) as h:
+        await h.stub.SendMessage(send_request("replace 100 10"), metadata=V1)  # warm-up
+        gc.collect()
+        before = peak = rss_mb()
+
+        async def sample() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, rss_mb())
+                await asyncio.sleep(0.005)  # sync-ok: a sampling period, not a wait for an event
+
+        sampler = asyncio.ensure_future(sample())
+        try:
+            done = await h.stub.SendMessage(send_request("replace 65536 2000"), metadata=V1)
+        finally:
+            sampler.cancel()
+        assert done.task.status.state == S.TASK_STATE_COMPLETED
+        assert done.task.artifacts[0].parts[0].text.startswith("00001999")
+        # Before: the task's arena kept every replaced artifact and the queue held up to
+        # 1,024 events of any size (+190 MB at the peak here).
+        assert peak - before < 80, f"peak {peak - before:.0f} MB above the start"

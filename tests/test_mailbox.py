@@ -68,3 +68,20 @@ async def test_a_putter_woken_then_cancelled_passes_the_slot_on() -> None:
     async with asyncio.timeout(1):
         await second
         assert box.get_nowait() == 2
+
+
+async def test_bytes_bound_the_mailbox_too_and_one_large_item_still_passes_alone() -> None:
+    box: Mailbox[str] = Mailbox(100, max_bytes=10)
+    await box.put("a", 6)
+    blocked = asyncio.ensure_future(box.put("b", 6))
+    await asyncio.sleep(0)  # sync-ok: the putter reaches its wait
+    assert not blocked.done() and box.bytes == 6
+    async with asyncio.timeout(1):
+        assert box.get_nowait() == "a"
+        await blocked
+        assert box.bytes == 6
+        assert box.get_nowait() == "b"
+        await box.put("huge", 50)  # larger than the bound, but the box is empty
+        assert box.bytes == 50
+        assert box.get_nowait() == "huge"
+    assert box.bytes == 0 and box._items is None

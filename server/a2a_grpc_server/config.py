@@ -27,6 +27,8 @@ class ServerConfig:
             released once every open stream has read them.
         event_queue_size: Events an executor may have in flight before
             ``enqueue_event`` waits for the consumer (back-pressure).
+        event_queue_bytes: Bytes of events an executor may have in flight before
+            ``enqueue_event`` waits (one larger event still goes through alone).
         cancel_timeout: Seconds CancelTask waits for the executor's ``cancel()``
             to end the task before the server synthesizes CANCELED itself.
         max_final_tasks: Final tasks kept in the in-memory journal; the oldest
@@ -68,6 +70,7 @@ class ServerConfig:
     log_total_bytes: int = 256 * 1024 * 1024
     resume_window: float = 60.0
     event_queue_size: int = 1024
+    event_queue_bytes: int = 8 * 1024 * 1024
     cancel_timeout: float = 3.0
     max_final_tasks: int = 10_000
     final_task_ttl: float = 3600.0
@@ -87,8 +90,8 @@ class ServerConfig:
             raise ValueError("log_total_bytes must be at least log_max_bytes")
         if self.resume_window < 0:
             raise ValueError("resume_window must not be negative")
-        if self.event_queue_size < 1:
-            raise ValueError("event_queue_size must be positive")
+        if self.event_queue_size < 1 or self.event_queue_bytes < 1:
+            raise ValueError("event_queue_size and event_queue_bytes must be positive")
         if self.cancel_timeout <= 0:
             raise ValueError("cancel_timeout must be positive")
         if self.max_final_tasks < 0 or self.final_task_ttl < 0:

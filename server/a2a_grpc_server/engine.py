@@ -660,6 +660,7 @@ class TaskEngine:
             self._executor,
             context,
             self._config.event_queue_size,
+            self._config.event_queue_bytes,
             self._config.cancel_timeout,
             execute=execute,
             cancel=cancel,

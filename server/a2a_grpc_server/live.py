@@ -23,7 +23,6 @@ from a2a.types.a2a_pb2 import (
     Message,
     StreamResponse,
     Task,
-    TaskArtifactUpdateEvent,
     TaskState,
     TaskStatusUpdateEvent,
 )
@@ -40,8 +39,6 @@ if TYPE_CHECKING:
     from .supervisor import ExecutionSupervisor
 
 logger = logging.getLogger(__name__)
-
-_EVENTS = (Message, Task, TaskStatusUpdateEvent, TaskArtifactUpdateEvent)
 
 
 class LiveTask:
@@ -185,7 +182,8 @@ class LiveTask:
                         changes.append(self._change(changes, StreamResponse(task=task)))
                         if isinstance(event, Task):
                             continue
-                    if isinstance(event, _EVENTS):  # (anything else: apply() refuses it)
+                    # (Anything but an event: apply() refuses it below.)
+                    if isinstance(event, taskops.EVENT_TYPES):
                         adding = event.ByteSize()
                         self._size.admit(task, self.task_id, adding, f"a {type(event).__name__}")
                     # Applied in place, not on a copy (a copy per event would make

@@ -21,17 +21,22 @@ T = TypeVar("T")
 
 
 class Mailbox(Generic[T]):
-    """A bounded FIFO with one reader.
+    """A FIFO with one reader, bounded by items and by bytes.
 
     Args:
         maxsize: Items held before ``put`` waits.
+        max_bytes: Bytes held (as each ``put`` declares them) before ``put``
+            waits; one item larger than this still goes through alone.
     """
 
-    __slots__ = ("_items", "_maxsize", "_putters")
+    __slots__ = ("_bytes", "_items", "_max_bytes", "_maxsize", "_putters", "_sizes")
 
-    def __init__(self, maxsize: int) -> None:
+    def __init__(self, maxsize: int, max_bytes: int = 1 << 62) -> None:
         self._maxsize = maxsize
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._items: deque[T] | None = None
+        self._sizes: deque[int] | None = None
         self._putters: deque[asyncio.Future[None]] | None = None
 
     def __len__(self) -> int:
@@ -41,9 +46,18 @@ class Mailbox(Generic[T]):
         """Whether nothing is waiting to be read."""
         return not self._items
 
-    async def put(self, item: T) -> None:
-        """Append ``item``, first waiting while the mailbox is full (FIFO among putters)."""
-        while len(self) >= self._maxsize:
+    @property
+    def bytes(self) -> int:
+        """Bytes held (the sizes the held items were put with)."""
+        return self._bytes
+
+    def _full(self, size: int) -> bool:
+        held = len(self)
+        return held >= self._maxsize or (held > 0 and self._bytes + size > self._max_bytes)
+
+    async def put(self, item: T, size: int = 0) -> None:
+        """Append ``item`` of ``size`` bytes, first waiting while it does not fit (FIFO)."""
+        while self._full(size):
             waiter = asyncio.get_running_loop().create_future()
             if self._putters is None:
                 self._putters = deque()
@@ -53,12 +67,15 @@ class Mailbox(Generic[T]):
             except BaseException:
                 if not waiter.done() or waiter.cancelled():
                     self._discard_putter(waiter)
-                elif len(self) < self._maxsize:
+                elif not self._full(0):
                     self._wake_putter()  # it was woken for a slot it will not use
                 raise
         if self._items is None:
-            self._items = deque()
+            self._items, self._sizes = deque(), deque()
+        assert self._sizes is not None
         self._items.append(item)
+        self._sizes.append(size)
+        self._bytes += size
 
     def peek(self) -> T:
         """The oldest item, left in place.
@@ -79,8 +96,10 @@ class Mailbox(Generic[T]):
         if not self._items:
             raise IndexError("get_nowait from an empty mailbox")
         item = self._items.popleft()
+        assert self._sizes is not None
+        self._bytes -= self._sizes.popleft()
         if not self._items:
-            self._items = None  # a drained mailbox holds no buffer
+            self._items = self._sizes = None  # a drained mailbox holds no buffer
         self._wake_putter()
         return item
 

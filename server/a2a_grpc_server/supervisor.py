@@ -34,7 +34,9 @@ from typing import Literal
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
-from a2a.types.a2a_pb2 import TaskState
+from a2a.types.a2a_pb2 import (
+    TaskState,
+)
 from a2a.utils.errors import InvalidAgentResponseError
 
 from . import taskops
@@ -44,6 +46,7 @@ from .mailbox import Mailbox
 from .taskops import Event
 
 logger = logging.getLogger(__name__)
+
 
 TASK_PREFIX = "a2a-grpc-server"
 """Every asyncio task this package creates is named with this prefix."""
@@ -66,9 +69,9 @@ class _SourceDone:
 class ExecutorQueue(EventQueue):
     """The ``EventQueue`` an executor writes to; bounded, so a fast executor waits."""
 
-    def __init__(self, run: ExecutionSupervisor, maxsize: int) -> None:
+    def __init__(self, run: ExecutionSupervisor, maxsize: int, max_bytes: int) -> None:
         self._run = run
-        self._queue: Mailbox[Event | _SourceDone] = Mailbox(maxsize)
+        self._queue: Mailbox[Event | _SourceDone] = Mailbox(maxsize, max_bytes)
 
     async def enqueue_event(self, event: Event) -> None:
         """Queue ``event`` for the consumer; after the task ended, drop it.
@@ -88,11 +91,11 @@ class ExecutorQueue(EventQueue):
             # something it left behind is still emitting.
             self._run.live.drop(event, "its execute() had already returned")
             return
-        await self.put(event)
+        await self.put(event, event.ByteSize() if isinstance(event, taskops.EVENT_TYPES) else 0)
 
-    async def put(self, item: Event | _SourceDone) -> None:
+    async def put(self, item: Event | _SourceDone, size: int = 0) -> None:
         """Queue ``item`` and make sure a consumer is draining the queue."""
-        await self._queue.put(item)
+        await self._queue.put(item, size)
         self._run.wake_consumer()
 
 
@@ -103,7 +106,8 @@ class ExecutionSupervisor:
         live: The task being executed.
         executor: The agent.
         context: The request context handed to the executor.
-        queue_size: Bound of the event queue.
+        queue_size: Most events in the event queue.
+        queue_bytes: Most bytes of events in the event queue.
         cancel_timeout: Seconds the executor's ``cancel()`` may take; after
             that it is cancelled and the task ends CANCELED regardless.
         execute: Whether to call ``execute()``; False for a run that only
@@ -132,6 +136,7 @@ class ExecutionSupervisor:
         executor: AgentExecutor,
         context: RequestContext,
         queue_size: int,
+        queue_bytes: int,
         cancel_timeout: float,
         *,
         execute: bool = True,
@@ -140,7 +145,7 @@ class ExecutionSupervisor:
         self.live = live
         self._executor = executor
         self._context = context
-        self._queue = ExecutorQueue(self, queue_size)
+        self._queue = ExecutorQueue(self, queue_size, queue_bytes)
         self._execute = execute
         self._cancel_timeout = cancel_timeout
         self._group: asyncio.TaskGroup | None = None

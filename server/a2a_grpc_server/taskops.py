@@ -25,6 +25,8 @@ from a2a.utils.errors import InvalidAgentResponseError
 from google.protobuf.timestamp_pb2 import Timestamp
 
 Event = Message | Task | TaskStatusUpdateEvent | TaskArtifactUpdateEvent
+EVENT_TYPES = (Message, Task, TaskStatusUpdateEvent, TaskArtifactUpdateEvent)
+"""What an executor may enqueue, for ``isinstance``."""
 
 TERMINAL = frozenset(
     {
