@@ -16,9 +16,10 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 
+from a2a_grpc_server import ServerConfig
 from a2a_grpc_server.rpc import SERVICE
 
-from .agents import GatedAgent
+from .agents import BurstAgent, GatedAgent
 from .harness import V1, Harness, rich_status, send_request, serve, user_message
 
 TRAILER_BUDGET = 4096
@@ -158,3 +159,35 @@ async def test_oversized_client_input_is_refused_with_a_small_error() -> None:
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         done = await h.stub.SendMessage(send_request("still serving"), metadata=V1)
         assert done.task.status.state == TaskState.TASK_STATE_COMPLETED
+
+
+async def test_clients_that_leave_mid_burst_end_their_streams_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # 64 KiB frames: a client that stops reading has a write pending within two frames.
+    agent = BurstAgent(count=400, size=64 * 1024)
+    config = ServerConfig(
+        cancel_timeout=1.0, max_task_bytes=64 << 20, log_max_bytes=64 << 20, log_total_bytes=1 << 30
+    )
+    async with asyncio.timeout(30), serve(agent, config) as h:
+        sender = h.stub.SendStreamingMessage(send_request("go"), metadata=V1)
+        task_id = (await sender.read()).task.id
+        await sender.read()  # WORKING
+        watchers = []
+        for _ in range(20):
+            call = h.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=V1)
+            await call.read()  # attached
+            watchers.append(call)
+        agent.release.set()
+        for call in watchers:
+            for _ in range(10):  # each takes a few frames, then its client leaves
+                await call.read()
+            call.cancel()
+        frames: list[object] = []
+        while (frame := await sender.read()) is not grpc.aio.EOF:
+            frames.append(frame)
+        assert len(frames) == 401
+        await h.settle(within=5)
+        ended = h.service.metrics.streams_ended
+        assert ended["error"] == 0 and ended["disconnected"] == 20, ended
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

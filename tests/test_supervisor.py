@@ -4,7 +4,9 @@ closing a task's log always goes final frame, then cancellation, then the reader
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
+import weakref
 
 import pytest
 from a2a.server.agent_execution import AgentExecutor, RequestContext
@@ -128,3 +130,21 @@ async def test_a_close_appends_the_final_frame_then_cancels_the_run_then_wakes_r
     assert taskops.state_name(S.TASK_STATE_FAILED) in engine.metrics.tasks_ended
     assert first.task.id == live.task_id
     assert not our_tasks()
+
+
+async def test_an_ended_task_is_freed_at_once_not_at_the_next_full_collection() -> None:
+    engine = engine_for(Jittery(5, random.Random(0)))
+    gc.collect()
+    gc.disable()  # only reference counting frees anything now: a cycle would keep the task
+    try:
+        async with asyncio.timeout(10):
+            started = await engine.send(send_request("go"), Caller(()), subscribe=True)
+            assert isinstance(started, Started) and started.reader is not None
+            async for _ in started.reader:
+                pass
+            await engine.wait_idle()
+        run = weakref.ref(started.run)  # it holds the task (and its queue, its context)
+        del started
+        assert run() is None, "the run, and the task it holds, are freed"
+    finally:
+        gc.enable()

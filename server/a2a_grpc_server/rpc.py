@@ -338,6 +338,12 @@ class RpcServicer:
         except FrameNotKeptError:
             reason = "out_of_range"
             raise
+        except grpc.aio.InternalError:
+            # A write to a call whose client left (grpc raises ExecuteBatchError, a
+            # grpc.aio.InternalError, rather than cancelling us, depending on timing):
+            # the stream is over, nothing to report. Raising it would log a traceback.
+            reason = "disconnected"
+            return
         except asyncio.CancelledError:
             reason = "disconnected"  # grpc.aio cancels the handler of a call the peer left
             raise

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Literal
 
@@ -67,10 +68,16 @@ class _SourceDone:
 
 
 class ExecutorQueue(EventQueue):
-    """The ``EventQueue`` an executor writes to; bounded, so a fast executor waits."""
+    """The ``EventQueue`` an executor writes to; bounded, so a fast executor waits.
+
+    It refers to its run weakly: the run refers to it, and a cycle would keep
+    the run, its task and everything the task ever held until a full garbage
+    collection, long after the task ended.
+    """
 
     def __init__(self, run: ExecutionSupervisor, maxsize: int, max_bytes: int) -> None:
-        self._run = run
+        self._run = weakref.ref(run)
+        self._live = run.live
         self._queue: Mailbox[Event | _SourceDone] = Mailbox(maxsize, max_bytes)
 
     async def enqueue_event(self, event: Event) -> None:
@@ -80,23 +87,26 @@ class ExecutorQueue(EventQueue):
         cancellation: the event is dropped and logged, and the calling
         coroutine is cancelled again so it stops.
         """
-        if self._run.live.log.closed:
-            self._run.live.drop(event, "the task already ended")
+        run = self._run()
+        if self._live.log.closed:
+            self._live.drop(event, "the task already ended")
             current = asyncio.current_task()
-            if current is not None and current in self._run.sources:
+            if current is not None and run is not None and current in run.sources:
                 current.cancel()
             return
-        if self._run.finished:
+        if run is None or run.finished:
             # execute() returned (e.g. the task is waiting for input) and
             # something it left behind is still emitting.
-            self._run.live.drop(event, "its execute() had already returned")
+            self._live.drop(event, "its execute() had already returned")
             return
         await self.put(event, event.ByteSize() if isinstance(event, taskops.EVENT_TYPES) else 0)
 
     async def put(self, item: Event | _SourceDone, size: int = 0) -> None:
         """Queue ``item`` and make sure a consumer is draining the queue."""
         await self._queue.put(item, size)
-        self._run.wake_consumer()
+        run = self._run()
+        if run is not None:
+            run.wake_consumer()
 
 
 class ExecutionSupervisor:
@@ -116,6 +126,7 @@ class ExecutionSupervisor:
     """
 
     __slots__ = (
+        "__weakref__",
         "_cancel_requested",
         "_cancel_timeout",
         "_consumer",
