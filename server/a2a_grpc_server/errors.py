@@ -52,10 +52,11 @@ SERVER_DOMAIN = "a2a-grpc-server"
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
 QUOTE_CHARS = 64
 """Most characters of one client value an error message quotes."""
-MAX_MESSAGE_CHARS = 1024
-"""Most characters of an error message (it travels twice: grpc-message and the details)."""
-MAX_DETAIL_CHARS = 256
-"""Most characters of one ErrorInfo metadata value or BadRequest description."""
+MAX_MESSAGE_BYTES = 768
+"""Most UTF-8 bytes of an error message (it travels twice, grpc-message and the details,
+and grpc-message percent-encodes every byte that is not printable ASCII: three each)."""
+MAX_DETAIL_BYTES = 256
+"""Most UTF-8 bytes of one ErrorInfo metadata value or BadRequest description."""
 
 
 class ServerError(Exception):
@@ -197,8 +198,8 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str, status_pb2.Stat
         if isinstance(exc, InvalidFieldError):
             bad = error_details_pb2.BadRequest()
             bad.field_violations.add(
-                field=_bounded(exc.field, MAX_DETAIL_CHARS),
-                description=_bounded(exc.problem, MAX_DETAIL_CHARS),
+                field=_bounded(exc.field, MAX_DETAIL_BYTES),
+                description=_bounded(exc.problem, MAX_DETAIL_BYTES),
             )
             details.append(_pack(bad))
     elif isinstance(exc, ServerError):
@@ -209,8 +210,8 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str, status_pb2.Stat
         code, domain, reason = grpc.StatusCode.INTERNAL, SERVER_DOMAIN, "INTERNAL"
         message = "internal server error; the server log has the details"
     # Messages quote client input through ``quote``; this bounds them whatever slipped by.
-    message = _bounded(message, MAX_MESSAGE_CHARS)
-    metadata = {key: _bounded(value, MAX_DETAIL_CHARS) for key, value in metadata.items()}
+    message = _bounded(message, MAX_MESSAGE_BYTES)
+    metadata = {key: _bounded(value, MAX_DETAIL_BYTES) for key, value in metadata.items()}
     info = error_details_pb2.ErrorInfo(domain=domain, reason=reason, metadata=metadata)
     status = status_pb2.Status(code=code.value[0], message=message)
     status.details.extend([_pack(info), *details])
@@ -275,8 +276,11 @@ def quote(text: str, most: int = QUOTE_CHARS) -> str:
 
 
 def _bounded(text: str, most: int) -> str:
-    """``text`` cut to ``most`` characters (a last guard on what goes in a trailer)."""
-    return text if len(text) <= most else text[: most - 3] + "..."
+    """``text`` cut to ``most`` UTF-8 bytes (a last guard on what goes in a trailer)."""
+    data = text.encode()
+    if len(data) <= most:
+        return text
+    return data[: most - 3].decode(errors="ignore") + "..."
 
 
 def _mapped_class(exc: A2AError) -> type[A2AError]:

@@ -30,6 +30,7 @@ from a2a.utils.errors import InvalidAgentResponseError
 
 from . import taskops
 from .config import DEFAULT_MAX_TASK_BYTES
+from .errors import quote
 from .journal import Change, FinalTaskError, StoreError, TaskJournal
 from .sizing import TaskSize, TaskTooLargeError
 from .tasklog import LogReader, TaskLog
@@ -384,13 +385,14 @@ class LiveTask:
         if given is not None:
             if given.id and given.id != self.task_id:
                 raise InvalidAgentResponseError(
-                    f"agent created task {given.id!r} while serving task {self.task_id!r}"
+                    f"agent created task {quote(given.id)} while serving task {quote(self.task_id)}"
                 )
             task = taskops.copy(given)
             task.id, task.context_id = self.task_id, task.context_id or self.context_id
             if task.context_id != self.context_id:
                 raise InvalidAgentResponseError(
-                    f"agent created a task in context {task.context_id!r}, not {self.context_id!r}"
+                    f"agent created a task in context {quote(task.context_id)}, "
+                    f"not {quote(self.context_id)}"
                 )
             if task.status.state == taskops.UNSPECIFIED:
                 task.status.state = taskops.SUBMITTED

@@ -24,6 +24,8 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import InvalidAgentResponseError
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from .errors import quote
+
 Event = Message | Task | TaskStatusUpdateEvent | TaskArtifactUpdateEvent
 EVENT_TYPES = (Message, Task, TaskStatusUpdateEvent, TaskArtifactUpdateEvent)
 """What an executor may enqueue, for ``isinstance``."""
@@ -231,12 +233,12 @@ def apply_frame(task: Task, frame: StreamResponse, index: ArtifactIndex | None =
 def _check_ids(task: Task, task_id: str, context_id: str, what: str) -> None:
     if task_id and task_id != task.id:
         raise InvalidAgentResponseError(
-            f"agent sent a {what} for task {task_id!r} to task {task.id!r}"
+            f"agent sent a {what} for task {quote(task_id)} to task {quote(task.id)}"
         )
     if context_id and context_id != task.context_id:
         raise InvalidAgentResponseError(
-            f"agent sent a {what} for context {context_id!r} "
-            f"to a task of context {task.context_id!r}"
+            f"agent sent a {what} for context {quote(context_id)} "
+            f"to a task of context {quote(task.context_id)}"
         )
 
 
@@ -282,7 +284,8 @@ def _apply_artifact(
     position = _position(task, event.artifact.artifact_id, index)
     if position is None:
         raise InvalidAgentResponseError(
-            f"agent appended to artifact {event.artifact.artifact_id!r}, which it never created"
+            f"agent appended to artifact {quote(event.artifact.artifact_id)}, "
+            "which it never created"
         )
     existing = task.artifacts[position]
     existing.parts.extend(event.artifact.parts)

@@ -17,7 +17,7 @@ from a2a.utils.errors import ContentTypeNotSupportedError
 from google.protobuf.message import Message as ProtoMessage
 
 from .config import ServerConfig
-from .errors import InvalidFieldError
+from .errors import InvalidFieldError, quote
 
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 50
@@ -99,7 +99,7 @@ def _check_media_types(message: Message, accepted: frozenset[str]) -> None:
         major = media.split("/", 1)[0]
         if media not in accepted and f"{major}/*" not in accepted and major not in accepted:
             raise ContentTypeNotSupportedError(
-                f"message.parts[{i}] has media type {media!r}; this agent accepts "
+                f"message.parts[{i}] has media type {quote(media)}; this agent accepts "
                 f"{', '.join(sorted(accepted))}"
             )
 
