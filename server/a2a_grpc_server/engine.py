@@ -388,7 +388,9 @@ class TaskEngine:
                 while not live.log.closed:
                     await live.log.wait_changed()
         except TimeoutError:
-            logger.error("task %s: its run did not end it after cancel; ending it here", task_id)
+            # The run ends a canceled task itself within cancel_timeout; only a loop
+            # starved that long (an overloaded machine) gets here. The outcome is right.
+            logger.warning("task %s: its run did not end it after cancel; ending it here", task_id)
             await live.finalize(TaskState.TASK_STATE_CANCELED, "task canceled by request")
         self.metrics.cancel_seconds.observe(time.monotonic() - started)
         final = (await self._get_recorded(task_id)).task
