@@ -286,3 +286,14 @@ def rebuilt(frames: list[StreamResponse]) -> Task:
     for frame in frames[1:]:
         task = taskops.apply_frame(task, frame)
     return task
+
+
+def varint(n: int) -> bytes:
+    """``n`` as a protobuf varint (negative numbers as their 64-bit two's complement)."""
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)

@@ -20,19 +20,10 @@ from a2a_grpc_server import ServerConfig
 from a2a_grpc_server.rpc import SERVICE
 
 from .agents import BurstAgent, GatedAgent
-from .harness import V1, Harness, rich_status, send_request, serve, user_message
+from .harness import V1, Harness, rich_status, send_request, serve, user_message, varint
 
 TRAILER_BUDGET = 4096
 """Bytes an error's trailers may take at most (clients read 8 KiB of metadata by default)."""
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def field(number: int, body: bytes) -> bytes:

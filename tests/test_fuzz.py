@@ -72,7 +72,7 @@ from a2a_grpc_server import A2AService, ServerConfig, taskops
 from a2a_grpc_server.resume import RESUME_AFTER_KEY, URI
 from a2a_grpc_server.rpc import SERVICE
 
-from .harness import V1, Harness, expose
+from .harness import V1, Harness, expose, varint
 
 Metadata = tuple[tuple[str, str], ...]
 
@@ -714,16 +714,6 @@ def samples(desc: Descriptor) -> st.SearchStrategy[Sample]:
     return requests(desc).map(sample_of)
 
 
-def _varint(n: int) -> bytes:
-    n &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 @st.composite
 def wire(draw: st.DrawFn, depth: int = 2) -> bytes:
     """Hand-made protobuf wire fields: known and unknown numbers, every wire type (also
@@ -737,9 +727,9 @@ def wire(draw: st.DrawFn, depth: int = 2) -> bytes:
             )
         )
         kind = draw(st.integers(min_value=0, max_value=7))
-        out += _varint(number << 3 | kind)
+        out += varint(number << 3 | kind)
         if kind == 0:
-            out += _varint(
+            out += varint(
                 draw(
                     st.one_of(
                         st.integers(min_value=0, max_value=300),
@@ -756,7 +746,7 @@ def wire(draw: st.DrawFn, depth: int = 2) -> bytes:
                 st.one_of(st.binary(max_size=24), wire(depth - 1) if depth > 0 else st.just(b""))
             )
             lie = draw(st.sampled_from([0, 0, 0, 1, -1, 2**31, 2**63]))
-            out += _varint(max(len(body) + lie, 0)) + body
+            out += varint(max(len(body) + lie, 0)) + body
         elif kind in (6, 7):
             out += draw(st.binary(max_size=8))
         # 3 and 4 (group start and end) carry nothing of their own.
