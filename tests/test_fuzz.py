@@ -151,7 +151,8 @@ class FuzzAgent(AgentExecutor):
             await updater.requires_input(updater.new_agent_message([Part(text="more?")]))
             return
         if word in ("slow", "hold"):
-            await asyncio.sleep(SLOW_SECONDS if word == "slow" else HOLD_SECONDS)
+            pause = SLOW_SECONDS if word == "slow" else HOLD_SECONDS
+            await asyncio.sleep(pause)  # sync-ok: the agent's own (slow) work
         await updater.add_artifact([Part(text=text)], name="echo")
         await updater.complete(updater.new_agent_message([Part(text=text)]))
 
