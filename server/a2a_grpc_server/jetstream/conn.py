@@ -43,6 +43,9 @@ INSTANCES_TTL = 3600.0
 """Seconds a lost instance's heartbeat key lingers (harmless: survivors judge by freshness)."""
 IN_USE = 10058
 """JetStream: a stream of that name exists with a different configuration."""
+JETSTREAM_NOT_READY = (10005, 10008, 10023)
+"""JetStream error codes that mean "not ready yet" while a cluster forms (10005: no
+suitable peers for placement, before every node has joined); setup waits them out."""
 
 
 def new_instance_id() -> str:
@@ -142,6 +145,9 @@ async def connect(config: NatsConfig) -> NatsConnection:
     except TimeoutError as exc:
         await nc.close()
         raise ConnectionError("JetStream did not become available within 20 s") from exc
+    except BaseException:
+        await nc.close()  # whatever went wrong, no connection is left behind
+        raise
     return NatsConnection(config, nc, js, tasks, instances)
 
 
@@ -155,7 +161,7 @@ async def _ensure_assets(js: JetStreamContext, config: NatsConfig) -> tuple[KeyV
         except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError) as exc:
             logger.info("waiting for JetStream: %s", type(exc).__name__)
         except nats.js.errors.APIError as exc:
-            if exc.code != 503 and exc.err_code not in (10008, 10023):
+            if exc.code != 503 and exc.err_code not in JETSTREAM_NOT_READY:
                 raise
             logger.info("waiting for JetStream: %s", exc.description)
         await asyncio.sleep(0.25)  # JetStream elects its meta leader
