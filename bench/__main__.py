@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench [--reps 3] [--servers ours,ours-nats,sdk,raw]
                               [--seconds 2] [--memory 1000,10000] [--uvloop] [--json PATH]
+                              [--only TEXT]
 
 A server name may end in ``+uvloop`` to run it on uvloop beside the others, e.g.
 ``--servers ours,ours+uvloop,raw,raw+uvloop`` compares both loops in one run;
@@ -70,6 +71,19 @@ def scenarios(seconds: float) -> list[Scenario]:
                 )
             )
     out.append(("cancel -> final frame", ["p50_ms", "p99_ms", "missing_final_frames"], load.cancel))
+    out.append(
+        (
+            "burst to 20 unread",
+            [
+                "other_p50_ms",
+                "other_p99_ms",
+                "other_max_ms",
+                "missing_frames",
+                "missing_final_frames",
+            ],
+            load.burst_unread,
+        )
+    )
     return out
 
 
@@ -197,7 +211,7 @@ def _num(value: object) -> str:
 async def main(args: argparse.Namespace) -> dict[str, object]:
     """Run every repetition, then the memory measurements."""
     kinds = args.servers.split(",")
-    plan = scenarios(args.seconds)
+    plan = [s for s in scenarios(args.seconds) if not args.only or args.only in s[0]]
     reps: list[dict[str, dict[str, Result]]] = []
     mem: dict[str, dict[str, Result]] = {}
     with maybe_nats(any(k.startswith("ours-nats") for k in kinds)) as nats:
@@ -233,6 +247,7 @@ def cli() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="per throughput scenario")
     parser.add_argument("--memory", default="1000,10000", help="parked-task counts ('' for none)")
     parser.add_argument("--uvloop", action="store_true", help="servers on uvloop")
+    parser.add_argument("--only", default="", help="the scenarios whose name contains this")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "bench.json")
     args = parser.parse_args()
     report = asyncio.run(main(args))

@@ -253,6 +253,62 @@ async def fan_out(target: Target, subscribers: int, count: int = 1000) -> Result
     return await measured(target, body)
 
 
+async def burst_unread(
+    target: Target, tasks: int = 20, count: int = 5000, window: float = 4.0
+) -> Result:
+    """Other callers during a burst: ``tasks`` tasks each produce ``count`` updates to a
+    subscriber that does not read; meanwhile a caller on its own connection sends a
+    SendMessage every 10 ms for ``window`` seconds from the burst's start (its latency is
+    what the burst costs everyone else); then the subscribers read everything.
+    """
+    delay_ms = 500 + 20 * tasks
+    ids = []
+    for i in range(tasks):
+        reply = await target.stub(i).SendMessage(
+            request(f"fanout {count} {delay_ms}", immediately=True), metadata=V1
+        )
+        ids.append(reply.task.id)
+    attach_by = time.perf_counter() + delay_ms / 1000
+    streams = [await subscribe(target.stub(i), task_id) for i, task_id in enumerate(ids)]
+    if time.perf_counter() > attach_by:
+        raise RuntimeError("subscribers attached after the producers started; raise the delay")
+    probes: list[float] = []
+    got = 0
+    finals = 0
+
+    async def read(stream: AsyncIterator[StreamResponse]) -> None:
+        nonlocal got, finals
+        frame = None
+        async for frame in stream:
+            got += frame.WhichOneof("payload") == "artifact_update"
+        if frame is not None and frame.status_update.status.state == TaskState.TASK_STATE_COMPLETED:
+            finals += 1
+
+    async def body() -> Result:
+        async with grpc.aio.insecure_channel(target.address) as channel:
+            other = a2a_pb2_grpc.A2AServiceStub(channel)
+            await other.SendMessage(request("unary"), metadata=V1)  # connected before the burst
+            await asyncio.sleep(max(0.0, attach_by - time.perf_counter()))
+            until = time.perf_counter() + window
+            while time.perf_counter() < until and len(probes) < 10_000:
+                t = time.perf_counter()
+                await other.SendMessage(request("unary"), metadata=V1, timeout=60)
+                probes.append((time.perf_counter() - t) * 1000)
+                await asyncio.sleep(0.01)
+        async with asyncio.timeout(180):
+            await asyncio.gather(*(read(s) for s in streams), return_exceptions=True)
+        return {
+            "other_p50_ms": statistics.median(probes),
+            "other_p99_ms": pct(probes, 0.99),
+            "other_max_ms": max(probes),
+            "missing_frames": count * tasks - got,
+            "missing_final_frames": tasks - finals,
+            "units": got,
+        }
+
+    return await measured(target, body)
+
+
 async def cancel(target: Target, tasks: int = 200) -> Result:
     """Park ``tasks`` tasks, each with a subscriber; cancel each; time to its final frame."""
     parked = []

@@ -41,6 +41,7 @@ from .errors import FrameNotKeptError, InvalidFieldError, ServerShuttingDownErro
 from .journal import FinalTaskError, RecordedTask, StoreError, TaskJournal
 from .live import LiveTask
 from .metrics import Metrics
+from .pacing import Pacer
 from .parking import ParkingLot
 from .sizing import TaskTooLargeError
 from .supervisor import TASK_PREFIX, ExecutionSupervisor
@@ -200,6 +201,8 @@ class TaskEngine:
             clock=self.pool.clock,
         )
         """The tasks waiting for input here (see ``parking``)."""
+        self.pacer = Pacer(config.loop_slice)
+        """Shares the event loop between bursts and everything else (see ``pacing``)."""
 
     @property
     def journal(self) -> TaskJournal:
@@ -664,6 +667,7 @@ class TaskEngine:
             self._config.event_queue_size,
             self._config.event_queue_bytes,
             self._config.cancel_timeout,
+            pacer=self.pacer,
             execute=execute,
             cancel=cancel,
         )

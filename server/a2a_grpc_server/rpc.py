@@ -329,7 +329,10 @@ class RpcServicer:
                 if numbered:
                     resume.tag_task(first, reader.next_seq - 1)
                 await context.write(StreamResponse(task=first))
+            pacer = self._engine.pacer
             async for seq, frame, state in reader:
+                if pacer.due():  # a burst: the loop polls its I/O first (see ``pacing``)
+                    await pacer.wait()
                 await context.write(resume.tag(frame, seq) if numbered else frame)
                 if stop_at_interrupt and state in taskops.INTERRUPTED:
                     reason = "interrupted"
