@@ -178,7 +178,10 @@ PRECONDITIONS: list[tuple[Callable[[Harness], Awaitable[object]], str]] = [
 
 
 async def test_unsupported_features_answer_failed_precondition_with_their_reason() -> None:
-    async with asyncio.timeout(10), serve(GatedAgent()) as h:
+    # Push is on by default (tests/test_push.py); this server turns it off.
+    config = ServerConfig(cancel_timeout=1.0, push=False)
+    async with asyncio.timeout(10), serve(GatedAgent(), config) as h:
+        assert not h.service.card.capabilities.push_notifications
         for call, reason in PRECONDITIONS:
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await call(h)

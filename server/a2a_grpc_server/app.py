@@ -23,13 +23,20 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from . import rpc
-from .card import WELL_KNOWN_PATH, default_card, with_extension, with_grpc_endpoint
+from .card import (
+    WELL_KNOWN_PATH,
+    default_card,
+    with_capabilities,
+    with_extension,
+    with_grpc_endpoint,
+)
 from .config import ServerConfig
 from .engine import TaskEngine
 from .http import Fixed, HttpServer, Live, Route
 from .journal import TaskJournal
 from .journal.memory import MemoryJournal
 from .metrics import Metrics
+from .push.service import PushService
 from .resume import extension as resume_extension
 from .rpc import RpcServicer
 
@@ -99,8 +106,10 @@ class A2AService:
                 wanted.max_task_bytes,
                 wanted.max_message_bytes,
             )
-        self.card = with_extension(
-            card or default_card(), resume_extension(self.config.resume_window)
+        push = self.config.push and cluster is None  # cluster mode: not yet (README)
+        self.card = with_capabilities(
+            with_extension(card or default_card(), resume_extension(self.config.resume_window)),
+            push_notifications=push,
         )
         self.cluster = cluster
         self.journal: TaskJournal
@@ -112,6 +121,10 @@ class A2AService:
             self.journal = MemoryJournal(self.config.max_final_tasks, self.config.final_task_ttl)
         self.metrics = Metrics()
         self.engine = TaskEngine(executor, self.journal, self.config, self.metrics, cluster=cluster)
+        if push:
+            self.engine.push = PushService(self.engine, self.config, self.metrics)
+            if isinstance(self.journal, MemoryJournal):
+                self.journal.on_forget = self.engine.push.forget
         self.servicer = RpcServicer(self.engine, self.config, self.card, extended_card)
 
     async def start(self) -> None:

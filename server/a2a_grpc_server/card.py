@@ -56,6 +56,14 @@ def with_grpc_endpoint(card: AgentCard, address: str) -> AgentCard:
     return result
 
 
+def with_capabilities(card: AgentCard, *, push_notifications: bool) -> AgentCard:
+    """A copy of ``card`` whose capabilities say what this server serves (push on or off)."""
+    result = AgentCard()
+    result.CopyFrom(card)
+    result.capabilities.push_notifications = push_notifications
+    return result
+
+
 def with_extension(card: AgentCard, extension: AgentExtension) -> AgentCard:
     """Return a copy of ``card`` declaring ``extension`` (replacing one of the same URI)."""
     result = AgentCard()

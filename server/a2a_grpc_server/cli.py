@@ -94,6 +94,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-grace", type=float, default=_DEFAULTS.shutdown_grace)
     serve.add_argument("--max-final-tasks", type=int, default=_DEFAULTS.max_final_tasks)
     serve.add_argument("--final-task-ttl", type=float, default=_DEFAULTS.final_task_ttl)
+    push = serve.add_argument_group("push notifications (webhooks)")
+    push.add_argument(
+        "--no-push",
+        action="store_true",
+        help="serve no push notifications (the push RPCs answer PushNotificationNotSupported)",
+    )
+    push.add_argument(
+        "--push-allow-private",
+        action="store_true",
+        help="allow http and private, loopback and link-local webhook addresses (tests, "
+        "webhooks inside the same network); by default only https to public addresses",
+    )
+    push.add_argument(
+        "--push-allow-hosts",
+        metavar="HOST[,HOST...]",
+        default="",
+        help="webhook hosts trusted whatever they resolve to (*.example.com for subdomains)",
+    )
     cluster = serve.add_argument_group("cluster mode (NATS JetStream; pip install '.[cluster]')")
     cluster.add_argument(
         "--nats",
@@ -132,6 +150,9 @@ async def serve(args: argparse.Namespace) -> None:
         shutdown_grace=args.shutdown_grace,
         max_final_tasks=args.max_final_tasks,
         final_task_ttl=args.final_task_ttl,
+        push=not args.no_push,
+        push_allow_private=args.push_allow_private,
+        push_allow_hosts=tuple(h.strip() for h in args.push_allow_hosts.split(",") if h.strip()),
     )
     server = A2AServer(
         executor,

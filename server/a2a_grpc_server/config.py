@@ -68,6 +68,18 @@ class ServerConfig:
             again; the rest waits for the next slice (see ``pacing``). It keeps
             a burst to many tasks from stalling every other call (a GetTask
             took seconds during a burst to 20 streams). 0 turns pacing off.
+        push: Whether push notifications are served (the card's
+            ``capabilities.push_notifications``); off, the push-config RPCs and
+            a SendMessage carrying a config answer PushNotificationNotSupported.
+        push_max_configs: Most push configs per task.
+        push_timeout: Seconds one webhook request may take.
+        push_retry_for: Seconds one frame is retried before it is given up
+            (then the webhook gets the task as it is and delivery goes on).
+        push_max_in_flight: Most webhook requests in flight at once.
+        push_allow_private: Allow http and private, loopback and link-local
+            webhook addresses (tests, webhooks inside the same network).
+        push_allow_hosts: Webhook host names trusted whatever they resolve to
+            (``*.example.com`` for subdomains); still https only.
     """
 
     log_max_frames: int = 16_384
@@ -88,6 +100,13 @@ class ServerConfig:
     shutdown_timeout: float = 20.0
     shutdown_flush: float = 2.0
     loop_slice: float = 0.005
+    push: bool = True
+    push_max_configs: int = 10
+    push_timeout: float = 10.0
+    push_retry_for: float = 600.0
+    push_max_in_flight: int = 64
+    push_allow_private: bool = False
+    push_allow_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.log_max_frames < 1 or self.log_max_bytes < 1:
@@ -111,6 +130,10 @@ class ServerConfig:
             )
         if self.loop_slice < 0:
             raise ValueError("loop_slice must not be negative")
+        if self.push_max_configs < 1 or self.push_max_in_flight < 1:
+            raise ValueError("push_max_configs and push_max_in_flight must be positive")
+        if self.push_timeout <= 0 or self.push_retry_for < 0:
+            raise ValueError("push_timeout must be positive and push_retry_for not negative")
         if self.max_message_bytes < 1 or self.max_message_bytes * 2 > self.max_task_bytes:
             raise ValueError(
                 f"max_message_bytes ({self.max_message_bytes}) must be positive and at most "

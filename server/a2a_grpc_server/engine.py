@@ -49,6 +49,7 @@ from .tasklog import LogClosedError, LogLimits, LogPool, LogReader, TaskLog
 
 if TYPE_CHECKING:
     from .cluster import Cluster
+    from .push.service import PushService
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +204,8 @@ class TaskEngine:
         """The tasks waiting for input here (see ``parking``)."""
         self.pacer = Pacer(config.loop_slice)
         """Shares the event loop between bursts and everything else (see ``pacing``)."""
+        self.push: PushService | None = None
+        """Push notifications (set by ``A2AService``; None: push is off)."""
 
     @property
     def journal(self) -> TaskJournal:
@@ -256,6 +259,10 @@ class TaskEngine:
         try:
             if resumable:
                 live.log.make_resumable()
+            inline = request.configuration
+            if inline.HasField("task_push_notification_config"):
+                assert self.push is not None, "the servicer refuses it when push is off"
+                await self.push.register(live, inline.task_push_notification_config)
             try:
                 if follow_up:
                     try:
@@ -322,6 +329,18 @@ class TaskEngine:
                 return task, seq
         recorded = await self._get_recorded(task_id)
         return recorded.task, recorded.seq
+
+    async def recorded(self, task_id: str) -> RecordedTask:
+        """The task as recorded (or its final state, not recorded yet).
+
+        Raises:
+            TaskNotFoundError: No such task.
+        """
+        return await self._get_recorded(task_id)
+
+    def live_task(self, task_id: str) -> LiveTask | None:
+        """The task, if it is live (in memory) on this instance."""
+        return self._live.get(task_id)
 
     async def _get_recorded(self, task_id: str) -> RecordedTask:
         """The task as recorded; for a final state not recorded yet, that state.
@@ -518,15 +537,25 @@ class TaskEngine:
             if deadline is not None:
                 remaining = min(remaining, max(0.0, deadline - loop.time()))
             async with asyncio.timeout(remaining):
-                await self.wait_idle()
+                await self._wait_runs_idle()
         except TimeoutError:
             # Only an executor that swallows its cancellation gets here; its
             # streams already have their final frame.
             logger.error("%d run(s) ignored cancellation at shutdown", len(self._runs))
+        if self.push is not None:  # webhooks get the final frames too, within the budget
+            await self.push.close(deadline)
         self.pool.close()
 
     async def wait_idle(self) -> None:
-        """Wait until no run of this engine is alive and no final state is being recorded."""
+        """Wait until runs, final-state recorders and webhooks of ended tasks are done.
+
+        Webhooks of an ended task are done once they got (or gave up) every frame.
+        """
+        await self._wait_runs_idle()
+        if self.push is not None:
+            await self.push.dispatcher.wait_ended()
+
+    async def _wait_runs_idle(self) -> None:
         await self._idle.wait()
         while self._recorders:
             await asyncio.wait(list(self._recorders))
@@ -575,12 +604,16 @@ class TaskEngine:
         )
         self._register(live)
         self.parking.park(live)
+        if self.push is not None:
+            self.push.resume(live)
         return live
 
     def _evict(self, live: LiveTask) -> None:
         """Take a parked task out of memory (``ParkingLot``); its record stays."""
         if self._live.get(live.task_id) is live:
             del self._live[live.task_id]
+        if self.push is not None:
+            self.push.detach(live.task_id)
         live.log.release()
 
     async def _route_send(

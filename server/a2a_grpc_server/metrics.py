@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .tasklog import LogPool
 
+PUSH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0)
 CANCEL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -59,6 +60,20 @@ class Metrics:
     """Tasks of a lost instance this instance ended FAILED (cluster mode)."""
     cancel_seconds: Histogram = field(default_factory=lambda: Histogram(CANCEL_BUCKETS))
     """CancelTask received -> the task's final frame in every buffer."""
+    push_deliveries: Counter[str] = field(default_factory=Counter)
+    """Frames POSTed to webhooks, by outcome: delivered, given_up."""
+    push_retries: int = 0
+    """Webhook attempts retried."""
+    push_in_flight: int = 0
+    """Webhook requests in flight now."""
+    push_deliveries_running: int = 0
+    """(task, config) deliveries following a task's log now."""
+    push_frames_skipped: int = 0
+    """Times a delivery fell behind the task's log and jumped to the task as it is."""
+    push_failing: set[tuple[str, str]] = field(default_factory=set)
+    """(task, config) whose last frame was given up (until one is delivered)."""
+    push_lag_seconds: Histogram = field(default_factory=lambda: Histogram(PUSH_BUCKETS))
+    """First attempt to delivery, per frame delivered (retries included)."""
     pool: LogPool | None = None
     """The instance's task logs, read for their gauges when rendering."""
 
@@ -128,18 +143,57 @@ class Metrics:
             "Tasks of lost instances ended FAILED by this instance.",
             [("", self.tasks_reaped)],
         )
-        h = self.cancel_seconds
-        cumulative = 0
-        samples: list[tuple[str, float]] = []
-        for bound, count in zip((*h.bounds, float("inf")), h.counts, strict=True):
-            cumulative += count
-            le = "+Inf" if bound == float("inf") else _number(bound)
-            samples.append((f'_bucket{{le="{le}"}}', cumulative))
-        samples += [("_sum", h.total), ("_count", h.n)]
-        lines.append("# HELP a2a_cancel_seconds CancelTask to final frame.")
-        lines.append("# TYPE a2a_cancel_seconds histogram")
-        lines.extend(f"a2a_cancel_seconds{suffix} {_number(v)}" for suffix, v in samples)
+        metric(
+            "push_deliveries_total",
+            "counter",
+            "Frames POSTed to webhooks, by outcome (delivered, given_up).",
+            [(f'{{outcome="{o}"}}', n) for o, n in sorted(self.push_deliveries.items())],
+        )
+        metric(
+            "push_retries_total", "counter", "Webhook attempts retried.", [("", self.push_retries)]
+        )
+        metric(
+            "push_in_flight", "gauge", "Webhook requests in flight.", [("", self.push_in_flight)]
+        )
+        metric(
+            "push_deliveries_running",
+            "gauge",
+            "Webhooks following a task's log.",
+            [("", self.push_deliveries_running)],
+        )
+        metric(
+            "push_frames_skipped_total",
+            "counter",
+            "Times a webhook fell behind its task's log and got the task as it was instead.",
+            [("", self.push_frames_skipped)],
+        )
+        metric(
+            "push_failing_configs",
+            "gauge",
+            "Webhooks whose last frame was given up.",
+            [("", len(self.push_failing))],
+        )
+        _histogram(lines, "cancel_seconds", "CancelTask to final frame.", self.cancel_seconds)
+        _histogram(
+            lines,
+            "push_delivery_seconds",
+            "First attempt to delivery of a frame to a webhook (retries included).",
+            self.push_lag_seconds,
+        )
         return "\n".join(lines) + "\n"
+
+
+def _histogram(lines: list[str], name: str, help_text: str, h: Histogram) -> None:
+    cumulative = 0
+    samples: list[tuple[str, float]] = []
+    for bound, count in zip((*h.bounds, float("inf")), h.counts, strict=True):
+        cumulative += count
+        le = "+Inf" if bound == float("inf") else _number(bound)
+        samples.append((f'_bucket{{le="{le}"}}', cumulative))
+    samples += [("_sum", h.total), ("_count", h.n)]
+    lines.append(f"# HELP a2a_{name} {help_text}")
+    lines.append(f"# TYPE a2a_{name} histogram")
+    lines.extend(f"a2a_{name}{suffix} {_number(v)}" for suffix, v in samples)
 
 
 def _number(value: float) -> str:

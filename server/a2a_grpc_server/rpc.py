@@ -16,7 +16,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from a2a.types import a2a_pb2
@@ -43,6 +43,7 @@ from a2a.utils.errors import (
     ExtendedAgentCardNotConfiguredError,
     InvalidRequestError,
     PushNotificationNotSupportedError,
+    UnsupportedOperationError,
 )
 from google.protobuf import message_factory
 from google.protobuf.empty_pb2 import Empty
@@ -54,7 +55,11 @@ from .config import ServerConfig
 from .engine import TaskEngine
 from .errors import AnswerTooLargeError, FrameNotKeptError, InvalidFieldError
 from .journal import InvalidPageTokenError, TaskQuery
+from .push.configs import check_config
 from .tasklog import LogReader
+
+if TYPE_CHECKING:
+    from .push.service import PushService
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +149,8 @@ class RpcServicer:
         self._extended_card = extended_card
         self._config = config
         self._streams_changed = asyncio.Condition()
+        capabilities = card.capabilities
+        self._streaming = not capabilities.HasField("streaming") or capabilities.streaming
 
     @property
     def open_streams(self) -> int:
@@ -162,6 +169,7 @@ class RpcServicer:
         """Send a message; wait for a terminal or interrupted state unless asked not to."""
         call = caller(context, "SendMessage")
         validation.check_send(request, self._config, self._input_modes)
+        self._check_inline_push(request)
         numbered = await _activate_resume(call, context)
         started = await self._engine.send(request, call, subscribe=False, resumable=numbered)
         answer, seq = await started.outcome(immediately=request.configuration.return_immediately)
@@ -177,7 +185,9 @@ class RpcServicer:
     async def SendStreamingMessage(self, request: SendMessageRequest, context: Context) -> None:
         """Send a message and stream the task's frames until it ends or needs input."""
         call = caller(context, "SendStreamingMessage")
+        self._check_streaming("SendStreamingMessage")
         validation.check_send(request, self._config, self._input_modes)
+        self._check_inline_push(request)
         numbered = await _activate_resume(call, context)
         started = await self._engine.send(request, call, subscribe=True, resumable=numbered)
         assert started.reader is not None
@@ -193,6 +203,7 @@ class RpcServicer:
         frames after N, no snapshot.
         """
         call = caller(context, "SubscribeToTask")
+        self._check_streaming("SubscribeToTask")
         validation.check_task_id(request.id)
         after = resume.resume_after(call)
         numbered = await _activate_resume(call, context)
@@ -280,36 +291,68 @@ class RpcServicer:
     async def CreateTaskPushNotificationConfig(
         self, request: TaskPushNotificationConfig, context: Context
     ) -> TaskPushNotificationConfig:
-        """Push notifications are not supported yet."""
-        return await self._no_push(context, "CreateTaskPushNotificationConfig")
+        """Register a webhook for a task (an id is assigned when none is given)."""
+        push = self._push(context, "CreateTaskPushNotificationConfig")
+        validation.check_task_id(request.task_id, "task_id")
+        check_config(request, push.screen)
+        return await push.create(request)
 
     @_handled
     async def GetTaskPushNotificationConfig(
         self, request: GetTaskPushNotificationConfigRequest, context: Context
     ) -> TaskPushNotificationConfig:
-        """Push notifications are not supported yet."""
-        return await self._no_push(context, "GetTaskPushNotificationConfig")
+        """Return one webhook config of a task."""
+        push = self._push(context, "GetTaskPushNotificationConfig")
+        validation.check_task_id(request.task_id, "task_id")
+        validation.check_id(request.id, "id")
+        return await push.get(request.task_id, request.id)
 
     @_handled
     async def ListTaskPushNotificationConfigs(
         self, request: ListTaskPushNotificationConfigsRequest, context: Context
     ) -> ListTaskPushNotificationConfigsResponse:
-        """Push notifications are not supported yet."""
-        return await self._no_push(context, "ListTaskPushNotificationConfigs")
+        """List a task's webhook configs, oldest first, with cursor pagination."""
+        push = self._push(context, "ListTaskPushNotificationConfigs")
+        validation.check_task_id(request.task_id, "task_id")
+        page_size = validation.check_page(request.page_size, request.page_token)
+        page = await push.list(request.task_id, page_size, request.page_token)
+        return ListTaskPushNotificationConfigsResponse(
+            configs=page.configs, next_page_token=page.next_token
+        )
 
     @_handled
     async def DeleteTaskPushNotificationConfig(
         self, request: DeleteTaskPushNotificationConfigRequest, context: Context
     ) -> Empty:
-        """Push notifications are not supported yet."""
-        return await self._no_push(context, "DeleteTaskPushNotificationConfig")
+        """Delete a webhook config (idempotent: a config already gone is not an error)."""
+        push = self._push(context, "DeleteTaskPushNotificationConfig")
+        validation.check_task_id(request.task_id, "task_id")
+        validation.check_id(request.id, "id")
+        await push.delete(request.task_id, request.id)
+        return Empty()
 
-    async def _no_push(self, context: Context, method: str) -> NoReturn:
+    def _push(self, context: Context, method: str) -> PushService:
         caller(context, method)
-        raise PushNotificationNotSupportedError(
-            "this agent does not send push notifications (capabilities.pushNotifications is "
-            "false); use SendStreamingMessage or SubscribeToTask"
-        )
+        if self._engine.push is None:
+            raise _push_off()
+        return self._engine.push
+
+    def _check_inline_push(self, request: SendMessageRequest) -> None:
+        """Refuse a message's push config that is malformed, or any when push is off."""
+        if not request.configuration.HasField("task_push_notification_config"):
+            return
+        push = self._engine.push
+        if push is None:
+            raise _push_off()
+        config = request.configuration.task_push_notification_config
+        check_config(config, push.screen, "configuration.task_push_notification_config.")
+
+    def _check_streaming(self, method: str) -> None:
+        if not self._streaming:
+            raise UnsupportedOperationError(
+                f"{method}: this agent does not stream (capabilities.streaming is false in its "
+                "card); use SendMessage and GetTask"
+            )
 
     async def _pump(
         self,
@@ -364,6 +407,13 @@ async def _activate_resume(call: Caller, context: Context) -> bool:
         return False
     await context.send_initial_metadata(((EXTENSIONS_KEY, resume.URI),))
     return True
+
+
+def _push_off() -> PushNotificationNotSupportedError:
+    return PushNotificationNotSupportedError(
+        "this server does not send push notifications (capabilities.pushNotifications is "
+        "false); use SendStreamingMessage or SubscribeToTask"
+    )
 
 
 def _trim(task: Task, history_length: int, present: bool) -> None:

@@ -208,12 +208,14 @@ class LogReader:
     that stopped once the kept frames are read.
     """
 
-    __slots__ = ("_end", "_log", "_next")
+    __slots__ = ("_end", "_log", "_next", "passive")
 
-    def __init__(self, log: TaskLog, next_seq: int) -> None:
+    def __init__(self, log: TaskLog, next_seq: int, passive: bool = False) -> None:
         self._log = log
         self._next = next_seq
         self._end: EndReason | None = None
+        self.passive = passive
+        """A background reader (a push delivery): not counted in ``TaskLog.readers``."""
 
     @property
     def task_id(self) -> str:
@@ -309,6 +311,7 @@ class TaskLog:
         "_first_seq",
         "_kept",
         "_last_seq",
+        "_passive",
         "_pool",
         "_readers",
         "_relayed",
@@ -341,6 +344,7 @@ class TaskLog:
         self._severed: Exception | None = None
         # Made only when needed: a parked task with no reader pays for none.
         self._readers: dict[LogReader, None] | None = None
+        self._passive = 0
         self._waiters: dict[asyncio.Future[None], None] | None = None
         self._close_callbacks: list[Callable[[], None]] | None = None
         self.on_idle: Callable[[], None] | None = None
@@ -395,8 +399,8 @@ class TaskLog:
 
     @property
     def readers(self) -> int:
-        """Readers currently attached."""
-        return len(self._readers) if self._readers else 0
+        """Readers currently attached (clients; passive readers not counted)."""
+        return len(self._readers) - self._passive if self._readers else 0
 
     def make_resumable(self) -> None:
         """Keep frames for the resume window from now on (a resume-aware client follows)."""
@@ -437,16 +441,20 @@ class TaskLog:
         reader = self.reader(self._last_seq + 1)
         return (taskops.copy(self.snapshot) if self.snapshot is not None else None), reader
 
-    def reader(self, next_seq: int) -> LogReader:
+    def reader(self, next_seq: int, *, passive: bool = False) -> LogReader:
         """A reader whose first frame is ``next_seq`` (a resumption, or ``subscribe``).
 
         The caller checks that ``next_seq`` is kept; a reader past the end waits
         for it, and one before ``first_kept`` raises ``FrameNotKeptError`` on read.
+        A *passive* reader (a push delivery) keeps frames like any other but
+        does not count as someone following the task (``readers``): a parked
+        task it follows may still leave memory.
         """
-        reader = LogReader(self, next_seq)
+        reader = LogReader(self, next_seq, passive)
         if self._readers is None:
             self._readers = {}
         self._readers[reader] = None
+        self._passive += passive
         return reader
 
     def append(self, frame: bytes, state: int = 0, *, final: bool = False) -> int:
@@ -621,6 +629,7 @@ class TaskLog:
         if not self._readers or reader not in self._readers:
             return
         del self._readers[reader]
+        self._passive -= reader.passive
         if self._readers:
             return
         self._readers = None

@@ -116,6 +116,23 @@ def check_task_id(task_id: str, field: str = "id") -> None:
     _check_length(field, task_id)
 
 
+def check_id(value: str, field: str) -> None:
+    """Refuse an empty or overlong id (a push config's)."""
+    if not value:
+        raise InvalidFieldError(field, "is required")
+    _check_length(field, value)
+
+
+def check_page(page_size: int, page_token: str) -> int:
+    """Validate a page size (0: the default) and token; return the page size to use."""
+    _check_length("page_token", page_token, MAX_TOKEN_CHARS)
+    if page_size == 0:
+        return DEFAULT_PAGE_SIZE
+    if not 1 <= page_size <= MAX_PAGE_SIZE:
+        raise InvalidFieldError("page_size", f"must be between 1 and {MAX_PAGE_SIZE}")
+    return page_size
+
+
 def _check_length(field: str, value: str, most: int = MAX_ID_CHARS) -> None:
     if len(value) > most:
         raise InvalidFieldError(

@@ -69,6 +69,8 @@ class MemoryJournal:
         self._ttl = final_task_ttl
         self._clock = clock
         self._rev = 0
+        self.on_forget: Callable[[str], None] | None = None
+        """Called with the id of each final task retention drops (its push configs go too)."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -162,6 +164,8 @@ class MemoryJournal:
                 break
             del self._final[task_id]
             self._entries.pop(task_id, None)
+            if self.on_forget is not None:
+                self.on_forget(task_id)
 
 
 def _copy(entry: _Entry) -> Task:

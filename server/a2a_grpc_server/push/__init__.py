@@ -1,0 +1,1 @@
+"""Push notifications: webhook configs, their screening, and delivery as readers of task logs."""

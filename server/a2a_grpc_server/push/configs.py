@@ -1,0 +1,267 @@
+"""Push notification configs: their checks, and where they are kept beside their task.
+
+A config is a client's webhook for one task (``TaskPushNotificationConfig``):
+URL, optional token and authentication. ``check_config`` refuses a malformed
+one before anything is stored; ``PushConfigStore`` keeps them, with each
+config's *cursor* (the last frame its webhook confirmed), until the task's
+retention ends or the client deletes them. ``MemoryPushConfigs`` is the
+in-memory store (one instance); the JetStream store keeps them in the KV
+bucket so that any instance can continue a delivery.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+from a2a.types.a2a_pb2 import TaskPushNotificationConfig
+
+from ..errors import InvalidFieldError, ServerError, quote
+from ..validation import MAX_ID_CHARS, MAX_TOKEN_CHARS
+from .screen import RefusedTargetError, Screen
+
+MAX_SECRET_CHARS = 4096
+"""Longest token or credentials accepted (each travels as an HTTP header value)."""
+HEADER_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An HTTP token (RFC 9110 §5.6.2): what an authentication scheme must be."""
+UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+"""Characters a header value may not carry (CR and LF above all: header injection)."""
+
+
+class PushConfigLimitError(ServerError):
+    """A task already has as many push configs as the server keeps per task."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "PUSH_CONFIG_LIMIT"
+
+    def __init__(self, task_id: str, most: int) -> None:
+        self.most = most
+        super().__init__(
+            f"task {quote(task_id)} already has {most} push notification configs, the most "
+            "this server keeps per task; delete one first or reuse its id"
+        )
+
+    def details(self) -> dict[str, str]:
+        """The limit."""
+        return {"limit": str(self.most)}
+
+
+class PushConfigNotFoundError(ServerError):
+    """The task has no push config with this id."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "PUSH_CONFIG_NOT_FOUND"
+
+    def __init__(self, task_id: str, config_id: str) -> None:
+        super().__init__(
+            f"task {quote(task_id)} has no push notification config {quote(config_id)} "
+            "(ListTaskPushNotificationConfigs lists them)"
+        )
+
+
+def check_config(config: TaskPushNotificationConfig, screen: Screen, prefix: str = "") -> None:
+    """Refuse a malformed config (each error names its field).
+
+    Args:
+        config: The config as the client sent it (``task_id`` already set).
+        screen: The push target policy.
+        prefix: The field path of the config in its request (for inline configs).
+
+    Raises:
+        InvalidFieldError: A field is missing or malformed.
+    """
+    if len(config.id) > MAX_ID_CHARS:
+        raise InvalidFieldError(f"{prefix}id", f"is longer than {MAX_ID_CHARS} characters")
+    if len(config.tenant) > MAX_ID_CHARS:
+        raise InvalidFieldError(f"{prefix}tenant", f"is longer than {MAX_ID_CHARS} characters")
+    if not config.url:
+        raise InvalidFieldError(f"{prefix}url", "is required (the webhook's https URL)")
+    try:
+        screen.url(config.url)
+    except RefusedTargetError as exc:
+        raise InvalidFieldError(f"{prefix}url", str(exc)) from None
+    _check_header_value(f"{prefix}token", config.token)
+    if config.HasField("authentication"):
+        auth = config.authentication
+        if not HEADER_TOKEN.fullmatch(auth.scheme):
+            raise InvalidFieldError(
+                f"{prefix}authentication.scheme",
+                f"{quote(auth.scheme)} is not an HTTP authentication scheme (e.g. Bearer)",
+            )
+        if len(auth.scheme) > MAX_ID_CHARS:
+            raise InvalidFieldError(f"{prefix}authentication.scheme", "is too long")
+        _check_header_value(f"{prefix}authentication.credentials", auth.credentials)
+
+
+def _check_header_value(field_name: str, value: str) -> None:
+    if len(value) > MAX_SECRET_CHARS:
+        raise InvalidFieldError(
+            field_name, f"is {len(value)} characters; at most {MAX_SECRET_CHARS}"
+        )
+    if UNSAFE.search(value):
+        raise InvalidFieldError(
+            field_name, "contains a control character (CR, LF, ...); it is sent as a header"
+        )
+    if not value.isascii():
+        raise InvalidFieldError(field_name, "must be ASCII; it is sent as an HTTP header")
+
+
+def new_id() -> str:
+    """A server-assigned config id."""
+    return str(uuid.uuid4())
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigPage:
+    """One page of a task's configs.
+
+    Attributes:
+        configs: The configs, oldest first.
+        next_token: The token of the next page ("" on the last).
+    """
+
+    configs: list[TaskPushNotificationConfig]
+    next_token: str
+
+
+class PushConfigStore(Protocol):
+    """Where push configs and their cursors are kept (see the module docstring).
+
+    A config is keyed by (task id, config id); ``put`` of an existing key
+    replaces it and resets its cursor. Implementations return copies.
+    """
+
+    async def put(self, config: TaskPushNotificationConfig, most: int, seq: int) -> None:
+        """Keep ``config``; its webhook gets the frames after ``seq``.
+
+        Raises:
+            PushConfigLimitError: The task has ``most`` other configs already.
+        """
+        ...
+
+    async def get(self, task_id: str, config_id: str) -> TaskPushNotificationConfig | None:
+        """The config, or None."""
+        ...
+
+    async def list(self, task_id: str, page_size: int, page_token: str) -> ConfigPage:
+        """One page of the task's configs, oldest first.
+
+        Raises:
+            InvalidFieldError: ``page_token`` is not one this store issued.
+        """
+        ...
+
+    async def delete(self, task_id: str, config_id: str) -> bool:
+        """Forget a config and its cursor; whether it existed."""
+        ...
+
+    async def cursor(self, task_id: str, config_id: str) -> int | None:
+        """The last frame the config's webhook confirmed (None: no such config)."""
+        ...
+
+    async def confirm(self, task_id: str, config_id: str, seq: int) -> None:
+        """Record that the webhook confirmed every frame up to ``seq``."""
+        ...
+
+    def forget(self, task_id: str) -> None:
+        """Drop every config of a task the journal no longer keeps."""
+        ...
+
+
+@dataclass(slots=True)
+class _Kept:
+    config: TaskPushNotificationConfig
+    number: int
+    cursor: int
+
+
+@dataclass(slots=True)
+class _TaskConfigs:
+    by_id: dict[str, _Kept] = field(default_factory=dict)
+    made: int = 0
+
+
+class MemoryPushConfigs:
+    """A ``PushConfigStore`` in this process's memory (the in-memory journal's companion)."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, _TaskConfigs] = {}
+
+    def __len__(self) -> int:
+        return sum(len(t.by_id) for t in self._tasks.values())
+
+    async def put(self, config: TaskPushNotificationConfig, most: int, seq: int) -> None:
+        """Keep ``config`` (a copy); see ``PushConfigStore.put``."""
+        kept = self._tasks.setdefault(config.task_id, _TaskConfigs())
+        if config.id not in kept.by_id and len(kept.by_id) >= most:
+            raise PushConfigLimitError(config.task_id, most)
+        copy = TaskPushNotificationConfig()
+        copy.CopyFrom(config)
+        old = kept.by_id.pop(config.id, None)
+        kept.made += 1
+        kept.by_id[config.id] = _Kept(copy, old.number if old else kept.made, seq)
+        if old is not None:  # keep its place in the listing
+            kept.by_id = dict(sorted(kept.by_id.items(), key=lambda item: item[1].number))
+
+    async def get(self, task_id: str, config_id: str) -> TaskPushNotificationConfig | None:
+        """The config, or None."""
+        kept = self._tasks.get(task_id)
+        entry = kept.by_id.get(config_id) if kept else None
+        if entry is None:
+            return None
+        copy = TaskPushNotificationConfig()
+        copy.CopyFrom(entry.config)
+        return copy
+
+    async def list(self, task_id: str, page_size: int, page_token: str) -> ConfigPage:
+        """One page, oldest first; the token is the number of the last config listed."""
+        after = _decode(page_token)
+        kept = self._tasks.get(task_id)
+        entries = [e for e in (kept.by_id.values() if kept else ()) if e.number > after]
+        page = entries[:page_size]
+        configs = []
+        for entry in page:
+            copy = TaskPushNotificationConfig()
+            copy.CopyFrom(entry.config)
+            configs.append(copy)
+        more = len(entries) > page_size
+        return ConfigPage(configs, f"c{page[-1].number}" if more and page else "")
+
+    async def delete(self, task_id: str, config_id: str) -> bool:
+        """Forget a config; whether it existed."""
+        kept = self._tasks.get(task_id)
+        if kept is None or kept.by_id.pop(config_id, None) is None:
+            return False
+        if not kept.by_id:
+            del self._tasks[task_id]
+        return True
+
+    async def cursor(self, task_id: str, config_id: str) -> int | None:
+        """The last frame confirmed, or None."""
+        kept = self._tasks.get(task_id)
+        entry = kept.by_id.get(config_id) if kept else None
+        return entry.cursor if entry else None
+
+    async def confirm(self, task_id: str, config_id: str, seq: int) -> None:
+        """Move the cursor forward (never back)."""
+        kept = self._tasks.get(task_id)
+        entry = kept.by_id.get(config_id) if kept else None
+        if entry is not None and seq > entry.cursor:
+            entry.cursor = seq
+
+    def forget(self, task_id: str) -> None:
+        """Drop the task's configs."""
+        self._tasks.pop(task_id, None)
+
+
+def _decode(token: str) -> int:
+    if not token:
+        return 0
+    if len(token) > MAX_TOKEN_CHARS or not token.startswith("c") or not token[1:].isdigit():
+        raise InvalidFieldError(
+            "page_token", f"{quote(token)} is not a token this server issued; omit it"
+        )
+    return int(token[1:])

@@ -1,0 +1,288 @@
+"""PushDispatcher: every webhook is one more reader of its task's log, with its own cursor.
+
+For each (task, config) one coroutine (a *delivery*) reads the task's log
+from the config's cursor and POSTs each frame in order (``WebhookSender``),
+one request at a time, then moves the cursor. So a webhook gets what a
+stream gets, in the same order, the final frame last, whatever ended the
+task: the final frame is in the log for every ending (completion, each
+cancel flavour, failure, shutdown).
+
+Retries: a frame worth retrying is retried with exponential backoff and
+jitter (or as ``Retry-After`` says) for ``push_retry_for`` seconds; then the
+config counts as failing, the frame is given up, and the delivery jumps to
+the task as it is now, sent as one ``Task`` frame, and goes on from there.
+A delivery whose next frame left the log (the receiver was slower than the
+task's log keeps) does the same. Either way the outcome is never lost: the
+last frame attempted is the final one or a Task in its final state.
+
+Bounds: one request in flight per delivery, at most ``push_max_in_flight``
+across the instance (the rest wait their turn, holding no connection); a
+delivery holds frames only through its log reader, within the log's budget;
+a slow receiver slows only its own delivery.
+
+Who runs what: deliveries are asyncio tasks named ``a2a-grpc-server:push:…``
+owned by the dispatcher; ``follow`` starts one, ``stop`` (a config deleted
+or replaced) cancels one, ``close`` (shutdown) gives them until a deadline
+to deliver what they have, final frames included, then cancels the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from typing import TYPE_CHECKING
+
+from a2a.types.a2a_pb2 import StreamResponse, Task, TaskPushNotificationConfig
+from google.protobuf import json_format
+
+from ..errors import FrameNotKeptError
+from ..metrics import Metrics
+from ..supervisor import TASK_PREFIX
+from ..tasklog import LogReader, TaskLog
+from .configs import PushConfigStore
+from .sender import Outcome, WebhookSender
+
+if TYPE_CHECKING:
+    from ..live import LiveTask
+
+logger = logging.getLogger(__name__)
+
+FIRST_RETRY = 0.5
+"""Seconds before the first retry of a frame (then doubling, with jitter)."""
+MAX_RETRY_PAUSE = 60.0
+"""Most seconds between two attempts (unless the receiver's Retry-After says more)."""
+
+
+class PushDispatcher:
+    """Runs the deliveries of one instance (see the module docstring).
+
+    Args:
+        store: Where configs and cursors are kept.
+        sender: How a frame is POSTed.
+        metrics: Where deliveries are counted.
+        retry_for: Seconds one frame is retried before it is given up.
+        max_in_flight: Most requests in flight across every delivery.
+    """
+
+    def __init__(
+        self,
+        store: PushConfigStore,
+        sender: WebhookSender,
+        metrics: Metrics,
+        *,
+        retry_for: float,
+        max_in_flight: int,
+    ) -> None:
+        self.store = store
+        self._sender = sender
+        self._metrics = metrics
+        self._retry_for = retry_for
+        self._gate = asyncio.Semaphore(max_in_flight)
+        self._deliveries: dict[str, dict[str, asyncio.Task[None]]] = {}
+        """Running deliveries by task id, then config id."""
+        self._logs: dict[str, TaskLog] = {}
+        """The log each task with deliveries follows."""
+        self._running = 0
+        self._closing = False
+
+    @property
+    def count(self) -> int:
+        """Deliveries running (a stopped one until its coroutine has ended)."""
+        return self._running
+
+    def following(self, task_id: str) -> int:
+        """Deliveries following the task (not counting stopped ones)."""
+        return len(self._deliveries.get(task_id, ()))
+
+    def follow(self, live: LiveTask, config: TaskPushNotificationConfig, after: int) -> None:
+        """Deliver the task's frames after ``after`` to ``config``'s webhook.
+
+        Replaces a delivery already running for the same config. The log must
+        keep frame ``after + 1`` or be past it (a delivery that is behind jumps
+        to the task as it is).
+        """
+        task_id, config_id = live.task_id, config.id
+        self.stop(task_id, config_id)
+        if self._closing:
+            return
+        reader = live.log.reader(after + 1, passive=True)
+        task = asyncio.create_task(
+            self._deliver(live, config, reader),
+            name=f"{TASK_PREFIX}:push:{task_id}:{config_id}",
+        )
+        self._deliveries.setdefault(task_id, {})[config_id] = task
+        self._logs[task_id] = live.log
+        self._running += 1
+        self._metrics.push_deliveries_running = self._running
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self._running -= 1
+            self._metrics.push_deliveries_running = self._running
+            of_task = self._deliveries.get(task_id)
+            if of_task is not None and of_task.get(config_id) is finished:
+                del of_task[config_id]
+                if not of_task:
+                    del self._deliveries[task_id]
+                    self._logs.pop(task_id, None)
+            if not finished.cancelled() and finished.exception() is not None:
+                logger.error(
+                    "push delivery of task %s to config %s crashed",
+                    task_id,
+                    config_id,
+                    exc_info=finished.exception(),
+                )
+
+        task.add_done_callback(done)
+
+    def stop(self, task_id: str, config_id: str) -> None:
+        """Stop the config's delivery, if one runs (the config was deleted or replaced)."""
+        of_task = self._deliveries.get(task_id)
+        task = of_task.pop(config_id, None) if of_task else None
+        if of_task is not None and not of_task:
+            del self._deliveries[task_id]
+            self._logs.pop(task_id, None)
+        if task is not None:
+            task.cancel()
+
+    def stop_task(self, task_id: str) -> None:
+        """Stop every delivery of a task (it left memory; cursors are kept)."""
+        self._logs.pop(task_id, None)
+        for task in (self._deliveries.pop(task_id, None) or {}).values():
+            task.cancel()
+
+    async def wait_ended(self) -> None:
+        """Wait until every delivery of an ended task has delivered (or given up) its frames."""
+        while ending := [
+            task
+            for task_id, of_task in self._deliveries.items()
+            if self._logs[task_id].closed
+            for task in of_task.values()
+        ]:
+            await asyncio.wait(ending)
+
+    async def close(self, deadline: float | None) -> None:
+        """Let deliveries finish until ``deadline`` (loop time), then cancel the rest."""
+        self._closing = True
+        running = [task for of_task in self._deliveries.values() for task in of_task.values()]
+        if running:
+            loop = asyncio.get_running_loop()
+            wait = None if deadline is None else max(0.0, deadline - loop.time())
+            _, late = await asyncio.wait(running, timeout=wait)
+            for task in late:
+                task.cancel()
+            if late:
+                logger.warning(
+                    "shutting down with %d push deliveries unfinished (their webhooks did not "
+                    "answer in time)",
+                    len(late),
+                )
+                await asyncio.wait(late)
+        await self._sender.close()
+
+    async def _deliver(
+        self, live: LiveTask, config: TaskPushNotificationConfig, reader: LogReader
+    ) -> None:
+        task_id = live.task_id
+        try:
+            while True:
+                try:
+                    async for seq, frame, _ in reader:
+                        if not await self._send(config, task_id, seq, frame):
+                            break  # given up: jump to the task as it is now
+                    else:
+                        return  # the final frame is delivered (or given up)
+                except FrameNotKeptError:
+                    self._metrics.push_frames_skipped += 1
+                    logger.warning(
+                        "push to config %s of task %s fell behind the task's log; "
+                        "sending the task as it is now",
+                        config.id,
+                        task_id,
+                    )
+                reader.close()
+                task, seq = await _current(live)
+                ended = live.log.closed  # then ``task`` is final
+                if not ended:  # made before the send: every frame after ``seq`` is kept for it
+                    reader = live.log.reader(seq + 1, passive=True)
+                await self._send(
+                    config, task_id, seq, StreamResponse(task=task).SerializeToString()
+                )
+                if ended:
+                    return
+        finally:
+            reader.close()
+
+    async def _send(
+        self, config: TaskPushNotificationConfig, task_id: str, seq: int, frame: bytes
+    ) -> bool:
+        """POST one frame until it is delivered, refused, or its retry budget is spent.
+
+        Returns:
+            Whether the webhook took it.
+        """
+        body = json_format.MessageToJson(StreamResponse.FromString(frame), indent=None).encode()
+        metrics = self._metrics
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self._retry_for
+        pause = FIRST_RETRY
+        started = time.monotonic()
+        while True:
+            async with self._gate:
+                metrics.push_in_flight += 1
+                try:
+                    attempt = await self._sender.post(config, task_id, seq, body)
+                finally:
+                    metrics.push_in_flight -= 1
+            if attempt.outcome is Outcome.DELIVERED:
+                metrics.push_deliveries[Outcome.DELIVERED.value] += 1
+                metrics.push_lag_seconds.observe(time.monotonic() - started)
+                metrics.push_failing.discard((task_id, config.id))
+                with contextlib.suppress(Exception):  # the cursor is advisory here
+                    await self.store.confirm(task_id, config.id, seq)
+                return True
+            left = give_up_at - loop.time()
+            if attempt.outcome is Outcome.REFUSED or left <= 0:
+                metrics.push_deliveries["given_up"] += 1
+                metrics.push_failing.add((task_id, config.id))
+                logger.warning(
+                    "push to config %s of task %s: frame %d given up (%s)%s",
+                    config.id,
+                    task_id,
+                    seq,
+                    attempt.detail,
+                    "" if attempt.outcome is Outcome.REFUSED else f" after {self._retry_for:g} s",
+                )
+                return False
+            metrics.push_retries += 1
+            wait = attempt.retry_after
+            if wait is None:
+                wait = pause * random.uniform(0.5, 1.5)  # jitter: receivers recovering
+                pause = min(pause * 2, MAX_RETRY_PAUSE)
+            logger.info(
+                "push to config %s of task %s: frame %d not delivered (%s); retrying in %.1f s",
+                config.id,
+                task_id,
+                seq,
+                attempt.detail,
+                wait,
+            )
+            await asyncio.sleep(min(wait, left))
+
+
+async def _current(live: LiveTask) -> tuple[Task, int]:
+    """The task as it is now and the number of the last frame it includes.
+
+    Returns with no frame appended since (the caller makes its reader at once).
+    """
+    if not live.log.closed:
+        task, seq = await live.snapshot()
+        if task is not None:
+            return task, seq
+    snapshot = live.log.snapshot
+    assert snapshot is not None, "a task with a push config exists"
+    copy = Task()
+    copy.CopyFrom(snapshot)
+    return copy, live.log.last_seq

@@ -1,0 +1,151 @@
+"""WebhookSender: one POST of one frame to one webhook, and what came of it.
+
+The request (documented in the README, "Push notifications"):
+
+* body: the frame, a ``StreamResponse`` in ProtoJSON;
+* ``Content-Type: application/a2a+json``, ``A2A-Version: 1.0``;
+* ``Authorization: <scheme> <credentials>`` from the config's
+  ``authentication``; the config's ``token`` in ``X-A2A-Notification-Token``;
+* ``X-A2A-Task-Id`` and ``X-A2A-Sequence`` (the frame's number in the task's
+  log, the same a resume-aware stream sees): a receiver drops a frame whose
+  sequence number it already has, since delivery is at least once.
+
+The connection goes to the address ``Screen.resolve`` checked (see
+``screen``); redirects are not followed; the response body is not read.
+Outcomes: 2xx delivered; 408, 429 and 5xx, timeouts and connection errors
+are worth retrying (``Retry-After`` honoured); anything else is refused for
+good (the frame is given up).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import enum
+import time
+from dataclasses import dataclass
+
+import httpx
+from a2a.types.a2a_pb2 import TaskPushNotificationConfig
+
+from .screen import RefusedTargetError, Screen
+
+CONTENT_TYPE = "application/a2a+json"
+TASK_HEADER = "X-A2A-Task-Id"
+SEQ_HEADER = "X-A2A-Sequence"
+TOKEN_HEADER = "X-A2A-Notification-Token"
+RETRIED_STATUSES = frozenset({408, 425, 429})
+"""4xx answers worth retrying (besides every 5xx)."""
+MAX_RETRY_AFTER = 3600.0
+"""Longest ``Retry-After`` honoured, in seconds (a longer one waits this long)."""
+
+
+class Outcome(enum.Enum):
+    """What one attempt came to."""
+
+    DELIVERED = "delivered"
+    RETRY = "retry"
+    """Worth trying again (timeout, connection error, 408/425/429, 5xx)."""
+    REFUSED = "refused"
+    """Not worth trying again (a 4xx answer, a redirect, a refused address)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """The result of one POST.
+
+    Attributes:
+        outcome: Delivered, retry, refused.
+        detail: What happened, for logs ("HTTP 503", "connect timeout", ...).
+        retry_after: Seconds the receiver asked to wait (None: it did not say).
+    """
+
+    outcome: Outcome
+    detail: str
+    retry_after: float | None = None
+
+
+class WebhookSender:
+    """Sends frames to webhooks over one pooled httpx client.
+
+    Args:
+        screen: Which addresses may be reached.
+        timeout: Seconds one request may take, connecting included.
+        max_connections: Most connections open at once (all webhooks together).
+    """
+
+    def __init__(self, screen: Screen, timeout: float, max_connections: int) -> None:
+        self._screen = screen
+        self._client = httpx.AsyncClient(
+            timeout=timeout,
+            follow_redirects=False,
+            trust_env=False,  # no proxy from the environment: the screened address is reached
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+
+    async def post(
+        self, config: TaskPushNotificationConfig, task_id: str, seq: int, body: bytes
+    ) -> Attempt:
+        """POST one frame (``body``, ProtoJSON) to the config's webhook."""
+        try:
+            target = await self._screen.resolve(config.url)
+        except RefusedTargetError as exc:
+            return Attempt(Outcome.REFUSED, f"address refused: {exc}")
+        except OSError as exc:
+            return Attempt(Outcome.RETRY, f"cannot resolve the host: {exc}")
+        headers = {
+            "Host": target.host,
+            "Content-Type": CONTENT_TYPE,
+            "A2A-Version": "1.0",
+            TASK_HEADER: task_id,
+            SEQ_HEADER: str(seq),
+        }
+        if config.token:
+            headers[TOKEN_HEADER] = config.token
+        if config.HasField("authentication"):
+            auth = config.authentication
+            headers["Authorization"] = f"{auth.scheme} {auth.credentials}".rstrip()
+        extensions = {"sni_hostname": target.server_name} if target.server_name else None
+        try:
+            request = self._client.build_request(
+                "POST", target.url, content=body, headers=headers, extensions=extensions
+            )
+            response = await self._client.send(request, stream=True)
+            await response.aclose()  # the body is not read: a receiver cannot make us hold it
+        except httpx.TimeoutException as exc:
+            return Attempt(Outcome.RETRY, f"timed out ({type(exc).__name__})")
+        except httpx.TransportError as exc:
+            return Attempt(Outcome.RETRY, f"{type(exc).__name__}: {exc}")
+        status = response.status_code
+        if 200 <= status < 300:
+            return Attempt(Outcome.DELIVERED, f"HTTP {status}")
+        if status >= 500 or status in RETRIED_STATUSES:
+            after = retry_after(response.headers.get("Retry-After"))
+            return Attempt(Outcome.RETRY, f"HTTP {status}", after)
+        return Attempt(Outcome.REFUSED, f"HTTP {status}")
+
+    async def close(self) -> None:
+        """Close every connection."""
+        await self._client.aclose()
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (delay-seconds or an HTTP date).
+
+    Returns:
+        The wait, at most ``MAX_RETRY_AFTER``; None if absent or unreadable.
+    """
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    wait = when.timestamp() - (time.time() if now is None else now)
+    return min(max(wait, 0.0), MAX_RETRY_AFTER)

@@ -1,0 +1,176 @@
+"""PushService: the push-config operations, and when deliveries start and stop.
+
+Who calls what: the gRPC servicer calls ``create``, ``get``, ``list`` and
+``delete`` (requests already validated); the task engine calls ``register``
+(a config sent inline with a message, before its run starts), ``resume`` (a
+parked task came back into memory: its deliveries continue from their
+cursors), ``detach`` (a parked task left memory) and, at shutdown,
+``close``. Deliveries run in the ``PushDispatcher``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from a2a.types.a2a_pb2 import TaskPushNotificationConfig
+
+from ..config import ServerConfig
+from ..metrics import Metrics
+from ..supervisor import TASK_PREFIX
+from .configs import (
+    ConfigPage,
+    MemoryPushConfigs,
+    PushConfigNotFoundError,
+    PushConfigStore,
+    new_id,
+)
+from .delivery import PushDispatcher
+from .screen import Screen
+from .sender import WebhookSender
+
+if TYPE_CHECKING:
+    from ..engine import TaskEngine
+    from ..live import LiveTask
+
+logger = logging.getLogger(__name__)
+
+ALL_CONFIGS = 1_000
+"""Page size used to read every config of a task (far above ``push_max_configs``)."""
+
+
+def screen_of(config: ServerConfig) -> Screen:
+    """The push target policy ``config`` asks for."""
+    return Screen(config.push_allow_private, config.push_allow_hosts)
+
+
+class PushService:
+    """Push notifications for one instance (see the module docstring).
+
+    Args:
+        engine: The instance's task engine.
+        config: The server's settings (``push_*``).
+        metrics: Where deliveries are counted.
+        store: Where configs and cursors are kept (in memory if None).
+    """
+
+    def __init__(
+        self,
+        engine: TaskEngine,
+        config: ServerConfig,
+        metrics: Metrics,
+        store: PushConfigStore | None = None,
+    ) -> None:
+        self._engine = engine
+        self._metrics = metrics
+        self._most = config.push_max_configs
+        self.screen = screen_of(config)
+        self.store: PushConfigStore = store if store is not None else MemoryPushConfigs()
+        self.dispatcher = PushDispatcher(
+            self.store,
+            WebhookSender(self.screen, config.push_timeout, config.push_max_in_flight),
+            metrics,
+            retry_for=config.push_retry_for,
+            max_in_flight=config.push_max_in_flight,
+        )
+        self._resuming: set[asyncio.Task[None]] = set()
+
+    async def create(self, config: TaskPushNotificationConfig) -> TaskPushNotificationConfig:
+        """Keep a config for an existing task; its webhook gets every frame from now on.
+
+        Raises:
+            TaskNotFoundError: No such task.
+            PushConfigLimitError: The task has ``push_max_configs`` other configs.
+        """
+        recorded = await self._engine.recorded(config.task_id)
+        if not config.id:
+            config.id = new_id()
+        live = self._engine.live_task(config.task_id)
+        if live is not None and not live.log.closed:
+            await self.register(live, config)
+        else:  # ended, or parked out of memory (its deliveries resume with it)
+            await self.store.put(config, self._most, recorded.seq)
+        return config
+
+    async def register(self, live: LiveTask, config: TaskPushNotificationConfig) -> None:
+        """Keep ``config`` and start delivering the task's frames after the current one.
+
+        Raises:
+            PushConfigLimitError: As for ``create``.
+        """
+        if not config.id:
+            config.id = new_id()
+        config.task_id = live.task_id
+        after = live.log.last_seq
+        await self.store.put(config, self._most, after)
+        self.dispatcher.follow(live, config, after)
+
+    async def get(self, task_id: str, config_id: str) -> TaskPushNotificationConfig:
+        """One config of an existing task.
+
+        Raises:
+            TaskNotFoundError: No such task.
+            PushConfigNotFoundError: The task has no such config.
+        """
+        await self._engine.recorded(task_id)
+        config = await self.store.get(task_id, config_id)
+        if config is None:
+            raise PushConfigNotFoundError(task_id, config_id)
+        return config
+
+    async def list(self, task_id: str, page_size: int, page_token: str) -> ConfigPage:
+        """One page of an existing task's configs, oldest first.
+
+        Raises:
+            TaskNotFoundError: No such task.
+            InvalidFieldError: A page token this server did not issue.
+        """
+        await self._engine.recorded(task_id)
+        return await self.store.list(task_id, page_size, page_token)
+
+    async def delete(self, task_id: str, config_id: str) -> None:
+        """Forget a config and stop its delivery (no error if it does not exist).
+
+        Raises:
+            TaskNotFoundError: No such task.
+        """
+        await self._engine.recorded(task_id)
+        self.dispatcher.stop(task_id, config_id)
+        self._metrics.push_failing.discard((task_id, config_id))
+        await self.store.delete(task_id, config_id)
+
+    def resume(self, live: LiveTask) -> None:
+        """A parked task is back in memory: continue its deliveries from their cursors."""
+        task = asyncio.create_task(self._resume(live), name=f"{TASK_PREFIX}:push-resume")
+        self._resuming.add(task)
+        task.add_done_callback(self._resuming.discard)
+
+    async def _resume(self, live: LiveTask) -> None:
+        try:
+            page = await self.store.list(live.task_id, ALL_CONFIGS, "")
+            for config in page.configs:
+                cursor = await self.store.cursor(live.task_id, config.id)
+                if cursor is not None:
+                    self.dispatcher.follow(live, config, cursor)
+        except Exception:
+            logger.exception("task %s: its push deliveries could not resume", live.task_id)
+
+    def detach(self, task_id: str) -> None:
+        """A parked task left memory: stop its deliveries (their cursors are kept)."""
+        self.dispatcher.stop_task(task_id)
+
+    def forget(self, task_id: str) -> None:
+        """The journal dropped the task: its configs go too."""
+        self.dispatcher.stop_task(task_id)
+        self.store.forget(task_id)
+        failing = self._metrics.push_failing
+        if failing:
+            for key in [key for key in failing if key[0] == task_id]:
+                failing.discard(key)
+
+    async def close(self, deadline: float | None) -> None:
+        """Give deliveries until ``deadline`` (loop time) to deliver what they have."""
+        for task in list(self._resuming):
+            task.cancel()
+        await self.dispatcher.close(deadline)
