@@ -62,14 +62,17 @@ class Target:
         raise RuntimeError("no VmRSS")
 
 
-async def start(kind: str, *, nats: str | None = None, uvloop: bool = False) -> Target:
+async def start(
+    kind: str, *, nats: str | None = None, uvloop: bool = False, extra: tuple[str, ...] = ()
+) -> Target:
     """Start ``python -m bench.servers kind``; return once it printed its port.
 
-    A kind ending in ``+uvloop`` (e.g. ``ours+uvloop``) runs that server on uvloop.
+    A kind ending in ``+uvloop`` (e.g. ``ours+uvloop``) runs that server on uvloop;
+    ``extra`` are more arguments for ``bench.servers``.
     """
     base, _, loop = kind.partition("+")
     uvloop = uvloop or loop == "uvloop"
-    args = [sys.executable, "-m", "bench.servers", base]
+    args = [sys.executable, "-m", "bench.servers", base, *extra]
     args += ["--nats", nats] if nats else []
     args += ["--uvloop"] if uvloop else []
     proc = await asyncio.create_subprocess_exec(
@@ -105,13 +108,18 @@ async def stop(target: Target) -> None:
             await target.proc.wait()
 
 
-def request(text: str, *, immediately: bool = False) -> SendMessageRequest:
-    """A SendMessageRequest with one text part."""
+def request(
+    text: str, *, immediately: bool = False, webhook: str | None = None
+) -> SendMessageRequest:
+    """A SendMessageRequest with one text part (and an inline push config for ``webhook``)."""
+    configuration = SendMessageConfiguration(return_immediately=immediately)
+    if webhook is not None:
+        configuration.task_push_notification_config.url = webhook
     return SendMessageRequest(
         message=Message(
             message_id=os.urandom(8).hex(), role=Role.ROLE_USER, parts=[Part(text=text)]
         ),
-        configuration=SendMessageConfiguration(return_immediately=immediately),
+        configuration=configuration,
     )
 
 
@@ -140,8 +148,21 @@ async def measured(target: Target, body: Callable[[], Awaitable[Result]]) -> Res
     return result
 
 
-async def send_message(target: Target, callers: int, seconds: float, most: int) -> Result:
-    """Blocking SendMessage ("unary") from ``callers`` concurrent callers."""
+async def send_message(
+    target: Target,
+    callers: int,
+    seconds: float,
+    most: int,
+    *,
+    webhook: str | None = None,
+    drained: Callable[[int], Awaitable[Result]] | None = None,
+) -> Result:
+    """Blocking SendMessage ("unary") from ``callers`` concurrent callers.
+
+    With ``webhook``, each task carries an inline push config for it, and
+    ``drained(tasks)`` waits until the webhook got every task's final frame
+    (its result is merged; the server CPU then covers the deliveries too).
+    """
     latencies: list[float] = []
     deadline = time.perf_counter() + seconds
 
@@ -149,20 +170,23 @@ async def send_message(target: Target, callers: int, seconds: float, most: int) 
         stub = target.stub(i)
         while time.perf_counter() < deadline and len(latencies) < most:
             t = time.perf_counter()
-            await stub.SendMessage(request("unary"), metadata=V1)
+            await stub.SendMessage(request("unary", webhook=webhook), metadata=V1)
             latencies.append((time.perf_counter() - t) * 1000)
 
     async def body() -> Result:
         t0 = time.perf_counter()
         await asyncio.gather(*(caller(i) for i in range(callers)))
         wall = time.perf_counter() - t0
-        return {
+        result = {
             "tasks_per_s": len(latencies) / wall,
             "p50_ms": statistics.median(latencies),
             "p99_ms": pct(latencies, 0.99),
             "n": len(latencies),
             "units": len(latencies),
         }
+        if drained is not None:
+            result |= await drained(len(latencies))
+        return result
 
     return await measured(target, body)
 
@@ -206,11 +230,20 @@ async def subscribe(
     return stream
 
 
-async def fan_out(target: Target, subscribers: int, count: int = 1000) -> Result:
-    """One task producing ``count`` updates to ``subscribers`` SubscribeToTask streams."""
+async def fan_out(
+    target: Target,
+    subscribers: int,
+    count: int = 1000,
+    *,
+    webhook: str | None = None,
+    within: float = 180.0,
+) -> Result:
+    """One task producing ``count`` updates to ``subscribers`` SubscribeToTask streams
+    (and to ``webhook``, if given, as a push config of the task); frames not read
+    ``within`` seconds count as missing."""
     delay_ms = 500 + 20 * subscribers
     started = await target.stub().SendMessage(
-        request(f"fanout {count} {delay_ms}", immediately=True), metadata=V1
+        request(f"fanout {count} {delay_ms}", immediately=True, webhook=webhook), metadata=V1
     )
     task_id = started.task.id
     attach_by = time.perf_counter() + delay_ms / 1000
@@ -238,8 +271,13 @@ async def fan_out(target: Target, subscribers: int, count: int = 1000) -> Result
             finals += 1
 
     async def body() -> Result:
-        async with asyncio.timeout(180):
-            await asyncio.gather(*(read(s) for s in streams), return_exceptions=True)
+        readers = [asyncio.ensure_future(read(s)) for s in streams]
+        _, late = await asyncio.wait(readers, timeout=within)
+        for reader in late:  # a server that stalled: what did not arrive counts as missing
+            reader.cancel()
+        await asyncio.wait(readers)
+        if late:
+            last.append(time.perf_counter())
         span = max(last) - first[0] if first else float("nan")
         return {
             "frames_per_s": got / span,

@@ -16,13 +16,19 @@ import gc
 import logging
 import signal
 import sys
+from typing import Any
 
 import grpc
+import httpx
 from a2a.server.request_handlers import DefaultRequestHandler, GrpcHandler
-from a2a.server.tasks import InMemoryTaskStore
+from a2a.server.tasks import (
+    BasePushNotificationSender,
+    InMemoryPushNotificationConfigStore,
+    InMemoryTaskStore,
+)
 from a2a.types import a2a_pb2_grpc
 
-from a2a_grpc_server import A2AService
+from a2a_grpc_server import A2AService, ServerConfig
 from a2a_grpc_server.card import default_card
 
 from .agents import Workload
@@ -31,8 +37,15 @@ from .raw import RawServicer
 KINDS = ("ours", "ours-nats", "sdk", "raw")
 
 
-async def build(kind: str, nats: str | None) -> tuple[grpc.aio.Server, A2AService | None]:
-    """A grpc.aio server with the servicer of ``kind`` added (not started)."""
+async def build(
+    kind: str, nats: str | None, push_to_loopback: bool = False
+) -> tuple[grpc.aio.Server, A2AService | None]:
+    """A grpc.aio server with the servicer of ``kind`` added (not started).
+
+    With ``push_to_loopback`` ours may post to webhooks on 127.0.0.1 (by
+    default it refuses: ``push_allow_private``), and a2a-sdk gets its push
+    sender and config store (it has none by default).
+    """
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     service: A2AService | None = None
     if kind in ("ours", "ours-nats"):
@@ -43,21 +56,29 @@ async def build(kind: str, nats: str | None) -> tuple[grpc.aio.Server, A2AServic
 
             assert nats, "ours-nats needs --nats"
             cluster = await NatsCluster.connect(NatsConfig(servers=[nats]))
-        # The defaults a user gets.
-        service = A2AService(Workload(), default_card(), cluster=cluster)
+        # The defaults a user gets (but for the one the push benchmark must change).
+        config = ServerConfig(push_allow_private=True) if push_to_loopback else None
+        service = A2AService(Workload(), default_card(), cluster=cluster, config=config)
         await service.start()
         service.add_to_server(server)
     elif kind == "sdk":
-        handler = DefaultRequestHandler(Workload(), InMemoryTaskStore(), default_card())
+        card = default_card()
+        push: dict[str, Any] = {}
+        if push_to_loopback:
+            card.capabilities.push_notifications = True
+            configs = InMemoryPushNotificationConfigStore()
+            sender = BasePushNotificationSender(httpx.AsyncClient(), configs)
+            push = {"push_config_store": configs, "push_sender": sender}
+        handler = DefaultRequestHandler(Workload(), InMemoryTaskStore(), card, **push)
         a2a_pb2_grpc.add_A2AServiceServicer_to_server(GrpcHandler(handler), server)  # type: ignore[no-untyped-call]
     else:
         a2a_pb2_grpc.add_A2AServiceServicer_to_server(RawServicer(), server)  # type: ignore[no-untyped-call]
     return server, service
 
 
-async def serve(kind: str, nats: str | None) -> None:
+async def serve(kind: str, nats: str | None, push_to_loopback: bool) -> None:
     """Serve until SIGTERM."""
-    server, service = await build(kind, nats)
+    server, service = await build(kind, nats, push_to_loopback)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     stop = asyncio.Event()
@@ -79,14 +100,17 @@ def main() -> None:
     parser.add_argument("kind", choices=KINDS)
     parser.add_argument("--nats")
     parser.add_argument("--uvloop", action="store_true")
+    parser.add_argument(
+        "--push-to-loopback", action="store_true", help="webhooks on 127.0.0.1 (bench.push)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.uvloop:
         import uvloop
 
-        uvloop.run(serve(args.kind, args.nats))
+        uvloop.run(serve(args.kind, args.nats, args.push_to_loopback))
     else:
-        asyncio.run(serve(args.kind, args.nats))
+        asyncio.run(serve(args.kind, args.nats, args.push_to_loopback))
     sys.exit(0)
 
 

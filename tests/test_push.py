@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -29,6 +30,7 @@ from a2a_grpc_server import A2AService, ServerConfig
 from a2a_grpc_server.push.screen import RefusedTargetError, Screen, refused_address
 
 from .agents import CancelMode, EndingAgent, GatedAgent, InputAgent
+from .certs import issue
 from .harness import V1, expose, read_all, rich_status, send_request, serve
 from .webhook import Answer, Post, receiving
 
@@ -451,3 +453,33 @@ async def test_configs_go_when_the_journal_drops_their_task() -> None:
         ) == (grpc.StatusCode.NOT_FOUND, "TASK_NOT_FOUND")
         assert await push.store.get(first.id, "k") is None
         await h.settle(within=10)
+
+
+async def test_https_delivery_verifies_the_webhooks_name_on_the_checked_address(
+    tmp_path: Path,
+) -> None:
+    issued = issue(tmp_path, dns=("localhost",))  # no IP in the certificate: only the name
+    config = ServerConfig(cancel_timeout=1.0, push_allow_private=True, push_ca_file=str(issued.ca))
+    agent = GatedAgent()
+    agent.release.set()
+    with receiving(tls=(issued.cert, issued.key)) as receiver:
+        async with asyncio.timeout(20), serve(agent, config) as h:
+            # Resolved to 127.0.0.1 and connected there; TLS still checks "localhost".
+            url = f"https://localhost:{receiver.port}/hook"
+            task_id = (
+                await h.stub.SendMessage(with_webhook(send_request("go"), url), metadata=V1)
+            ).task.id
+            await receiver.wait_for(
+                lambda: any(p.state == S.TASK_STATE_COMPLETED for p in receiver.frames(task_id))
+            )
+            assert_complete(receiver.frames(task_id), S.TASK_STATE_COMPLETED)
+            assert receiver.posts[0].headers["host"] == f"localhost:{receiver.port}"
+            await h.settle(within=5)
+        # A server that does not trust that CA posts nothing.
+        untrusting = ServerConfig(cancel_timeout=1.0, push_allow_private=True, push_retry_for=0)
+        async with asyncio.timeout(20), serve(agent, untrusting) as h:
+            before = len(receiver.attempts)
+            await h.stub.SendMessage(with_webhook(send_request("go"), url), metadata=V1)
+            await h.settle(within=5)
+            assert h.service.metrics.push_deliveries["given_up"] >= 1
+            assert len(receiver.attempts) == before

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from a2a.types.a2a_pb2 import StreamResponse, TaskState
 from google.protobuf import json_format
@@ -150,11 +152,22 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
 
 
 @contextlib.contextmanager
-def receiving(script: Callable[[Post, int], Answer] | None = None) -> Iterator[Receiver]:
-    """A running receiver on 127.0.0.1 (a free port), stopped on exit."""
+def receiving(
+    script: Callable[[Post, int], Answer] | None = None, *, tls: tuple[Path, Path] | None = None
+) -> Iterator[Receiver]:
+    """A running receiver on 127.0.0.1 (a free port), stopped on exit.
+
+    Args:
+        script: How it answers (default: 200 to everything).
+        tls: (certificate, key) PEM files: it serves https.
+    """
     receiver = Receiver() if script is None else Receiver(script=script)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(receiver))
     server.daemon_threads = True
+    if tls is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*tls)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     receiver.port = server.server_address[1]
     thread = threading.Thread(target=server.serve_forever, name="webhook", daemon=True)
     thread.start()

@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="webhook hosts trusted whatever they resolve to (*.example.com for subdomains)",
     )
+    push.add_argument(
+        "--push-ca-file",
+        metavar="PEM",
+        default="",
+        help="verify webhook certificates against these CAs (default: the public CAs)",
+    )
     cluster = serve.add_argument_group("cluster mode (NATS JetStream; pip install '.[cluster]')")
     cluster.add_argument(
         "--nats",
@@ -153,6 +159,7 @@ async def serve(args: argparse.Namespace) -> None:
         push=not args.no_push,
         push_allow_private=args.push_allow_private,
         push_allow_hosts=tuple(h.strip() for h in args.push_allow_hosts.split(",") if h.strip()),
+        push_ca_file=args.push_ca_file,
     )
     server = A2AServer(
         executor,

@@ -80,6 +80,8 @@ class ServerConfig:
             webhook addresses (tests, webhooks inside the same network).
         push_allow_hosts: Webhook host names trusted whatever they resolve to
             (``*.example.com`` for subdomains); still https only.
+        push_ca_file: A PEM bundle of the CAs webhook certificates are verified
+            against (an internal CA); "" for the public CAs httpx trusts.
     """
 
     log_max_frames: int = 16_384
@@ -107,6 +109,7 @@ class ServerConfig:
     push_max_in_flight: int = 64
     push_allow_private: bool = False
     push_allow_hosts: tuple[str, ...] = ()
+    push_ca_file: str = ""
 
     def __post_init__(self) -> None:
         if self.log_max_frames < 1 or self.log_max_bytes < 1:

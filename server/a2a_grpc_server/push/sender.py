@@ -11,7 +11,8 @@ The request (documented in the README, "Push notifications"):
   sequence number it already has, since delivery is at least once.
 
 The connection goes to the address ``Screen.resolve`` checked (see
-``screen``); redirects are not followed; the response body is not read.
+``screen``); redirects are not followed; at most 64 KiB of the answer's body
+is read, and dropped.
 Outcomes: 2xx delivered; 408, 429 and 5xx, timeouts and connection errors
 are worth retrying (``Retry-After`` honoured); anything else is refused for
 good (the frame is given up).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import email.utils
 import enum
+import ssl
 import time
 from dataclasses import dataclass
 
@@ -35,6 +37,8 @@ SEQ_HEADER = "X-A2A-Sequence"
 TOKEN_HEADER = "X-A2A-Notification-Token"
 RETRIED_STATUSES = frozenset({408, 425, 429})
 """4xx answers worth retrying (besides every 5xx)."""
+MAX_ANSWER_BYTES = 64 * 1024
+"""Most bytes of a receiver's answer body read (and dropped); past it the connection closes."""
 MAX_RETRY_AFTER = 3600.0
 """Longest ``Retry-After`` honoured, in seconds (a longer one waits this long)."""
 
@@ -71,11 +75,16 @@ class WebhookSender:
         screen: Which addresses may be reached.
         timeout: Seconds one request may take, connecting included.
         max_connections: Most connections open at once (all webhooks together).
+        ca_file: The CAs webhook certificates are verified against ("" for
+            httpx's, the public ones).
     """
 
-    def __init__(self, screen: Screen, timeout: float, max_connections: int) -> None:
+    def __init__(
+        self, screen: Screen, timeout: float, max_connections: int, ca_file: str = ""
+    ) -> None:
         self._screen = screen
         self._client = httpx.AsyncClient(
+            verify=ssl.create_default_context(cafile=ca_file) if ca_file else True,
             timeout=timeout,
             follow_redirects=False,
             trust_env=False,  # no proxy from the environment: the screened address is reached
@@ -112,7 +121,14 @@ class WebhookSender:
                 "POST", target.url, content=body, headers=headers, extensions=extensions
             )
             response = await self._client.send(request, stream=True)
-            await response.aclose()  # the body is not read: a receiver cannot make us hold it
+            try:
+                read = 0  # read (and drop) a short body, so the connection is reused
+                async for chunk in response.aiter_raw():
+                    read += len(chunk)
+                    if read > MAX_ANSWER_BYTES:
+                        break  # a receiver cannot make us read more: the connection goes
+            finally:
+                await response.aclose()
         except httpx.TimeoutException as exc:
             return Attempt(Outcome.RETRY, f"timed out ({type(exc).__name__})")
         except httpx.TransportError as exc:

@@ -69,7 +69,9 @@ class PushService:
         self.store: PushConfigStore = store if store is not None else MemoryPushConfigs()
         self.dispatcher = PushDispatcher(
             self.store,
-            WebhookSender(self.screen, config.push_timeout, config.push_max_in_flight),
+            WebhookSender(
+                self.screen, config.push_timeout, config.push_max_in_flight, config.push_ca_file
+            ),
             metrics,
             retry_for=config.push_retry_for,
             max_in_flight=config.push_max_in_flight,

@@ -1,0 +1,68 @@
+"""Throwaway certificates for tests: a CA and a server certificate it signed (cryptography)."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+
+@dataclass(frozen=True)
+class Issued:
+    """PEM files written by ``issue``."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def _name(common: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+
+def issue(directory: Path, *, dns: tuple[str, ...] = (), ips: tuple[str, ...] = ()) -> Issued:
+    """A new CA, and a server certificate for ``dns`` names and ``ips`` signed by it."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(_name("test CA"))
+        .issuer_name(_name("test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+    names += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(dns[0] if dns else "server"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    issued = Issued(directory / "ca.pem", directory / "cert.pem", directory / "key.pem")
+    issued.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    issued.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    issued.key.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return issued
