@@ -29,7 +29,7 @@ from a2a.types.a2a_pb2 import (
 from a2a_grpc_server import A2AService, ServerConfig
 from a2a_grpc_server.push.screen import RefusedTargetError, Screen, refused_address
 
-from .agents import CancelMode, EndingAgent, GatedAgent, InputAgent
+from .agents import BurstAgent, CancelMode, EndingAgent, GatedAgent, InputAgent
 from .certs import issue
 from .harness import V1, expose, read_all, rich_status, send_request, serve
 from .webhook import Answer, Post, receiving
@@ -483,3 +483,33 @@ async def test_https_delivery_verifies_the_webhooks_name_on_the_checked_address(
             await h.settle(within=5)
             assert h.service.metrics.push_deliveries["given_up"] >= 1
             assert len(receiver.attempts) == before
+
+
+async def test_a_stuck_webhook_keeps_no_more_than_the_log_keeps_then_gets_the_outcome() -> None:
+    burst, kept = 500, 64
+    agent = BurstAgent(burst, 1000)
+    config = ServerConfig(cancel_timeout=1.0, push_allow_private=True, log_max_frames=kept)
+    with receiving(lambda post, attempt: Answer(hold=attempt == 0)) as receiver:
+        async with asyncio.timeout(30), serve(agent, config) as h:
+            request = with_webhook(send_request("go", immediately=True), receiver.url())
+            task_id = (await h.stub.SendMessage(request, metadata=V1)).task.id
+            await receiver.wait_for(lambda: len(receiver.attempts) == 1)  # frame 1, held
+            agent.release.set()
+            engine = h.service.engine
+            live = engine.live_task(task_id)
+            assert live is not None
+            while not live.log.closed:
+                await live.log.wait_changed()
+            # The burst is over; the stuck webhook holds at most what the log keeps.
+            assert live.log.kept <= kept
+            assert live.log.last_seq > burst
+            receiver.release.set()
+            await receiver.wait_for(
+                lambda: any(p.state == S.TASK_STATE_COMPLETED for p in receiver.frames(task_id))
+            )
+            posts = receiver.frames(task_id)
+            assert posts[-1].frame.WhichOneof("payload") == "task", "it jumped to the task"
+            assert posts[-1].seq == live.log.last_seq
+            assert len(posts[-1].frame.task.artifacts) == burst, "the outcome, all of it"
+            await h.settle(within=10)
+            assert h.service.metrics.push_frames_skipped == 1
