@@ -82,6 +82,7 @@ from a2a_grpc_server.errors import (
 )
 from a2a_grpc_server.journal import Change, RecordedTask, StoreUnavailableError, TaskPage, TaskQuery
 from a2a_grpc_server.journal.memory import MemoryJournal
+from a2a_grpc_server.push.configs import MemoryPushConfigs
 from a2a_grpc_server.routed import ANSWER_MARGIN, decode_error, default_wait, encode_error
 from a2a_grpc_server.supervisor import TASK_PREFIX
 from a2a_grpc_server.tasklog import LogReader, TaskLog
@@ -142,6 +143,8 @@ class FakeHub:
     def __init__(self, events_per_task: int = 16_384) -> None:
         self.record = MemoryJournal()
         """The shared record (owner-less; ``FakeCluster.journal`` adds the owner)."""
+        self.push_configs = MemoryPushConfigs()
+        """Push configs, shared as the KV bucket is."""
         self._events_per_task = events_per_task
         self._owners: dict[str, str] = {}
         self._events: dict[str, deque[Event]] = {}
@@ -402,6 +405,22 @@ class FakeCluster:
             return b""
 
         await self._request(recorded.owner, "send", serve, call)
+
+    @property
+    def push_store(self) -> MemoryPushConfigs:
+        """The hub's push configs."""
+        return self._hub.push_configs
+
+    async def push(self, recorded: RecordedTask, config_id: str, call: Caller) -> None:
+        """Have the owner deliver a stored push config (its ``follow_stored``)."""
+        task_id = recorded.task.id
+
+        async def serve(engine: TaskEngine, routed: Caller) -> bytes:
+            if engine.push is not None:
+                await engine.push.follow_stored(task_id, config_id)
+            return b""
+
+        await self._request(recorded.owner, "push", serve, call)
 
     async def end_as_survivor(self, task_id: str, text: str) -> bool:
         """End the task FAILED through this instance, as a survivor ends a lost owner's task.

@@ -106,7 +106,7 @@ class A2AService:
                 wanted.max_task_bytes,
                 wanted.max_message_bytes,
             )
-        push = self.config.push and cluster is None  # cluster mode: not yet (README)
+        push = self.config.push
         self.card = with_capabilities(
             with_extension(card or default_card(), resume_extension(self.config.resume_window)),
             push_notifications=push,
@@ -122,7 +122,8 @@ class A2AService:
         self.metrics = Metrics()
         self.engine = TaskEngine(executor, self.journal, self.config, self.metrics, cluster=cluster)
         if push:
-            self.engine.push = PushService(self.engine, self.config, self.metrics)
+            store = cluster.push_store if cluster is not None else None
+            self.engine.push = PushService(self.engine, self.config, self.metrics, store)
             if isinstance(self.journal, MemoryJournal):
                 self.journal.on_forget = self.engine.push.forget
         self.servicer = RpcServicer(self.engine, self.config, self.card, extended_card)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .callmeta import Caller
     from .engine import TaskEngine
     from .journal import RecordedTask, TaskJournal
+    from .push.configs import PushConfigStore
     from .tasklog import LogReader
 
 
@@ -114,6 +115,19 @@ class Cluster(Protocol):
 
         Raises:
             UnsupportedOperationError: The task does not accept the message now.
+            OwnerUnavailableError: The owner did not answer.
+        """
+        ...
+
+    @property
+    def push_store(self) -> PushConfigStore:
+        """Push configs and their cursors, shared by every instance."""
+        ...
+
+    async def push(self, recorded: RecordedTask, config_id: str, call: Caller) -> None:
+        """Have the owner start delivering a push config stored for its task.
+
+        Raises:
             OwnerUnavailableError: The owner did not answer.
         """
         ...

@@ -357,6 +357,15 @@ class TaskEngine:
             raise TaskNotFoundError(f"task {quote(task_id)} not found")
         return recorded
 
+    @property
+    def cluster(self) -> Cluster | None:
+        """The other instances (None: this instance is alone)."""
+        return self._cluster
+
+    def owned_elsewhere(self, recorded: RecordedTask) -> bool:
+        """Whether another instance runs the task (cluster mode)."""
+        return self._owned_elsewhere(recorded)
+
     def _owned_elsewhere(self, recorded: RecordedTask) -> bool:
         return (
             self._cluster is not None

@@ -8,7 +8,9 @@ Assets (created if missing, identical on every instance):
   changes after a snapshot are read in one request (NATS Server 2.11 or newer);
 * KV bucket ``A2A_TASKS``: a snapshot per task (history 1, max age
   ``task_ttl``), so reading a task costs a snapshot plus a few changes;
-* KV bucket ``A2A_INSTANCES``: one heartbeat key per live instance.
+* KV bucket ``A2A_INSTANCES``: one heartbeat key per live instance;
+* KV bucket ``A2A_PUSH``: push configs and their cursors (see ``pushstore``),
+  max age ``task_ttl``.
 
 Control requests between instances use core NATS request/reply on
 ``a2a.ctl.<instance id>.<op>``.
@@ -33,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 TASKS_BUCKET = "A2A_TASKS"
 INSTANCES_BUCKET = "A2A_INSTANCES"
+PUSH_BUCKET = "A2A_PUSH"
 EVENTS_STREAM = "A2A_EVENTS"
 EVENTS_SUBJECT = "a2a.events"
 CONTROL_SUBJECT = "a2a.ctl"
@@ -102,6 +105,7 @@ class NatsConnection:
     js: JetStreamContext
     tasks: KeyValue
     instances: KeyValue
+    push: KeyValue
 
     async def close(self) -> None:
         """Flush what is buffered (bounded), then close the connection."""
@@ -141,23 +145,26 @@ async def connect(config: NatsConfig) -> NatsConnection:
     js = nc.jetstream(timeout=5)
     try:
         async with asyncio.timeout(SETUP_TIMEOUT):
-            tasks, instances = await _ensure_assets(js, config)
+            tasks, instances, push = await _ensure_assets(js, config)
     except TimeoutError as exc:
         await nc.close()
         raise ConnectionError("JetStream did not become available within 20 s") from exc
     except BaseException:
         await nc.close()  # whatever went wrong, no connection is left behind
         raise
-    return NatsConnection(config, nc, js, tasks, instances)
+    return NatsConnection(config, nc, js, tasks, instances, push)
 
 
-async def _ensure_assets(js: JetStreamContext, config: NatsConfig) -> tuple[KeyValue, KeyValue]:
+async def _ensure_assets(
+    js: JetStreamContext, config: NatsConfig
+) -> tuple[KeyValue, KeyValue, KeyValue]:
     while True:
         try:
             tasks = await _ensure_kv(js, TASKS_BUCKET, config.task_ttl, config.replicas)
             instances = await _ensure_kv(js, INSTANCES_BUCKET, INSTANCES_TTL, config.replicas)
+            push = await _ensure_kv(js, PUSH_BUCKET, config.task_ttl, config.replicas)
             await _ensure_events(js, config)
-            return tasks, instances
+            return tasks, instances, push
         except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError) as exc:
             logger.info("waiting for JetStream: %s", type(exc).__name__)
         except nats.js.errors.APIError as exc:

@@ -37,7 +37,14 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
 from .. import taskops
-from ..journal import Change, FinalTaskError, StoreError, UnknownTaskError, VersionConflictError
+from ..journal import (
+    Change,
+    FinalTaskError,
+    RecordedTask,
+    StoreError,
+    UnknownTaskError,
+    VersionConflictError,
+)
 from ..metrics import Metrics
 from ..supervisor import TASK_PREFIX
 from .conn import INSTANCES_BUCKET, NatsConnection
@@ -83,6 +90,7 @@ class Lease:
         journal: JetStreamJournal,
         metrics: Metrics,
         on_gap: Callable[[], Awaitable[object]] | None = None,
+        on_reaped: Callable[[RecordedTask], Awaitable[None]] | None = None,
     ) -> None:
         self._kv = conn.instances
         self._id = conn.config.instance_id
@@ -97,6 +105,7 @@ class Lease:
         self._sweep_requested = False
         self._sweeping: asyncio.Task[None] | None = None
         self._on_gap = on_gap
+        self._on_reaped = on_reaped
         self._last_beat: float | None = None
         self._rechecking: asyncio.Task[None] | None = None
         self._healthy_since: float | None = None
@@ -265,9 +274,11 @@ class Lease:
         frame = taskops.apply(task, taskops.status_event(task, TaskState.TASK_STATE_FAILED, text))
         change = Change(recorded.seq + 1, frame.SerializeToString(), TaskState.TASK_STATE_FAILED)
         try:
-            await self._journal.update(task, recorded.version, [change])
+            version = await self._journal.update(task, recorded.version, [change])
         except (VersionConflictError, FinalTaskError, UnknownTaskError):
             return 0  # another survivor won, or the owner wrote after all
         self._metrics.tasks_reaped += 1
         logger.warning("task %s ended FAILED: %s", task.id, text)
+        if self._on_reaped is not None:  # its webhooks: what the owner had not, then FAILED
+            await self._on_reaped(RecordedTask(task, version, "", change.seq))
         return 1

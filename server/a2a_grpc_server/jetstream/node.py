@@ -20,6 +20,7 @@ from ..tasklog import LogReader
 from .conn import NatsConfig, NatsConnection, connect
 from .journal import JetStreamJournal
 from .lease import Lease
+from .pushstore import JetStreamPushConfigs
 from .relay import Relays
 from .requests import JetStreamRequests
 from .retry import Retry
@@ -56,6 +57,8 @@ class NatsCluster:
         self._relays: Relays | None = None
         self._router: Router | None = None
         self.lease: Lease | None = None
+        self.push_store = JetStreamPushConfigs(conn.push, Retry(conn.config.retry_for))
+        """Push configs and cursors, shared by every instance."""
 
     @classmethod
     async def connect(cls, config: NatsConfig) -> NatsCluster:
@@ -96,8 +99,13 @@ class NatsCluster:
         config = engine.config
         self._relays = Relays(self._journal, engine.pool, engine.metrics)
         self._router = Router(self.conn.nc, self.instance_id, config.cancel_timeout)
+        push = engine.push
         self.lease = Lease(
-            self.conn, self._journal, engine.metrics, on_gap=engine.recheck_ownership
+            self.conn,
+            self._journal,
+            engine.metrics,
+            on_gap=engine.recheck_ownership,
+            on_reaped=push.take_over if push is not None else None,
         )
         await self.lease.start()
         await self._router.start(engine)
@@ -141,3 +149,8 @@ class NatsCluster:
         """Have the owner start a follow-up (see ``Cluster.send``)."""
         assert self._router is not None, "join() first"
         await self._router.send(recorded.owner, request, call)
+
+    async def push(self, recorded: RecordedTask, config_id: str, call: Caller) -> None:
+        """Have the owner deliver a push config stored for its task (see ``Cluster.push``)."""
+        assert self._router is not None, "join() first"
+        await self._router.push(recorded.owner, recorded.task.id, config_id, call)

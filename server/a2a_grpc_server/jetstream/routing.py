@@ -70,7 +70,7 @@ class Router:
     async def start(self, engine: TaskEngine) -> None:
         """Serve routed cancels and follow-ups with ``engine``."""
         self._engine = engine
-        for op in ("cancel", "send"):
+        for op in ("cancel", "send", "push"):
             self._subs.append(
                 await self._nc.subscribe(control_subject(self._id, op), cb=self._on_request)
             )
@@ -102,6 +102,14 @@ class Router:
             OwnerUnavailableError: The owner did not answer.
         """
         await self._request(owner, "send", request.SerializeToString(), call)
+
+    async def push(self, owner: str, task_id: str, config_id: str, call: Caller) -> None:
+        """Ask ``owner`` to start delivering a push config stored for its task.
+
+        Raises:
+            OwnerUnavailableError: The owner did not answer.
+        """
+        await self._request(owner, "push", json.dumps([task_id, config_id]).encode(), call)
 
     async def _request(self, owner: str, op: str, payload: bytes, call: Caller) -> bytes:
         # The client's deadline, if it set one, bounds the wait; the owner is told,
@@ -138,7 +146,7 @@ class Router:
 
     async def _on_request(self, msg: Msg) -> None:
         op = msg.subject.rsplit(".", 1)[-1]
-        serve = self._serve_cancel if op == "cancel" else self._serve_send
+        serve = {"cancel": self._serve_cancel, "push": self._serve_push}.get(op, self._serve_send)
         task = asyncio.create_task(self._serve(msg, serve), name=f"{TASK_PREFIX}:routed-{op}")
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
@@ -170,6 +178,13 @@ class Router:
         assert self._engine is not None
         task = await self._engine.cancel(msg.data.decode(), call, route=False)
         return task.SerializeToString()
+
+    async def _serve_push(self, msg: Msg, call: Caller) -> bytes:
+        assert self._engine is not None
+        task_id, config_id = json.loads(msg.data)
+        if self._engine.push is not None:
+            await self._engine.push.follow_stored(str(task_id), str(config_id))
+        return b""
 
     async def _serve_send(self, msg: Msg, call: Caller) -> bytes:
         assert self._engine is not None

@@ -162,8 +162,12 @@ class PushConfigStore(Protocol):
         """The last frame the config's webhook confirmed (None: no such config)."""
         ...
 
-    async def confirm(self, task_id: str, config_id: str, seq: int) -> None:
-        """Record that the webhook confirmed every frame up to ``seq``."""
+    async def confirm(self, task_id: str, config_id: str, seq: int) -> bool:
+        """Record that the webhook confirmed every frame up to ``seq``.
+
+        Returns:
+            Whether the config still exists (False: it was deleted; stop).
+        """
         ...
 
     def forget(self, task_id: str) -> None:
@@ -218,7 +222,7 @@ class MemoryPushConfigs:
 
     async def list(self, task_id: str, page_size: int, page_token: str) -> ConfigPage:
         """One page, oldest first; the token is the number of the last config listed."""
-        after = _decode(page_token)
+        after = decode_page_token(page_token)
         kept = self._tasks.get(task_id)
         entries = [e for e in (kept.by_id.values() if kept else ()) if e.number > after]
         page = entries[:page_size]
@@ -245,19 +249,26 @@ class MemoryPushConfigs:
         entry = kept.by_id.get(config_id) if kept else None
         return entry.cursor if entry else None
 
-    async def confirm(self, task_id: str, config_id: str, seq: int) -> None:
-        """Move the cursor forward (never back)."""
+    async def confirm(self, task_id: str, config_id: str, seq: int) -> bool:
+        """Move the cursor forward (never back); whether the config still exists."""
         kept = self._tasks.get(task_id)
         entry = kept.by_id.get(config_id) if kept else None
-        if entry is not None and seq > entry.cursor:
-            entry.cursor = seq
+        if entry is None:
+            return False
+        entry.cursor = max(entry.cursor, seq)
+        return True
 
     def forget(self, task_id: str) -> None:
         """Drop the task's configs."""
         self._tasks.pop(task_id, None)
 
 
-def _decode(token: str) -> int:
+def decode_page_token(token: str) -> int:
+    """The creation number a page token of ours names (0 for none).
+
+    Raises:
+        InvalidFieldError: Not a token this server issued.
+    """
     if not token:
         return 0
     if len(token) > MAX_TOKEN_CHARS or not token.startswith("c") or not token[1:].isdigit():

@@ -29,19 +29,20 @@ to deliver what they have, final frames included, then cancels the rest.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from a2a.types.a2a_pb2 import StreamResponse, Task, TaskPushNotificationConfig
 from google.protobuf import json_format
 
+from .. import taskops
 from ..errors import FrameNotKeptError
+from ..journal import StoreError
 from ..metrics import Metrics
 from ..supervisor import TASK_PREFIX
-from ..tasklog import LogReader, TaskLog
+from ..tasklog import LogReader
 from .configs import PushConfigStore
 from .sender import Outcome, WebhookSender
 
@@ -83,8 +84,8 @@ class PushDispatcher:
         self._gate = asyncio.Semaphore(max_in_flight)
         self._deliveries: dict[str, dict[str, asyncio.Task[None]]] = {}
         """Running deliveries by task id, then config id."""
-        self._logs: dict[str, TaskLog] = {}
-        """The log each task with deliveries follows."""
+        self._sources: dict[str, Source] = {}
+        """What each task with deliveries follows."""
         self._running = 0
         self._closing = False
 
@@ -98,23 +99,34 @@ class PushDispatcher:
         return len(self._deliveries.get(task_id, ()))
 
     def follow(self, live: LiveTask, config: TaskPushNotificationConfig, after: int) -> None:
-        """Deliver the task's frames after ``after`` to ``config``'s webhook.
+        """Deliver the frames of a task live here after ``after`` to ``config``'s webhook.
 
         Replaces a delivery already running for the same config. The log must
         keep frame ``after + 1`` or be past it (a delivery that is behind jumps
         to the task as it is).
         """
-        task_id, config_id = live.task_id, config.id
+        source = LiveSource(live)
+        self.deliver(source, config, source.reader(after))
+
+    def deliver(
+        self, source: Source, config: TaskPushNotificationConfig, reader: LogReader | None
+    ) -> None:
+        """Deliver what ``reader`` reads of ``source``'s task to ``config``'s webhook.
+
+        Without a reader (the frames are gone), the task as it is now, then what follows.
+        """
+        task_id, config_id = source.task_id, config.id
         self.stop(task_id, config_id)
         if self._closing:
+            if reader is not None:
+                reader.close()
             return
-        reader = live.log.reader(after + 1, passive=True)
         task = asyncio.create_task(
-            self._deliver(live, config, reader),
+            self._deliver(source, config, reader),
             name=f"{TASK_PREFIX}:push:{task_id}:{config_id}",
         )
         self._deliveries.setdefault(task_id, {})[config_id] = task
-        self._logs[task_id] = live.log
+        self._sources[task_id] = source
         self._running += 1
         self._metrics.push_deliveries_running = self._running
 
@@ -126,7 +138,7 @@ class PushDispatcher:
                 del of_task[config_id]
                 if not of_task:
                     del self._deliveries[task_id]
-                    self._logs.pop(task_id, None)
+                    self._sources.pop(task_id, None)
             if not finished.cancelled() and finished.exception() is not None:
                 logger.error(
                     "push delivery of task %s to config %s crashed",
@@ -143,13 +155,13 @@ class PushDispatcher:
         task = of_task.pop(config_id, None) if of_task else None
         if of_task is not None and not of_task:
             del self._deliveries[task_id]
-            self._logs.pop(task_id, None)
+            self._sources.pop(task_id, None)
         if task is not None:
             task.cancel()
 
     def stop_task(self, task_id: str) -> None:
         """Stop every delivery of a task (it left memory; cursors are kept)."""
-        self._logs.pop(task_id, None)
+        self._sources.pop(task_id, None)
         for task in (self._deliveries.pop(task_id, None) or {}).values():
             task.cancel()
 
@@ -158,7 +170,7 @@ class PushDispatcher:
         while ending := [
             task
             for task_id, of_task in self._deliveries.items()
-            if self._logs[task_id].closed
+            if self._sources[task_id].ended
             for task in of_task.values()
         ]:
             await asyncio.wait(ending)
@@ -183,37 +195,41 @@ class PushDispatcher:
         await self._sender.close()
 
     async def _deliver(
-        self, live: LiveTask, config: TaskPushNotificationConfig, reader: LogReader
+        self, source: Source, config: TaskPushNotificationConfig, reader: LogReader | None
     ) -> None:
-        task_id = live.task_id
+        task_id = source.task_id
         try:
             while True:
-                try:
-                    async for seq, frame, _ in reader:
-                        if not await self._send(config, task_id, seq, frame):
-                            break  # given up: jump to the task as it is now
-                    else:
-                        return  # the final frame is delivered (or given up)
-                except FrameNotKeptError:
-                    self._metrics.push_frames_skipped += 1
-                    logger.warning(
-                        "push to config %s of task %s fell behind the task's log; "
-                        "sending the task as it is now",
-                        config.id,
-                        task_id,
-                    )
-                reader.close()
-                task, seq = await _current(live)
-                ended = live.log.closed  # then ``task`` is final
-                if not ended:  # made before the send: every frame after ``seq`` is kept for it
-                    reader = live.log.reader(seq + 1, passive=True)
+                if reader is not None:
+                    try:
+                        async for seq, frame, _ in reader:
+                            if not await self._send(config, task_id, seq, frame):
+                                break  # given up: jump to the task as it is now
+                        else:
+                            return  # the final frame is delivered (or given up)
+                    except FrameNotKeptError:
+                        self._metrics.push_frames_skipped += 1
+                        logger.warning(
+                            "push to config %s of task %s fell behind the task's log; "
+                            "sending the task as it is now",
+                            config.id,
+                            task_id,
+                        )
+                    reader.close()
+                task, seq = await source.current()
+                ended = source.ended  # then ``task`` is final
+                # Made before the send: every frame after ``seq`` is kept for it.
+                reader = None if ended else source.reader(seq)
                 await self._send(
                     config, task_id, seq, StreamResponse(task=task).SerializeToString()
                 )
                 if ended:
                     return
+        except _ConfigGone:
+            logger.info("push config %s of task %s was deleted: delivery stops", config.id, task_id)
         finally:
-            reader.close()
+            if reader is not None:
+                reader.close()
 
     async def _send(
         self, config: TaskPushNotificationConfig, task_id: str, seq: int, frame: bytes
@@ -240,8 +256,13 @@ class PushDispatcher:
                 metrics.push_deliveries[Outcome.DELIVERED.value] += 1
                 metrics.push_lag_seconds.observe(time.monotonic() - started)
                 metrics.push_failing.discard((task_id, config.id))
-                with contextlib.suppress(Exception):  # the cursor is advisory here
-                    await self.store.confirm(task_id, config.id, seq)
+                try:
+                    still = await self.store.confirm(task_id, config.id, seq)
+                except StoreError as exc:  # the next confirmation carries it forward
+                    logger.warning("push cursor of task %s not stored: %s", task_id, exc)
+                    still = True
+                if not still:
+                    raise _ConfigGone
                 return True
             left = give_up_at - loop.time()
             if attempt.outcome is Outcome.REFUSED or left <= 0:
@@ -272,17 +293,91 @@ class PushDispatcher:
             await asyncio.sleep(min(wait, left))
 
 
-async def _current(live: LiveTask) -> tuple[Task, int]:
-    """The task as it is now and the number of the last frame it includes.
+class _ConfigGone(Exception):
+    """The config was deleted (on another instance) while its delivery ran."""
 
-    Returns with no frame appended since (the caller makes its reader at once).
-    """
-    if not live.log.closed:
-        task, seq = await live.snapshot()
-        if task is not None:
-            return task, seq
-    snapshot = live.log.snapshot
-    assert snapshot is not None, "a task with a push config exists"
-    copy = Task()
-    copy.CopyFrom(snapshot)
-    return copy, live.log.last_seq
+
+class Source(Protocol):
+    """The task a delivery follows."""
+
+    @property
+    def task_id(self) -> str:
+        """The task."""
+        ...
+
+    @property
+    def ended(self) -> bool:
+        """Whether the task has ended (``current`` is then its final state)."""
+        ...
+
+    async def current(self) -> tuple[Task, int]:
+        """The task as it is now and the number of the last frame it includes.
+
+        Returns with no frame appended since, so a reader made at once misses none.
+        """
+        ...
+
+    def reader(self, after: int) -> LogReader:
+        """A passive reader of the frames after ``after`` (only while not ``ended``)."""
+        ...
+
+
+class LiveSource:
+    """A task live on this instance: its log, and its snapshot."""
+
+    __slots__ = ("live",)
+
+    def __init__(self, live: LiveTask) -> None:
+        self.live = live
+
+    @property
+    def task_id(self) -> str:
+        """The task."""
+        return self.live.task_id
+
+    @property
+    def ended(self) -> bool:
+        """Whether the task's log is closed."""
+        return self.live.log.closed
+
+    async def current(self) -> tuple[Task, int]:
+        """See ``Source.current``."""
+        live = self.live
+        if not live.log.closed:
+            task, seq = await live.snapshot()
+            if task is not None:
+                return task, seq
+        snapshot = live.log.snapshot
+        assert snapshot is not None, "a task with a push config exists"
+        return taskops.copy(snapshot), live.log.last_seq
+
+    def reader(self, after: int) -> LogReader:
+        """A passive reader of the log from frame ``after + 1``."""
+        return self.live.log.reader(after + 1, passive=True)
+
+
+class EndedSource:
+    """A task that ended elsewhere (a survivor delivers what its lost owner had not)."""
+
+    __slots__ = ("_final", "_seq")
+
+    def __init__(self, final: Task, seq: int) -> None:
+        self._final, self._seq = final, seq
+
+    @property
+    def task_id(self) -> str:
+        """The task."""
+        return self._final.id
+
+    @property
+    def ended(self) -> bool:
+        """Always: the task has ended."""
+        return True
+
+    async def current(self) -> tuple[Task, int]:
+        """The final task and its last frame's number."""
+        return taskops.copy(self._final), self._seq
+
+    def reader(self, after: int) -> LogReader:
+        """Never called: the task has ended."""
+        raise AssertionError("an ended task needs no new reader")

@@ -16,9 +16,14 @@ from typing import TYPE_CHECKING
 
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
 
+from .. import taskops
+from ..callmeta import Caller
 from ..config import ServerConfig
+from ..errors import FrameNotKeptError, OwnerTimeoutError, OwnerUnavailableError
+from ..journal import RecordedTask
 from ..metrics import Metrics
 from ..supervisor import TASK_PREFIX
+from ..tasklog import LogReader
 from .configs import (
     ConfigPage,
     MemoryPushConfigs,
@@ -26,7 +31,7 @@ from .configs import (
     PushConfigStore,
     new_id,
 )
-from .delivery import PushDispatcher
+from .delivery import EndedSource, PushDispatcher
 from .screen import Screen
 from .sender import WebhookSender
 
@@ -85,15 +90,64 @@ class PushService:
             TaskNotFoundError: No such task.
             PushConfigLimitError: The task has ``push_max_configs`` other configs.
         """
-        recorded = await self._engine.recorded(config.task_id)
+        engine = self._engine
+        recorded = await engine.recorded(config.task_id)
         if not config.id:
             config.id = new_id()
-        live = self._engine.live_task(config.task_id)
+        live = engine.live_task(config.task_id)
         if live is not None and not live.log.closed:
             await self.register(live, config)
-        else:  # ended, or parked out of memory (its deliveries resume with it)
-            await self.store.put(config, self._most, recorded.seq)
+            return config
+        # Ended, parked out of memory (its deliveries resume with it), or run by
+        # another instance, which is asked to deliver it.
+        await self.store.put(config, self._most, recorded.seq)
+        if engine.owned_elsewhere(recorded) and not taskops.is_final(recorded.task):
+            assert engine.cluster is not None
+            try:
+                await engine.cluster.push(recorded, config.id, Caller((), None))
+            except (OwnerUnavailableError, OwnerTimeoutError) as exc:
+                # Kept: if the owner is gone, the survivor that ends the task delivers it.
+                logger.warning(
+                    "push config %s of task %s: its owner was not told (%s)",
+                    config.id,
+                    config.task_id,
+                    exc,
+                )
         return config
+
+    async def follow_stored(self, task_id: str, config_id: str) -> None:
+        """Deliver a config another instance stored for a task live here, from its cursor."""
+        live = self._engine.live_task(task_id)
+        if live is None or live.log.closed:
+            return
+        config = await self.store.get(task_id, config_id)
+        cursor = await self.store.cursor(task_id, config_id)
+        if config is not None and cursor is not None:
+            self.dispatcher.follow(live, config, cursor)
+
+    async def take_over(self, final: RecordedTask) -> None:
+        """This instance ended a lost owner's task: deliver what its webhooks had not got.
+
+        Each config continues from its cursor through the shared event log, up
+        to the final frame this instance wrote (or, if those frames are gone,
+        gets the final task as one frame).
+        """
+        cluster = self._engine.cluster
+        assert cluster is not None
+        task_id = final.task.id
+        try:
+            page = await self.store.list(task_id, ALL_CONFIGS, "")
+            for config in page.configs:
+                cursor = await self.store.cursor(task_id, config.id)
+                if cursor is None or cursor >= final.seq:
+                    continue
+                try:
+                    reader: LogReader | None = await cluster.replay(final, cursor)
+                except FrameNotKeptError:
+                    reader = None  # the event log no longer has them: the final task instead
+                self.dispatcher.deliver(EndedSource(final.task, final.seq), config, reader)
+        except Exception:
+            logger.exception("task %s: its push deliveries could not be taken over", task_id)
 
     async def register(self, live: LiveTask, config: TaskPushNotificationConfig) -> None:
         """Keep ``config`` and start delivering the task's frames after the current one.

@@ -1,0 +1,134 @@
+"""Push notifications in cluster mode on a real nats-server: configs shared by every instance,
+delivered by the task's owner, and continued by the survivor that ends a lost owner's task."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from a2a.client.transports.grpc import GrpcTransport
+from a2a.types.a2a_pb2 import (
+    DeleteTaskPushNotificationConfigRequest,
+    GetTaskPushNotificationConfigRequest,
+    ListTaskPushNotificationConfigsRequest,
+    TaskPushNotificationConfig,
+    TaskState,
+)
+
+from a2a_grpc_server import ServerConfig
+
+from . import natsserver
+from .clusterharness import GatedPerTask, collect, instances
+from .harness import V1, send_request
+from .serveproc import start
+from .test_push import assert_complete, with_webhook
+from .webhook import receiving
+
+S = TaskState
+LEASE = 1.0
+PUSHING = ServerConfig(cancel_timeout=1.0, push_allow_private=True)
+"""The receiver listens on 127.0.0.1."""
+
+
+@pytest.fixture(scope="module")
+def nats_url() -> Iterator[str]:
+    with natsserver.running(1) as cluster:
+        yield cluster.urls[0]
+
+
+async def test_a_config_made_through_another_instance_is_delivered_by_the_owner(
+    nats_url: str,
+) -> None:
+    agent = GatedPerTask()
+    with receiving() as receiver:
+        async with (
+            asyncio.timeout(30),
+            instances(agent, [nats_url], config=PUSHING) as (a, b),
+        ):
+            assert a.service.card.capabilities.push_notifications
+            sender = a.client.send_message_streaming(send_request("go"))
+            task_id = (await anext(sender)).task.id
+            assert (await anext(sender)).status_update.status.state == S.TASK_STATE_WORKING
+            made = await b.stub.CreateTaskPushNotificationConfig(
+                TaskPushNotificationConfig(task_id=task_id, id="hook", url=receiver.url()),
+                metadata=V1,
+            )
+            # Shared: every instance reads it.
+            for instance in (a, b):
+                got = await instance.stub.GetTaskPushNotificationConfig(
+                    GetTaskPushNotificationConfigRequest(task_id=task_id, id="hook"), metadata=V1
+                )
+                assert got == made
+            listed = await a.stub.ListTaskPushNotificationConfigs(
+                ListTaskPushNotificationConfigsRequest(task_id=task_id), metadata=V1
+            )
+            assert [c.id for c in listed.configs] == ["hook"]
+            a_push = a.service.engine.push
+            assert a_push is not None and a_push.dispatcher.following(task_id) == 1, (
+                "the owner delivers it"
+            )
+            agent.release(task_id)
+            await collect(sender)
+            await receiver.wait_for(
+                lambda: any(p.state == S.TASK_STATE_COMPLETED for p in receiver.frames(task_id))
+            )
+            posts = receiver.frames(task_id)
+            assert_complete(posts, S.TASK_STATE_COMPLETED, first_seq=posts[0].seq)
+            await b.stub.DeleteTaskPushNotificationConfig(
+                DeleteTaskPushNotificationConfigRequest(task_id=task_id, id="hook"), metadata=V1
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await a.stub.GetTaskPushNotificationConfig(
+                    GetTaskPushNotificationConfigRequest(task_id=task_id, id="hook"), metadata=V1
+                )
+            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+            b_push = b.service.engine.push
+            assert b_push is not None and b_push.dispatcher.count == 0, "only the owner delivers"
+
+
+async def test_the_survivor_delivers_the_failed_frame_of_a_lost_owners_task(
+    nats_url: str,
+) -> None:
+    with receiving() as receiver:
+        owner = await start(
+            "--agent",
+            "tests.agents_for_cli:Hanging",
+            "--nats",
+            nats_url,
+            "--lease",
+            str(LEASE),
+            "--push-allow-private",
+        )
+        client = GrpcTransport(grpc.aio.insecure_channel(owner.grpc_addr), None)
+        try:
+            async with (
+                asyncio.timeout(30),
+                instances(
+                    GatedPerTask(), [nats_url], names=("B", "C"), lease=LEASE, config=PUSHING
+                ) as (b, c),
+            ):
+                request = with_webhook(send_request("go"), receiver.url())
+                sender = client.send_message_streaming(request)
+                task_id = (await anext(sender)).task.id
+                assert (await anext(sender)).status_update.status.state == S.TASK_STATE_WORKING
+                await receiver.wait_for(
+                    lambda: any(p.state == S.TASK_STATE_WORKING for p in receiver.frames(task_id))
+                )
+                owner.proc.kill()  # SIGKILL: the owner delivers nothing more
+                await owner.proc.wait()
+                await receiver.wait_for(
+                    lambda: any(p.state == S.TASK_STATE_FAILED for p in receiver.frames(task_id)),
+                    within=LEASE * 6,
+                )
+                posts = receiver.frames(task_id)
+                assert_complete(posts, S.TASK_STATE_FAILED)
+                assert "was lost" in posts[-1].frame.status_update.status.message.parts[0].text
+                reaped = b.service.metrics.tasks_reaped + c.service.metrics.tasks_reaped
+                assert reaped == 1
+        finally:
+            await client.close()
+            if owner.proc.returncode is None:
+                owner.proc.kill()
+                await owner.proc.wait()
