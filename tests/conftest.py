@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import pytest
+
+from . import natsserver
 
 logging.getLogger("a2a_grpc_server").setLevel(logging.DEBUG)
 
@@ -21,3 +24,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def long_run(request: pytest.FixtureRequest) -> bool:
     """Whether ``--long`` was given: suites scale their examples and durations by it."""
     return bool(request.config.getoption("--long"))
+
+
+@pytest.fixture(scope="module")
+def nats_url() -> Iterator[str]:
+    """A single-node nats-server with JetStream, shared by the tests of one module."""
+    with natsserver.running(1) as cluster:
+        yield cluster.urls[0]

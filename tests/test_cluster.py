@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -39,12 +39,6 @@ from .harness import (
 )
 
 S = TaskState
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    with natsserver.running(1) as cluster:
-        yield cluster.urls[0]
 
 
 async def start_task(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -30,12 +30,6 @@ S = TaskState
 LEASE = 1.0
 SWEEP_LEASE = 2.0
 """A lease long enough that a loaded machine does not miss it by accident."""
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    with natsserver.running(1) as cluster:
-        yield cluster.urls[0]
 
 
 @contextlib.asynccontextmanager

@@ -4,7 +4,6 @@ delivered by the task's owner, and continued by the survivor that ends a lost ow
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -19,7 +18,6 @@ from a2a.types.a2a_pb2 import (
 
 from a2a_grpc_server import ServerConfig
 
-from . import natsserver
 from .clusterharness import GatedPerTask, collect, instances
 from .harness import V1, send_request
 from .serveproc import start
@@ -30,12 +28,6 @@ S = TaskState
 LEASE = 1.0
 PUSHING = ServerConfig(cancel_timeout=1.0, push_allow_private=True)
 """The receiver listens on 127.0.0.1."""
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    with natsserver.running(1) as cluster:
-        yield cluster.urls[0]
 
 
 async def test_a_config_made_through_another_instance_is_delivered_by_the_owner(

@@ -71,7 +71,6 @@ from a2a.types.a2a_pb2 import (
 
 from a2a_grpc_server import A2AService, ServerConfig, taskops
 
-from . import natsserver
 from .clusterharness import instances
 from .harness import V1, last_state, our_tasks, read_all, rebuilt, rich_status, send_request, serve
 
@@ -740,12 +739,6 @@ async def test_soak_every_stream_ends_with_its_outcome_and_memory_stays_flat(
     assert last.rss - first.rss < RSS_GROWTH_LIMIT, grew
     assert last.blocks - first.blocks < BLOCKS_GROWTH_LIMIT, grew
     assert last.objects - first.objects < OBJECTS_GROWTH_LIMIT, grew
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    with natsserver.running(1) as cluster:
-        yield cluster.urls[0]
 
 
 CLUSTER_CI = Plan(concurrency=100, warmup=0, round_size=200, rounds=3, seconds=20)
