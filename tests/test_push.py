@@ -5,6 +5,7 @@ ended the task), retries, a receiver that never answers, and refused targets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import socket
 from pathlib import Path
@@ -27,9 +28,12 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import A2AService, ServerConfig
+from a2a_grpc_server.push.configs import MemoryPushConfigs
 from a2a_grpc_server.push.screen import RefusedTargetError, Screen, refused_address
+from a2a_grpc_server.push.sender import Outcome, WebhookSender, retry_after
+from a2a_grpc_server.push.service import PushService
 
-from .agents import BurstAgent, CancelMode, EndingAgent, GatedAgent, InputAgent
+from .agents import BurstAgent, CancelMode, EndingAgent, GatedAgent, InputAgent, MessageAgent
 from .certs import issue
 from .harness import V1, expose, read_all, rich_status, send_request, serve
 from .webhook import Answer, Post, receiving
@@ -148,6 +152,9 @@ REFUSED_URLS = [
     ("https://user:pw@example.com/hook", "user info"),
     ("https://" + "a" * 2050 + ".com/", "at most 2048"),
     ("ftp://example.com/", "not an https URL"),
+    ("https://bücher.example/", "non-ASCII"),
+    ("https://" + "a" * 64 + ".example/", "malformed host"),
+    ("https://example.com/a\x00b", "control character"),
 ]
 
 
@@ -194,6 +201,12 @@ async def test_refused_webhook_urls_answer_invalid_argument_naming_the_field() -
         ("::ffff:10.0.0.1", True),
         ("64:ff9b::a00:1", True),  # NAT64 of 10.0.0.1
         ("2002:a00:1::", True),  # 6to4 of 10.0.0.1
+        ("::7f00:1", True),  # IPv4-compatible 127.0.0.1
+        ("::ffff:0:7f00:1", True),  # SIIT
+        ("64:ff9b:1::7f00:1", True),  # local-use NAT64
+        ("fec0::1", True),  # site-local
+        ("4000::1", True),  # unassigned
+        ("3fff::1", True),  # documentation (RFC 9637)
     ],
 )
 def test_which_addresses_push_may_reach(address: str, refused: bool) -> None:
@@ -451,8 +464,8 @@ async def test_configs_go_when_the_journal_drops_their_task() -> None:
                 GetTaskPushNotificationConfigRequest(task_id=first.id, id="k"), metadata=V1
             )
         ) == (grpc.StatusCode.NOT_FOUND, "TASK_NOT_FOUND")
+        await h.settle(within=10)  # (once its delivery has ended)
         assert await push.store.get(first.id, "k") is None
-        await h.settle(within=10)
 
 
 async def test_https_delivery_verifies_the_webhooks_name_on_the_checked_address(
@@ -513,3 +526,80 @@ async def test_a_stuck_webhook_keeps_no_more_than_the_log_keeps_then_gets_the_ou
             assert len(posts[-1].frame.task.artifacts) == burst, "the outcome, all of it"
             await h.settle(within=10)
             assert h.service.metrics.push_frames_skipped == 1
+
+
+def test_an_unreadable_retry_after_is_ignored() -> None:
+    assert retry_after("²") is None and retry_after("soon") is None
+    assert retry_after("7") == 7.0
+
+
+async def test_push_timeout_bounds_the_whole_attempt_even_against_a_trickling_receiver() -> None:
+    handlers: list[asyncio.Task[Any]] = []
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        handlers.append(handler)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            for byte in b"HTTP/1.1 200 OK\r\n":  # one byte at a time: no read ever times out
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.2)  # sync-ok: the receiver is slow on purpose
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+                await writer.wait_closed()
+
+    server = await asyncio.start_server(trickle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    sender = WebhookSender(Screen(allow_private=True), timeout=0.5, max_connections=1)
+    try:
+        async with asyncio.timeout(10):
+            config = TaskPushNotificationConfig(id="c", url=f"http://127.0.0.1:{port}/")
+            attempt = await sender.post(config, "t", 1, b"{}")
+        assert attempt.outcome is Outcome.RETRY
+        assert "no answer within 0.5 s" in attempt.detail
+    finally:
+        await sender.close()
+        for handler in handlers:
+            handler.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        server.close()
+        await server.wait_closed()
+
+
+async def test_the_final_frame_is_still_delivered_after_the_journal_dropped_the_task() -> None:
+    def recovering(post: Post, attempt: int) -> Answer:
+        return Answer(503) if attempt < 2 else Answer(204)
+
+    agent = GatedAgent()
+    agent.release.set()
+    config = ServerConfig(cancel_timeout=1.0, push_allow_private=True, max_final_tasks=1)
+    with receiving(recovering) as receiver:
+        async with asyncio.timeout(30), serve(agent, config) as h:
+            request = with_webhook(send_request("a"), receiver.url())
+            first = (await h.stub.SendMessage(request, metadata=V1)).task.id
+            await h.stub.SendMessage(send_request("b"), metadata=V1)  # drops the first
+            assert await h.service.journal.get(first) is None
+            await receiver.wait_for(
+                lambda: any(p.state == S.TASK_STATE_COMPLETED for p in receiver.frames(first)),
+                within=20,  # two retries, with backoff and jitter
+            )
+            assert_complete(receiver.frames(first), S.TASK_STATE_COMPLETED)
+            await h.settle(within=10)
+
+
+async def test_configs_of_a_message_only_answer_do_not_stay() -> None:
+    with receiving() as receiver:
+        async with asyncio.timeout(20), serve(MessageAgent(), PRIVATE) as h:
+            for _ in range(3):
+                request = with_webhook(send_request("hi"), receiver.url())
+                answer = await h.stub.SendMessage(request, metadata=V1)
+                assert answer.HasField("message")
+            await h.settle(within=10)
+            push = h.service.engine.push
+            assert isinstance(push, PushService) and isinstance(push.store, MemoryPushConfigs)
+            assert len(push.store) == 0

@@ -646,6 +646,10 @@ class TaskEngine:
         def forget() -> None:
             self._live.pop(live.task_id, None)
             self.parking.unpark(live.task_id)
+            if live.task is None and self.push is not None:
+                # A message-only answer: no task is recorded, so no retention drops
+                # the push configs a message carried; they go now.
+                self.push.forget(live.task_id)
             if live.final_unrecorded:
                 self._unrecorded[live.task_id] = live
                 self._all_recorded.clear()

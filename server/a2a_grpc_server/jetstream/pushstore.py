@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import struct
 import time
+from collections import OrderedDict
 
 import nats.js.errors
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
@@ -28,6 +29,9 @@ from .retry import Retry
 
 Entries = list[tuple[str, int, int, TaskPushNotificationConfig]]
 """(key, creation number, cursor, config) of a task's configs."""
+
+REVISIONS_KEPT = 4096
+"""Configs whose key revision this instance remembers (those it delivered to lately)."""
 
 HEAD = struct.Struct(">QQ")
 """The value's head: creation number, cursor."""
@@ -58,8 +62,9 @@ class JetStreamPushConfigs:
     def __init__(self, kv: KeyValue, retry: Retry) -> None:
         self._kv = kv
         self._retry = retry
-        self._revisions: dict[tuple[str, str], tuple[int, bytes]] = {}
-        """Per config this instance delivers: the key's revision and the value's tail."""
+        self._revisions: OrderedDict[tuple[str, str], tuple[int, bytes]] = OrderedDict()
+        """Per config this instance delivered to lately: the key's revision and value (at
+        most ``REVISIONS_KEPT``; a config not among them costs one read more)."""
 
     async def put(self, config: TaskPushNotificationConfig, most: int, seq: int) -> None:
         """Keep ``config``; see ``PushConfigStore.put``."""
@@ -127,6 +132,9 @@ class JetStreamPushConfigs:
             self._revisions.pop((task_id, config_id), None)
             return await self._get(key) is not None and await self.confirm(task_id, config_id, seq)
         self._revisions[(task_id, config_id)] = (written, updated)
+        self._revisions.move_to_end((task_id, config_id))
+        while len(self._revisions) > REVISIONS_KEPT:
+            self._revisions.popitem(last=False)
         return True
 
     def forget(self, task_id: str) -> None:

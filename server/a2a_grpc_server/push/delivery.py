@@ -32,13 +32,14 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from a2a.types.a2a_pb2 import StreamResponse, Task, TaskPushNotificationConfig
 from google.protobuf import json_format
 
 from .. import taskops
-from ..errors import FrameNotKeptError
+from ..errors import FrameNotKeptError, RelayLostError
 from ..journal import StoreError
 from ..metrics import Metrics
 from ..supervisor import TASK_PREFIX
@@ -88,6 +89,8 @@ class PushDispatcher:
         """What each task with deliveries follows."""
         self._running = 0
         self._closing = False
+        self.on_task_done: Callable[[str], None] | None = None
+        """Called with a task's id when its last delivery has ended."""
 
     @property
     def count(self) -> int:
@@ -131,14 +134,19 @@ class PushDispatcher:
         self._metrics.push_deliveries_running = self._running
 
         def done(finished: asyncio.Task[None]) -> None:
+            if reader is not None:
+                reader.close()  # (a delivery cancelled before its first step never did)
             self._running -= 1
             self._metrics.push_deliveries_running = self._running
+            self._metrics.push_failing.discard((task_id, config_id))
             of_task = self._deliveries.get(task_id)
             if of_task is not None and of_task.get(config_id) is finished:
                 del of_task[config_id]
                 if not of_task:
                     del self._deliveries[task_id]
                     self._sources.pop(task_id, None)
+                    if self.on_task_done is not None:
+                        self.on_task_done(task_id)
             if not finished.cancelled() and finished.exception() is not None:
                 logger.error(
                     "push delivery of task %s to config %s crashed",
@@ -207,16 +215,20 @@ class PushDispatcher:
                                 break  # given up: jump to the task as it is now
                         else:
                             return  # the final frame is delivered (or given up)
-                    except FrameNotKeptError:
+                    except (FrameNotKeptError, RelayLostError, StoreError) as exc:
                         self._metrics.push_frames_skipped += 1
                         logger.warning(
-                            "push to config %s of task %s fell behind the task's log; "
+                            "push to config %s of task %s: its next frame cannot be read (%s); "
                             "sending the task as it is now",
                             config.id,
                             task_id,
+                            type(exc).__name__,
                         )
                     reader.close()
-                task, seq = await source.current()
+                current = await source.current()
+                if current is None:
+                    return  # no task: the executor answered with a message alone
+                task, seq = current
                 ended = source.ended  # then ``task`` is final
                 # Made before the send: every frame after ``seq`` is kept for it.
                 reader = None if ended else source.reader(seq)
@@ -230,6 +242,13 @@ class PushDispatcher:
         finally:
             if reader is not None:
                 reader.close()
+
+    async def _gone(self, task_id: str, config_id: str) -> bool:
+        """Whether the config was deleted (a store that cannot tell says no)."""
+        try:
+            return await self.store.cursor(task_id, config_id) is None
+        except StoreError:
+            return False
 
     async def _send(
         self, config: TaskPushNotificationConfig, task_id: str, seq: int, frame: bytes
@@ -264,6 +283,8 @@ class PushDispatcher:
                 if not still:
                     raise _ConfigGone
                 return True
+            if await self._gone(task_id, config.id):
+                raise _ConfigGone  # deleted (on another instance) while it failed
             left = give_up_at - loop.time()
             if attempt.outcome is Outcome.REFUSED or left <= 0:
                 metrics.push_deliveries["given_up"] += 1
@@ -310,10 +331,11 @@ class Source(Protocol):
         """Whether the task has ended (``current`` is then its final state)."""
         ...
 
-    async def current(self) -> tuple[Task, int]:
+    async def current(self) -> tuple[Task, int] | None:
         """The task as it is now and the number of the last frame it includes.
 
-        Returns with no frame appended since, so a reader made at once misses none.
+        Returns with no frame appended since, so a reader made at once misses none;
+        None when there is no task (the executor answered with a message alone).
         """
         ...
 
@@ -340,7 +362,7 @@ class LiveSource:
         """Whether the task's log is closed."""
         return self.live.log.closed
 
-    async def current(self) -> tuple[Task, int]:
+    async def current(self) -> tuple[Task, int] | None:
         """See ``Source.current``."""
         live = self.live
         if not live.log.closed:
@@ -348,8 +370,7 @@ class LiveSource:
             if task is not None:
                 return task, seq
         snapshot = live.log.snapshot
-        assert snapshot is not None, "a task with a push config exists"
-        return taskops.copy(snapshot), live.log.last_seq
+        return None if snapshot is None else (taskops.copy(snapshot), live.log.last_seq)
 
     def reader(self, after: int) -> LogReader:
         """A passive reader of the log from frame ``after + 1``."""
@@ -374,7 +395,7 @@ class EndedSource:
         """Always: the task has ended."""
         return True
 
-    async def current(self) -> tuple[Task, int]:
+    async def current(self) -> tuple[Task, int] | None:
         """The final task and its last frame's number."""
         return taskops.copy(self._final), self._seq
 

@@ -37,6 +37,13 @@ MAX_URL_CHARS = 2048
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
+GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
+"""The only IPv6 addresses push may reach (public unicast); the rest are local, translated
+(IPv4-compatible, SIIT, local-use NAT64) or unassigned."""
+IPV6_REFUSED = (ipaddress.ip_network("3fff::/20"),)
+"""Inside ``GLOBAL_UNICAST`` but not public (documentation, RFC 9637)."""
+MAX_HOST_CHARS = 253
+MAX_LABEL_CHARS = 63
 
 
 class RefusedTargetError(Exception):
@@ -58,6 +65,8 @@ def refused_address(address: Address) -> str | None:
         if embedded is not None:
             why = refused_address(embedded)
             return f"it embeds {embedded}, {why}" if why else None
+        if address not in GLOBAL_UNICAST or any(address in net for net in IPV6_REFUSED):
+            return "not a public IPv6 address (local, translated or unassigned range)"
     if address.is_multicast:
         return "a multicast address"
     if address.is_loopback:
@@ -66,7 +75,7 @@ def refused_address(address: Address) -> str | None:
         return "a link-local address (cloud metadata endpoints live there)"
     if address.is_unspecified:
         return "the unspecified address"
-    if not address.is_global:
+    if not address.is_global or address.is_reserved:
         return "not a public address (private, shared or reserved range)"
     return None
 
@@ -128,8 +137,16 @@ class Screen:
             raise RefusedTargetError(
                 f"{quote(url)} carries user info; put credentials in the config's authentication"
             )
-        if any(c in url for c in "\r\n\t "):
-            raise RefusedTargetError(f"{quote(url)} contains whitespace")
+        if not url.isascii() or any(c <= " " or c == "\x7f" for c in url):
+            raise RefusedTargetError(
+                f"{quote(url)} contains whitespace, a control character or non-ASCII text "
+                "(write an internationalized host in its xn-- form, and percent-encode paths)"
+            )
+        host = parts.hostname.rstrip(".")
+        if len(host) > MAX_HOST_CHARS or any(
+            not 0 < len(label) <= MAX_LABEL_CHARS for label in host.split(".")
+        ):
+            raise RefusedTargetError(f"{quote(url)} has a malformed host name")
         literal = _literal(parts.hostname)
         if literal is not None and not self._trusted(parts.hostname):
             why = refused_address(literal)

@@ -20,6 +20,7 @@ good (the frame is given up).
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import enum
 import ssl
@@ -83,6 +84,7 @@ class WebhookSender:
         self, screen: Screen, timeout: float, max_connections: int, ca_file: str = ""
     ) -> None:
         self._screen = screen
+        self._timeout = timeout
         self._client = httpx.AsyncClient(
             verify=ssl.create_default_context(cafile=ca_file) if ca_file else True,
             timeout=timeout,
@@ -96,7 +98,24 @@ class WebhookSender:
     async def post(
         self, config: TaskPushNotificationConfig, task_id: str, seq: int, body: bytes
     ) -> Attempt:
-        """POST one frame (``body``, ProtoJSON) to the config's webhook."""
+        """POST one frame (``body``, ProtoJSON) to the config's webhook.
+
+        The whole attempt, resolving the host included, takes at most the
+        timeout (httpx's own applies to each read and write, so a receiver
+        trickling its answer would hold a request slot for as long as it likes).
+        Never raises: anything unexpected is a refusal, with what happened.
+        """
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await self._post(config, task_id, seq, body)
+        except TimeoutError:
+            return Attempt(Outcome.RETRY, f"no answer within {self._timeout:g} s")
+        except Exception as exc:  # a URL or an answer httpx cannot handle: not worth retrying
+            return Attempt(Outcome.REFUSED, f"{type(exc).__name__}: {exc}")
+
+    async def _post(
+        self, config: TaskPushNotificationConfig, task_id: str, seq: int, body: bytes
+    ) -> Attempt:
         try:
             target = await self._screen.resolve(config.url)
         except RefusedTargetError as exc:
@@ -155,7 +174,7 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return min(float(value), MAX_RETRY_AFTER)
     try:
         when = email.utils.parsedate_to_datetime(value)

@@ -20,7 +20,7 @@ from .. import taskops
 from ..callmeta import Caller
 from ..config import ServerConfig
 from ..errors import FrameNotKeptError, OwnerTimeoutError, OwnerUnavailableError
-from ..journal import RecordedTask
+from ..journal import RecordedTask, StoreError
 from ..metrics import Metrics
 from ..supervisor import TASK_PREFIX
 from ..tasklog import LogReader
@@ -82,6 +82,9 @@ class PushService:
             max_in_flight=config.push_max_in_flight,
         )
         self._resuming: set[asyncio.Task[None]] = set()
+        self._forget_later: set[str] = set()
+        """Tasks the journal dropped whose deliveries still run."""
+        self.dispatcher.on_task_done = self._task_done
 
     async def create(self, config: TaskPushNotificationConfig) -> TaskPushNotificationConfig:
         """Keep a config for an existing task; its webhook gets every frame from now on.
@@ -116,14 +119,38 @@ class PushService:
         return config
 
     async def follow_stored(self, task_id: str, config_id: str) -> None:
-        """Deliver a config another instance stored for a task live here, from its cursor."""
-        live = self._engine.live_task(task_id)
-        if live is None or live.log.closed:
-            return
+        """Deliver a config another instance stored for a task of this one, from its cursor.
+
+        The task may have ended since the config was stored: then what its
+        webhook had not got is read back from the journal, the final frame last.
+        """
         config = await self.store.get(task_id, config_id)
         cursor = await self.store.cursor(task_id, config_id)
-        if config is not None and cursor is not None:
+        if config is None or cursor is None:
+            return
+        live = self._engine.live_task(task_id)
+        if live is not None:
             self.dispatcher.follow(live, config, cursor)
+            return
+        recorded = await self._engine.recorded(task_id)
+        if taskops.is_final(recorded.task):
+            await self._deliver_ended(recorded, config, cursor)
+        # else: parked out of memory; its deliveries resume when it comes back
+
+    async def _deliver_ended(
+        self, final: RecordedTask, config: TaskPushNotificationConfig, cursor: int
+    ) -> None:
+        """Deliver an ended task's frames after ``cursor`` (then the final one) to ``config``."""
+        if cursor >= final.seq:
+            return
+        reader: LogReader | None = None
+        cluster = self._engine.cluster
+        if cluster is not None:
+            try:
+                reader = await cluster.replay(final, cursor)
+            except (FrameNotKeptError, StoreError):
+                reader = None  # the event log no longer has them: the final task instead
+        self.dispatcher.deliver(EndedSource(final.task, final.seq), config, reader)
 
     async def take_over(self, final: RecordedTask) -> None:
         """This instance ended a lost owner's task: deliver what its webhooks had not got.
@@ -132,22 +159,19 @@ class PushService:
         to the final frame this instance wrote (or, if those frames are gone,
         gets the final task as one frame).
         """
-        cluster = self._engine.cluster
-        assert cluster is not None
         task_id = final.task.id
         try:
             page = await self.store.list(task_id, ALL_CONFIGS, "")
-            for config in page.configs:
+        except StoreError as exc:
+            logger.error("task %s: its push configs could not be read (%s)", task_id, exc)
+            return
+        for config in page.configs:  # each on its own: one failing does not stop the rest
+            try:
                 cursor = await self.store.cursor(task_id, config.id)
-                if cursor is None or cursor >= final.seq:
-                    continue
-                try:
-                    reader: LogReader | None = await cluster.replay(final, cursor)
-                except FrameNotKeptError:
-                    reader = None  # the event log no longer has them: the final task instead
-                self.dispatcher.deliver(EndedSource(final.task, final.seq), config, reader)
-        except Exception:
-            logger.exception("task %s: its push deliveries could not be taken over", task_id)
+                if cursor is not None:
+                    await self._deliver_ended(final, config, cursor)
+            except Exception:
+                logger.exception("task %s: push config %s not taken over", task_id, config.id)
 
     async def register(self, live: LiveTask, config: TaskPushNotificationConfig) -> None:
         """Keep ``config`` and start delivering the task's frames after the current one.
@@ -217,9 +241,20 @@ class PushService:
         self.dispatcher.stop_task(task_id)
 
     def forget(self, task_id: str) -> None:
-        """The journal dropped the task: its configs go too."""
-        self.dispatcher.stop_task(task_id)
-        self.store.forget(task_id)
+        """The journal dropped the task: its configs go too.
+
+        Once its deliveries have ended: one still retrying the final frame goes
+        on (it holds what it needs) and ends with it.
+        """
+        if self.dispatcher.following(task_id):
+            self._forget_later.add(task_id)
+        else:
+            self.store.forget(task_id)
+
+    def _task_done(self, task_id: str) -> None:
+        if task_id in self._forget_later:
+            self._forget_later.discard(task_id)
+            self.store.forget(task_id)
         failing = self._metrics.push_failing
         if failing:
             for key in [key for key in failing if key[0] == task_id]:
