@@ -4,6 +4,7 @@ delivered by the task's owner, and continued by the survivor that ends a lost ow
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import grpc
 import pytest
@@ -22,7 +23,7 @@ from .clusterharness import GatedPerTask, collect, instances
 from .harness import V1, send_request
 from .serveproc import start
 from .test_push import assert_complete, with_webhook
-from .webhook import receiving
+from .webhook import Answer, Post, receiving
 
 S = TaskState
 LEASE = 1.0
@@ -119,6 +120,62 @@ async def test_the_survivor_delivers_the_failed_frame_of_a_lost_owners_task(
                 assert "was lost" in posts[-1].frame.status_update.status.message.parts[0].text
                 reaped = b.service.metrics.tasks_reaped + c.service.metrics.tasks_reaped
                 assert reaped == 1
+        finally:
+            await client.close()
+            if owner.proc.returncode is None:
+                owner.proc.kill()
+                await owner.proc.wait()
+
+
+async def test_a_survivor_resumes_a_final_frame_the_lost_owner_was_still_retrying(
+    nats_url: str,
+) -> None:
+    allow = threading.Event()
+
+    def refuse_the_end_until_allowed(post: Post, attempt: int) -> Answer:
+        ended = post.state == S.TASK_STATE_COMPLETED
+        return Answer(503) if ended and not allow.is_set() else Answer(204)
+
+    with receiving(refuse_the_end_until_allowed) as receiver:
+        owner = await start(
+            "--agent",
+            "tests.agents_for_cli:instance",
+            "--nats",
+            nats_url,
+            "--lease",
+            str(LEASE),
+            "--push-allow-private",
+        )
+        client = GrpcTransport(grpc.aio.insecure_channel(owner.grpc_addr), None)
+        try:
+            async with (
+                asyncio.timeout(30),
+                instances(
+                    GatedPerTask(), [nats_url], names=("B", "C"), lease=LEASE, config=PUSHING
+                ) as (b, c),
+            ):
+                request = with_webhook(send_request("hi"), receiver.url())
+                answer = await client.send_message(request)
+                task_id = answer.task.id
+                assert answer.task.status.state == S.TASK_STATE_COMPLETED
+                await receiver.wait_for(  # the owner is retrying the final frame...
+                    lambda: any(p.state == S.TASK_STATE_COMPLETED for p in receiver.attempts)
+                )
+                owner.proc.kill()  # ...and is lost
+                await owner.proc.wait()
+                allow.set()
+                await receiver.wait_for(
+                    lambda: any(
+                        p.state == S.TASK_STATE_COMPLETED for p in receiver.frames(task_id)
+                    ),
+                    within=LEASE * 8,
+                )
+                assert_complete(receiver.frames(task_id), S.TASK_STATE_COMPLETED)
+                for survivor in (b, c):  # (a delivery counts once its answer is back)
+                    await survivor.service.engine.wait_idle()
+                adopted = b.service.metrics.push_deliveries["delivered"]
+                adopted += c.service.metrics.push_deliveries["delivered"]
+                assert adopted >= 1, "a survivor delivered it"
         finally:
             await client.close()
             if owner.proc.returncode is None:

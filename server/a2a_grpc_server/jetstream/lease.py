@@ -21,6 +21,9 @@ reader ends with that frame. A task whose record already ended but whose
 snapshot was not written gets its snapshot (the owner died in between).
 One sweep also runs ``lease`` seconds after start (every live instance has
 been heard from by then), for owners that died while no survivor watched.
+After each sweep ``on_swept`` runs with the live instances: the cluster
+adopts the push deliveries the lost ones had not finished (see
+``NatsCluster._adopt_push``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ from .. import taskops
 from ..journal import (
     Change,
     FinalTaskError,
-    RecordedTask,
     StoreError,
     UnknownTaskError,
     VersionConflictError,
@@ -90,7 +92,7 @@ class Lease:
         journal: JetStreamJournal,
         metrics: Metrics,
         on_gap: Callable[[], Awaitable[object]] | None = None,
-        on_reaped: Callable[[RecordedTask], Awaitable[None]] | None = None,
+        on_swept: Callable[[set[str]], Awaitable[None]] | None = None,
     ) -> None:
         self._kv = conn.instances
         self._id = conn.config.instance_id
@@ -105,7 +107,7 @@ class Lease:
         self._sweep_requested = False
         self._sweeping: asyncio.Task[None] | None = None
         self._on_gap = on_gap
-        self._on_reaped = on_reaped
+        self._on_swept = on_swept
         self._last_beat: float | None = None
         self._rechecking: asyncio.Task[None] | None = None
         self._healthy_since: float | None = None
@@ -257,6 +259,8 @@ class Lease:
                 group.create_task(claim(snap.owner, task_id), name=f"{TASK_PREFIX}:lease-claim")
                 for snap, task_id in lost
             ]
+        if self._on_swept is not None:  # what the lost instances were still delivering
+            await self._on_swept(live)
         return sum(done.result() for done in claims)
 
     async def _unfinished(self) -> list[tuple[Snapshot, str]]:
@@ -274,11 +278,9 @@ class Lease:
         frame = taskops.apply(task, taskops.status_event(task, TaskState.TASK_STATE_FAILED, text))
         change = Change(recorded.seq + 1, frame.SerializeToString(), TaskState.TASK_STATE_FAILED)
         try:
-            version = await self._journal.update(task, recorded.version, [change])
+            await self._journal.update(task, recorded.version, [change])
         except (VersionConflictError, FinalTaskError, UnknownTaskError):
             return 0  # another survivor won, or the owner wrote after all
         self._metrics.tasks_reaped += 1
         logger.warning("task %s ended FAILED: %s", task.id, text)
-        if self._on_reaped is not None:  # its webhooks: what the owner had not, then FAILED
-            await self._on_reaped(RecordedTask(task, version, "", change.seq))
         return 1

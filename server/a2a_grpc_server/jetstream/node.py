@@ -10,10 +10,13 @@ closes the connection.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from a2a.types.a2a_pb2 import SendMessageRequest, Task
+from a2a.utils.errors import TaskNotFoundError
 
+from .. import taskops
 from ..callmeta import Caller
 from ..journal import RecordedTask
 from ..tasklog import LogReader
@@ -28,6 +31,8 @@ from .routing import Router
 
 if TYPE_CHECKING:
     from ..engine import TaskEngine
+
+logger = logging.getLogger(__name__)
 
 RECORD_SLACK = 64 * 1024
 """Bytes of a NATS message kept for what travels beside a task: a snapshot's head, a
@@ -59,6 +64,7 @@ class NatsCluster:
         self.lease: Lease | None = None
         self.push_store = JetStreamPushConfigs(conn.push, Retry(conn.config.retry_for))
         """Push configs and cursors, shared by every instance."""
+        self._engine: TaskEngine | None = None
 
     @classmethod
     async def connect(cls, config: NatsConfig) -> NatsCluster:
@@ -97,6 +103,7 @@ class NatsCluster:
             StoreError: The shared record could not be read.
         """
         config = engine.config
+        self._engine = engine
         self._relays = Relays(self._journal, engine.pool, engine.metrics)
         self._router = Router(self.conn.nc, self.instance_id, config.cancel_timeout)
         push = engine.push
@@ -105,7 +112,7 @@ class NatsCluster:
             self._journal,
             engine.metrics,
             on_gap=engine.recheck_ownership,
-            on_reaped=push.take_over if push is not None else None,
+            on_swept=self._adopt_push if push is not None else None,
         )
         await self.lease.start()
         await self._router.start(engine)
@@ -149,6 +156,36 @@ class NatsCluster:
         """Have the owner start a follow-up (see ``Cluster.send``)."""
         assert self._router is not None, "join() first"
         await self._router.send(recorded.owner, request, call)
+
+    async def _adopt_push(self, alive: set[str]) -> None:
+        """Take over the webhooks lost instances were delivering to (after each lease sweep).
+
+        A config whose deliverer is gone and whose task has ended (the sweep
+        just ended the lost owner's running tasks FAILED) gets what its
+        webhook had not confirmed, the final frame last, from this instance:
+        whichever survivor adopts it first (compare-and-set); the others skip
+        it. Configs of tasks still running wait for the next sweep.
+        """
+        engine = self._engine
+        if engine is None or engine.push is None:
+            return
+        for orphan in await self.push_store.orphans(alive):
+            try:
+                recorded = await engine.recorded(orphan.task_id)
+            except TaskNotFoundError:
+                continue  # (the task's retention ended)
+            if not taskops.is_final(recorded.task):
+                continue
+            if not await self.push_store.adopt(orphan, self.instance_id):
+                continue  # another survivor did
+            logger.warning(
+                "push config %s of task %s: its instance %s was lost; delivering from frame %d",
+                orphan.config.id,
+                orphan.task_id,
+                orphan.deliverer,
+                orphan.cursor + 1,
+            )
+            await engine.push.deliver_ended(recorded, orphan.config, orphan.cursor)
 
     async def push(self, recorded: RecordedTask, config_id: str, call: Caller) -> None:
         """Have the owner deliver a push config stored for its task (see ``Cluster.push``)."""

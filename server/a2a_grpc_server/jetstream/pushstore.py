@@ -19,6 +19,7 @@ import base64
 import struct
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import nats.js.errors
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
@@ -30,11 +31,13 @@ from .retry import Retry
 Entries = list[tuple[str, int, int, TaskPushNotificationConfig]]
 """(key, creation number, cursor, config) of a task's configs."""
 
+Orphans = list["Orphan"]
+
 REVISIONS_KEPT = 4096
 """Configs whose key revision this instance remembers (those it delivered to lately)."""
 
-HEAD = struct.Struct(">QQ")
-"""The value's head: creation number, cursor."""
+HEAD = struct.Struct(">QQB")
+"""The value's head: creation number, cursor, the deliverer's id length (the id follows)."""
 
 
 def _key(task_id: str, config_id: str) -> str:
@@ -42,13 +45,31 @@ def _key(task_id: str, config_id: str) -> str:
     return f"{task_id}.{encoded or '_'}"
 
 
-def _pack(number: int, cursor: int, config: TaskPushNotificationConfig) -> bytes:
-    return HEAD.pack(number, cursor) + config.SerializeToString()
+def _pack(number: int, cursor: int, deliverer: str, config: TaskPushNotificationConfig) -> bytes:
+    who = deliverer.encode()[:255]
+    return HEAD.pack(number, cursor, len(who)) + who + config.SerializeToString()
 
 
 def _unpack(value: bytes) -> tuple[int, int, TaskPushNotificationConfig]:
-    number, cursor = HEAD.unpack_from(value)
-    return number, cursor, TaskPushNotificationConfig.FromString(value[HEAD.size :])
+    number, cursor, length = HEAD.unpack_from(value)
+    return number, cursor, TaskPushNotificationConfig.FromString(value[HEAD.size + length :])
+
+
+def _deliverer(value: bytes) -> str:
+    length = HEAD.unpack_from(value)[2]
+    return value[HEAD.size : HEAD.size + length].decode(errors="replace")
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """A config whose deliverer is gone (see ``JetStreamPushConfigs.orphans``)."""
+
+    task_id: str
+    config: TaskPushNotificationConfig
+    cursor: int
+    deliverer: str
+    revision: int
+    value: bytes
 
 
 class JetStreamPushConfigs:
@@ -66,7 +87,9 @@ class JetStreamPushConfigs:
         """Per config this instance delivered to lately: the key's revision and value (at
         most ``REVISIONS_KEPT``; a config not among them costs one read more)."""
 
-    async def put(self, config: TaskPushNotificationConfig, most: int, seq: int) -> None:
+    async def put(
+        self, config: TaskPushNotificationConfig, most: int, seq: int, deliverer: str = ""
+    ) -> None:
         """Keep ``config``; see ``PushConfigStore.put``."""
         task_id = config.task_id
         key = _key(task_id, config.id)
@@ -74,7 +97,7 @@ class JetStreamPushConfigs:
         number = next((n for k, n, _, _ in existing if k == key), 0)
         if not number and len(existing) >= most:
             raise PushConfigLimitError(task_id, most)
-        value = _pack(number or time.time_ns(), seq, config)
+        value = _pack(number or time.time_ns(), seq, deliverer, config)
         await self._retry(lambda: self._kv.put(key, value), "store a push config")
         self._revisions.pop((task_id, config.id), None)
 
@@ -119,7 +142,7 @@ class JetStreamPushConfigs:
         number, cursor, _ = _unpack(value)
         if seq <= cursor:
             return True
-        updated = HEAD.pack(number, seq) + value[HEAD.size :]
+        updated = HEAD.pack(number, seq, HEAD.unpack_from(value)[2]) + value[HEAD.size :]
 
         async def update() -> int | None:
             try:
@@ -135,6 +158,52 @@ class JetStreamPushConfigs:
         self._revisions.move_to_end((task_id, config_id))
         while len(self._revisions) > REVISIONS_KEPT:
             self._revisions.popitem(last=False)
+        return True
+
+    async def orphans(self, alive: set[str]) -> Orphans:
+        """Every config whose deliverer is not in ``alive`` (reads the whole bucket)."""
+
+        async def scan() -> Orphans:
+            watcher = await self._kv.watch(">", ignore_deletes=True)
+            found: Orphans = []
+            try:
+                async for entry in watcher:
+                    if entry is None:  # (the end of what is stored)
+                        break
+                    value = entry.value
+                    if not value:
+                        continue
+                    who = _deliverer(value)
+                    if who and who not in alive:
+                        _, cursor, config = _unpack(value)
+                        task_id = entry.key.split(".", 1)[0]
+                        found.append(
+                            Orphan(task_id, config, cursor, who, entry.revision or 0, value)
+                        )
+            finally:
+                await watcher.stop()
+            return found
+
+        return await self._retry(scan, "scan push configs")
+
+    async def adopt(self, orphan: Orphan, me: str) -> bool:
+        """Become the config's deliverer (compare-and-set); False if another did first."""
+        number, cursor, length = HEAD.unpack_from(orphan.value)
+        who = me.encode()[:255]
+        tail = orphan.value[HEAD.size + length :]
+        value = HEAD.pack(number, cursor, len(who)) + who + tail
+        key = _key(orphan.task_id, orphan.config.id)
+
+        async def update() -> int | None:
+            try:
+                return await self._kv.update(key, value, last=orphan.revision)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                return None
+
+        written = await self._retry(update, "adopt a push config")
+        if written is None:
+            return False
+        self._revisions[(orphan.task_id, orphan.config.id)] = (written, value)
         return True
 
     def forget(self, task_id: str) -> None:

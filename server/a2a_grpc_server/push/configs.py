@@ -134,8 +134,16 @@ class PushConfigStore(Protocol):
     replaces it and resets its cursor. Implementations return copies.
     """
 
-    async def put(self, config: TaskPushNotificationConfig, most: int, seq: int) -> None:
+    async def put(
+        self, config: TaskPushNotificationConfig, most: int, seq: int, deliverer: str = ""
+    ) -> None:
         """Keep ``config``; its webhook gets the frames after ``seq``.
+
+        Args:
+            config: The config.
+            most: Most configs its task may have.
+            seq: The last frame its webhook does not get.
+            deliverer: The instance that delivers it (cluster mode: the task's owner).
 
         Raises:
             PushConfigLimitError: The task has ``most`` other configs already.
@@ -197,8 +205,10 @@ class MemoryPushConfigs:
     def __len__(self) -> int:
         return sum(len(t.by_id) for t in self._tasks.values())
 
-    async def put(self, config: TaskPushNotificationConfig, most: int, seq: int) -> None:
-        """Keep ``config`` (a copy); see ``PushConfigStore.put``."""
+    async def put(
+        self, config: TaskPushNotificationConfig, most: int, seq: int, deliverer: str = ""
+    ) -> None:
+        """Keep ``config`` (a copy); see ``PushConfigStore.put`` (one instance: no deliverer)."""
         kept = self._tasks.setdefault(config.task_id, _TaskConfigs())
         if config.id not in kept.by_id and len(kept.by_id) >= most:
             raise PushConfigLimitError(config.task_id, most)

@@ -103,7 +103,7 @@ class PushService:
             return config
         # Ended, parked out of memory (its deliveries resume with it), or run by
         # another instance, which is asked to deliver it.
-        await self.store.put(config, self._most, recorded.seq)
+        await self.store.put(config, self._most, recorded.seq, recorded.owner)
         if engine.owned_elsewhere(recorded) and not taskops.is_final(recorded.task):
             assert engine.cluster is not None
             try:
@@ -134,10 +134,10 @@ class PushService:
             return
         recorded = await self._engine.recorded(task_id)
         if taskops.is_final(recorded.task):
-            await self._deliver_ended(recorded, config, cursor)
+            await self.deliver_ended(recorded, config, cursor)
         # else: parked out of memory; its deliveries resume when it comes back
 
-    async def _deliver_ended(
+    async def deliver_ended(
         self, final: RecordedTask, config: TaskPushNotificationConfig, cursor: int
     ) -> None:
         """Deliver an ended task's frames after ``cursor`` (then the final one) to ``config``."""
@@ -152,27 +152,6 @@ class PushService:
                 reader = None  # the event log no longer has them: the final task instead
         self.dispatcher.deliver(EndedSource(final.task, final.seq), config, reader)
 
-    async def take_over(self, final: RecordedTask) -> None:
-        """This instance ended a lost owner's task: deliver what its webhooks had not got.
-
-        Each config continues from its cursor through the shared event log, up
-        to the final frame this instance wrote (or, if those frames are gone,
-        gets the final task as one frame).
-        """
-        task_id = final.task.id
-        try:
-            page = await self.store.list(task_id, ALL_CONFIGS, "")
-        except StoreError as exc:
-            logger.error("task %s: its push configs could not be read (%s)", task_id, exc)
-            return
-        for config in page.configs:  # each on its own: one failing does not stop the rest
-            try:
-                cursor = await self.store.cursor(task_id, config.id)
-                if cursor is not None:
-                    await self._deliver_ended(final, config, cursor)
-            except Exception:
-                logger.exception("task %s: push config %s not taken over", task_id, config.id)
-
     async def register(self, live: LiveTask, config: TaskPushNotificationConfig) -> None:
         """Keep ``config`` and start delivering the task's frames after the current one.
 
@@ -183,7 +162,8 @@ class PushService:
             config.id = new_id()
         config.task_id = live.task_id
         after = live.log.last_seq
-        await self.store.put(config, self._most, after)
+        cluster = self._engine.cluster
+        await self.store.put(config, self._most, after, cluster.instance_id if cluster else "")
         self.dispatcher.follow(live, config, after)
 
     async def get(self, task_id: str, config_id: str) -> TaskPushNotificationConfig:
