@@ -128,7 +128,7 @@ class PushService:
         cursor = await self.store.cursor(task_id, config_id)
         if config is None or cursor is None:
             return
-        live = self._engine.live_task(task_id)
+        live = self._engine.live_task(task_id)  # (read after the awaits above)
         if live is not None:
             self.dispatcher.follow(live, config, cursor)
             return
@@ -211,6 +211,9 @@ class PushService:
             page = await self.store.list(live.task_id, ALL_CONFIGS, "")
             for config in page.configs:
                 cursor = await self.store.cursor(live.task_id, config.id)
+                evicted = not live.log.closed and self._engine.live_task(live.task_id) is not live
+                if evicted:
+                    return  # it left memory again meanwhile: a later revival resumes these
                 if cursor is not None:
                     self.dispatcher.follow(live, config, cursor)
         except Exception:
