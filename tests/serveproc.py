@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-READY = re.compile(r"ready: grpc (\S+), agent card http://(\S+)")
+READY = re.compile(r"ready: grpc (\S+) \((?:plaintext|TLS|mTLS)\), agent card https?://(\S+)")
 
 
 class Process:

@@ -39,6 +39,7 @@ from .metrics import Metrics
 from .push.service import PushService
 from .resume import extension as resume_extension
 from .rpc import RpcServicer
+from .tls import CertificateWatch, TlsFiles, is_loopback
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -179,6 +180,8 @@ class A2AServer:
         config: Limits.
         journal: Where tasks are recorded (in memory if None).
         nats: Join a cluster on NATS JetStream with this configuration.
+        tls: Serve TLS (mTLS with a client CA) on both ports, certificates
+            re-read when their files change (see ``tls``); None: plaintext.
     """
 
     def __init__(
@@ -192,9 +195,12 @@ class A2AServer:
         config: ServerConfig | None = None,
         journal: TaskJournal | None = None,
         nats: NatsConfig | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self._executor, self._card, self._config, self._journal = executor, card, config, journal
         self._nats = nats
+        self.certificates = CertificateWatch(tls) if tls is not None else None
+        """The certificates served (None: plaintext)."""
         self.service = A2AService(executor, card, config=config, journal=journal)
         self._host, self._port, self._http_port = host, port, http_port
         self._grpc: grpc.aio.Server | None = None
@@ -253,10 +259,21 @@ class A2AServer:
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         host = f"[{self._host}]" if ":" in self._host else self._host
+        certificates = self.certificates
         try:
-            self.grpc_port = server.add_insecure_port(f"{host}:{self._port}")
+            if certificates is None:
+                self.grpc_port = server.add_insecure_port(f"{host}:{self._port}")
+            else:
+                credentials = certificates.grpc_credentials()
+                self.grpc_port = server.add_secure_port(f"{host}:{self._port}", credentials)
         except RuntimeError as exc:
             raise OSError(f"cannot serve gRPC on {host}:{self._port}: {exc}") from exc
+        if certificates is None and not is_loopback(self._host):
+            logger.warning(
+                "serving PLAINTEXT on %s, which is not a loopback address: anyone on the "
+                "network can read and send A2A calls; give --tls-cert and --tls-key",
+                self._host,
+            )
         await server.start()
         self._grpc = server
         card = with_grpc_endpoint(self.service.card, self.grpc_address)
@@ -270,7 +287,12 @@ class A2AServer:
                     lambda: metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8"
                 ),
             }
-            self._http = HttpServer(routes, self._host, self._http_port)
+            self._http = HttpServer(
+                routes,
+                self._host,
+                self._http_port,
+                tls=certificates.http_context() if certificates is not None else None,
+            )
             try:
                 await self._http.start()
             except OSError as exc:
@@ -280,8 +302,17 @@ class A2AServer:
             self.http_port = self._http.port
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        http = f"http://{host}:{self.http_port}" if self.http_port is not None else "off"
-        logger.info("a2a-grpc-server ready: grpc %s, agent card %s", self.grpc_address, http)
+        scheme = "https" if certificates is not None else "http"
+        http = f"{scheme}://{host}:{self.http_port}" if self.http_port is not None else "off"
+        security = "plaintext"
+        if certificates is not None:
+            security = "mTLS" if certificates.files.client_ca is not None else "TLS"
+        logger.info(
+            "a2a-grpc-server ready: grpc %s (%s), agent card %s",
+            self.grpc_address,
+            security,
+            http,
+        )
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting, let tasks finish for ``grace`` s, end the rest FAILED, close.

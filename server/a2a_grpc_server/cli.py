@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from a2a.server.agent_execution import AgentExecutor
@@ -25,6 +26,7 @@ from a2a.types.a2a_pb2 import AgentCard
 
 from .app import A2AServer
 from .config import ServerConfig
+from .tls import TlsFiles
 
 if TYPE_CHECKING:
     from .jetstream.conn import NatsConfig
@@ -79,6 +81,28 @@ def load_agent(ref: str) -> tuple[AgentExecutor, AgentCard | None]:
     return executor, card if isinstance(card, AgentCard) else None
 
 
+def _tls_files(args: argparse.Namespace) -> TlsFiles | None:
+    """The TLS files the flags name, checked (None: plaintext).
+
+    Raises:
+        SystemExit: A flag is missing or a file unusable (the message says which).
+    """
+    if not (args.tls_cert or args.tls_key or args.tls_client_ca):
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise SystemExit("--tls-cert and --tls-key go together (and --tls-client-ca needs both)")
+    files = TlsFiles(
+        Path(args.tls_cert),
+        Path(args.tls_key),
+        Path(args.tls_client_ca) if args.tls_client_ca else None,
+    )
+    try:
+        files.check()
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return files
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     parser = argparse.ArgumentParser(prog="a2a-grpc-server", description=__doc__.splitlines()[0])
@@ -94,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-grace", type=float, default=_DEFAULTS.shutdown_grace)
     serve.add_argument("--max-final-tasks", type=int, default=_DEFAULTS.max_final_tasks)
     serve.add_argument("--final-task-ttl", type=float, default=_DEFAULTS.final_task_ttl)
+    tls = serve.add_argument_group("transport security (both ports)")
+    tls.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
+    tls.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    tls.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        help="require client certificates signed by these CAs (mTLS)",
+    )
     push = serve.add_argument_group("push notifications (webhooks)")
     push.add_argument(
         "--no-push",
@@ -169,6 +201,7 @@ async def serve(args: argparse.Namespace) -> None:
         http_port=args.http_port,
         config=config,
         nats=_nats_config(args),
+        tls=_tls_files(args),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import email.utils
 import hashlib
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,10 +52,19 @@ class HttpServer:
         routes: The documents, by path.
         host: Address to bind.
         port: Port to bind (0 for any free port).
+        tls: Serve https with this context.
     """
 
-    def __init__(self, routes: dict[str, Route], host: str, port: int) -> None:
+    def __init__(
+        self,
+        routes: dict[str, Route],
+        host: str,
+        port: int,
+        *,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self._routes = routes
+        self._tls = tls
         self._etags = {
             path: '"' + hashlib.sha256(doc.body).hexdigest()[:32] + '"'
             for path, doc in routes.items()
@@ -78,7 +88,9 @@ class HttpServer:
         Raises:
             OSError: The address could not be bound.
         """
-        self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        self._server = await asyncio.start_server(
+            self._serve, self._host, self._port, ssl=self._tls
+        )
 
     async def stop(self) -> None:
         """Stop listening and end open connections."""
