@@ -23,9 +23,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from . import rpc
+from .auth import Authenticator, AuthInterceptor
 from .card import (
     WELL_KNOWN_PATH,
     default_card,
+    with_bearer_security,
     with_capabilities,
     with_extension,
     with_grpc_endpoint,
@@ -182,6 +184,8 @@ class A2AServer:
         nats: Join a cluster on NATS JetStream with this configuration.
         tls: Serve TLS (mTLS with a client CA) on both ports, certificates
             re-read when their files change (see ``tls``); None: plaintext.
+        auth: Authenticate every A2A call with this (see ``auth``); the card
+            then declares a bearer scheme. None: every caller is anonymous.
     """
 
     def __init__(
@@ -196,7 +200,11 @@ class A2AServer:
         journal: TaskJournal | None = None,
         nats: NatsConfig | None = None,
         tls: TlsFiles | None = None,
+        auth: Authenticator | None = None,
     ) -> None:
+        if auth is not None:
+            card = with_bearer_security(card or default_card())
+        self._auth = auth
         self._executor, self._card, self._config, self._journal = executor, card, config, journal
         self._nats = nats
         self.certificates = CertificateWatch(tls) if tls is not None else None
@@ -251,7 +259,8 @@ class A2AServer:
                 *grpc_options(self.service.config),
                 # Without this a second server silently shares the port.
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
+            interceptors=[AuthInterceptor(self._auth)] if self._auth is not None else None,
         )
         self.service.add_to_server(server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

@@ -22,6 +22,7 @@ from a2a.server.context import ServerCallContext
 from a2a.server.id_generator import UUIDGenerator
 from a2a.utils.errors import VersionNotSupportedError
 
+from .auth import Principal, PrincipalUser, current_principal
 from .errors import quote
 
 VERSION_KEY = "a2a-version"
@@ -45,11 +46,18 @@ class Caller:
         timeout: Seconds the client gives the call (its gRPC deadline), or None.
     """
 
-    __slots__ = ("_context", "headers", "timeout")
+    __slots__ = ("_context", "headers", "principal", "timeout")
 
-    def __init__(self, headers: tuple[tuple[str, str], ...], timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        headers: tuple[tuple[str, str], ...],
+        timeout: float | None = None,
+        principal: Principal | None = None,
+    ) -> None:
         self.headers = headers
         self.timeout = timeout
+        self.principal = principal
+        """Who called (None without authentication; see ``auth``)."""
         self._context: ServerCallContext | None = None
 
     def header_map(self) -> dict[str, str]:
@@ -70,6 +78,8 @@ class Caller:
             self._context = ServerCallContext(
                 state={"headers": self.header_map()}, requested_extensions=self.extensions()
             )
+            if self.principal is not None:
+                self._context.user = PrincipalUser(self.principal)
         return self._context
 
 
@@ -94,7 +104,7 @@ def caller(context: grpc.aio.ServicerContext[object, object], method: str) -> Ca
         if key == VERSION_KEY:
             version = value  # a repeated key: the last one counts
     _check_version(version.strip() or LEGACY_VERSION, method)
-    return Caller(headers, context.time_remaining())
+    return Caller(headers, context.time_remaining(), current_principal())
 
 
 def request_context(call: Caller, **kwargs: Any) -> RequestContext:

@@ -12,6 +12,8 @@ from a2a.types.a2a_pb2 import (
     AgentExtension,
     AgentInterface,
     AgentSkill,
+    HTTPAuthSecurityScheme,
+    SecurityScheme,
 )
 
 WELL_KNOWN_PATH = "/.well-known/agent-card.json"
@@ -61,6 +63,19 @@ def with_capabilities(card: AgentCard, *, push_notifications: bool) -> AgentCard
     result = AgentCard()
     result.CopyFrom(card)
     result.capabilities.push_notifications = push_notifications
+    return result
+
+
+def with_bearer_security(card: AgentCard) -> AgentCard:
+    """A copy of ``card`` saying that calls need a bearer token (what ``auth`` enforces)."""
+    result = AgentCard()
+    result.CopyFrom(card)
+    result.security_schemes["bearer"].CopyFrom(
+        SecurityScheme(http_auth_security_scheme=HTTPAuthSecurityScheme(scheme="Bearer"))
+    )
+    del result.security_requirements[:]
+    requirement = result.security_requirements.add()
+    requirement.schemes["bearer"].SetInParent()
     return result
 
 

@@ -25,6 +25,7 @@ from a2a.server.agent_execution import AgentExecutor
 from a2a.types.a2a_pb2 import AgentCard
 
 from .app import A2AServer
+from .auth import Authenticator, TokenFile
 from .config import ServerConfig
 from .tls import TlsFiles
 
@@ -81,6 +82,20 @@ def load_agent(ref: str) -> tuple[AgentExecutor, AgentCard | None]:
     return executor, card if isinstance(card, AgentCard) else None
 
 
+def _authenticator(args: argparse.Namespace) -> Authenticator | None:
+    """The authenticator the flags ask for (None: every caller is anonymous).
+
+    Raises:
+        SystemExit: The tokens file is missing or malformed (the message says where).
+    """
+    if not args.auth_tokens:
+        return None
+    try:
+        return TokenFile(Path(args.auth_tokens))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
 def _tls_files(args: argparse.Namespace) -> TlsFiles | None:
     """The TLS files the flags name, checked (None: plaintext).
 
@@ -118,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-grace", type=float, default=_DEFAULTS.shutdown_grace)
     serve.add_argument("--max-final-tasks", type=int, default=_DEFAULTS.max_final_tasks)
     serve.add_argument("--final-task-ttl", type=float, default=_DEFAULTS.final_task_ttl)
+    serve.add_argument(
+        "--auth-tokens",
+        metavar="FILE",
+        help="require bearer tokens: one 'principal:token' per line (# comments); re-read "
+        "when it changes",
+    )
     tls = serve.add_argument_group("transport security (both ports)")
     tls.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
     tls.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
@@ -202,6 +223,7 @@ async def serve(args: argparse.Namespace) -> None:
         config=config,
         nats=_nats_config(args),
         tls=_tls_files(args),
+        auth=_authenticator(args),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

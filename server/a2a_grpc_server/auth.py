@@ -1,0 +1,237 @@
+"""Authentication: who is calling, decided before any work, by a gRPC server interceptor.
+
+``AuthInterceptor(authenticator)`` guards the A2A service (health and
+reflection stay open): each call's metadata goes to the ``Authenticator``,
+which returns the caller's ``Principal`` or raises ``AuthenticationError``;
+a refused call answers UNAUTHENTICATED with ErrorInfo and runs nothing. The
+principal travels with the call (``current_principal``), and the executor
+sees it as a2a-sdk expects: ``context.call_context.user`` (``user_name``,
+``is_authenticated``).
+
+Built in: ``TokenFile`` (``serve --auth-tokens FILE``), static bearer tokens,
+one ``principal:token`` per line, compared in constant time, the file re-read
+when it changes (a revoked token stops working at once). Embedders write
+their own ``Authenticator`` (one method) and add the interceptor to their
+server.
+
+Who runs what: ``intercept_service`` and ``authenticate`` run on the event
+loop for every call; ``TokenFile`` re-reads its file there when its
+modification time or size changed (one ``stat`` per call).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+from a2a.auth.user import User
+
+from . import errors
+from .errors import ServerError
+
+logger = logging.getLogger(__name__)
+
+SERVICE = "lf.a2a.v1.A2AService"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a call comes from.
+
+    Attributes:
+        name: The principal's name (tokens file: the part before the colon).
+    """
+
+    name: str
+
+
+class AuthenticationError(ServerError):
+    """Missing or invalid credentials: nothing is executed."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+    reason = "UNAUTHENTICATED"
+
+
+class Authenticator(Protocol):
+    """Turns a call's metadata into its principal."""
+
+    def authenticate(self, metadata: Mapping[str, str]) -> Principal:
+        """The caller's principal.
+
+        Args:
+            metadata: The call's text metadata (keys lower-case).
+
+        Raises:
+            AuthenticationError: Saying what is missing or wrong (never the secret).
+        """
+        ...
+
+
+_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "a2a_grpc_server_principal", default=None
+)
+
+
+def current_principal() -> Principal | None:
+    """The principal of the call being served (None without authentication)."""
+    return _principal.get()
+
+
+class PrincipalUser(User):
+    """A principal as a2a-sdk's ``User`` (what ``context.call_context.user`` is)."""
+
+    def __init__(self, principal: Principal) -> None:
+        self.principal = principal
+
+    @property
+    def is_authenticated(self) -> bool:
+        """Always: it passed the authenticator."""
+        return True
+
+    @property
+    def user_name(self) -> str:
+        """The principal's name."""
+        return self.principal.name
+
+
+class TokenFile:
+    """Static bearer tokens from a file (see the module docstring).
+
+    Args:
+        path: The file: ``principal:token`` per line; ``#`` starts a comment.
+
+    Raises:
+        ValueError: The file is missing or holds a malformed line (saying which).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._stamp: tuple[int, int] | None = None
+        self._tokens: list[tuple[bytes, Principal]] = []
+        self._load()
+
+    def authenticate(self, metadata: Mapping[str, str]) -> Principal:
+        """The principal whose token the call's ``authorization: Bearer`` carries."""
+        scheme, _, token = metadata.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise AuthenticationError(
+                "this server requires a bearer token: send metadata 'authorization: Bearer <token>'"
+            )
+        self._reload()
+        given = token.strip().encode()
+        found: Principal | None = None
+        for known, principal in self._tokens:  # every one compared: no early exit
+            if hmac.compare_digest(given, known) and found is None:
+                found = principal
+        if found is None:
+            raise AuthenticationError("the bearer token is not valid (unknown or revoked)")
+        return found
+
+    def _reload(self) -> None:
+        try:
+            status = self._path.stat()
+        except OSError as exc:
+            logger.error("tokens file %s cannot be read (%s); keeping the last", self._path, exc)
+            return
+        if (status.st_mtime_ns, status.st_size) != self._stamp:
+            try:
+                self._load()
+                logger.info("tokens file %s re-read: %d tokens", self._path, len(self._tokens))
+            except ValueError as exc:
+                logger.error("tokens file %s not re-read: %s; keeping the last", self._path, exc)
+
+    def _load(self) -> None:
+        path = self._path
+        try:
+            status = path.stat()
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            raise ValueError(f"tokens file {path} cannot be read: {exc}") from exc
+        tokens: list[tuple[bytes, Principal]] = []
+        for number, line in enumerate(lines, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            name, colon, token = line.partition(":")
+            if not colon or not name.strip() or not token.strip():
+                raise ValueError(f"{path}:{number}: expected 'principal:token'")
+            tokens.append((token.strip().encode(), Principal(name.strip())))
+        self._tokens = tokens
+        self._stamp = (status.st_mtime_ns, status.st_size)
+
+
+Behavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Authenticates every call to the A2A service (see the module docstring)."""
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self._authenticator = authenticator
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        details: grpc.HandlerCallDetails,
+    ) -> Any:
+        """The call's handler, run as its principal, or one that refuses it."""
+        handler = await continuation(details)
+        method: str = details.method  # type: ignore[attr-defined]
+        if handler is None or not method.startswith(f"/{SERVICE}/"):
+            return handler
+        metadata = {
+            key.lower(): value
+            for key, value in details.invocation_metadata or ()  # type: ignore[attr-defined]
+            if isinstance(value, str)
+        }
+        try:
+            principal = self._authenticator.authenticate(metadata)
+        except AuthenticationError as exc:
+            return _wrapped(handler, _refusing(exc))
+        return _wrapped(handler, lambda behavior: _as(principal, behavior))
+
+
+def _as(principal: Principal, behavior: Behavior) -> Behavior:
+    async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        token = _principal.set(principal)
+        try:
+            return await behavior(request, context)
+        finally:
+            _principal.reset(token)
+
+    return run
+
+
+def _refusing(exc: AuthenticationError) -> Callable[[Behavior], Behavior]:
+    def refuse(behavior: Behavior) -> Behavior:
+        async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            await errors.abort(context, exc)
+
+        return run
+
+    return refuse
+
+
+def _wrapped(handler: Any, wrap: Callable[[Behavior], Behavior]) -> Any:
+    """``handler`` (a ``grpc.RpcMethodHandler``) with its behavior wrapped.
+
+    The A2A service's RPCs are unary-unary and unary-stream.
+    """
+    make: Any
+    if handler.unary_unary is not None:
+        make, behavior = grpc.unary_unary_rpc_method_handler, handler.unary_unary
+    elif handler.unary_stream is not None:
+        make, behavior = grpc.unary_stream_rpc_method_handler, handler.unary_stream
+    else:
+        return handler
+    return make(
+        wrap(behavior),
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )

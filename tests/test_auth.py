@@ -1,0 +1,123 @@
+"""Authentication with a tokens file: refused calls run nothing, the executor sees its principal,
+a revoked token stops working as soon as the file changes, health stays open."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.tasks import TaskUpdater
+from a2a.types import a2a_pb2_grpc
+from a2a.types.a2a_pb2 import GetTaskRequest, TaskState
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from a2a_grpc_server import A2AServer
+from a2a_grpc_server.auth import TokenFile
+
+from .harness import V1, rich_status, send_request
+
+S = TaskState
+
+
+class WhoAgent(AgentExecutor):
+    """Completes each task; records who the call context says is calling."""
+
+    def __init__(self) -> None:
+        self.users: list[tuple[str, bool]] = []
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        user = context.call_context.user
+        self.users.append((user.user_name, user.is_authenticated))
+        assert context.task_id is not None and context.context_id is not None
+        await TaskUpdater(event_queue, context.task_id, context.context_id).complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        return None
+
+
+@contextlib.asynccontextmanager
+async def guarded(agent: AgentExecutor, tokens: Path) -> AsyncIterator[grpc.aio.Channel]:
+    server = A2AServer(agent, host="127.0.0.1", port=0, http_port=None, auth=TokenFile(tokens))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(server.grpc_address) as channel:
+            yield channel
+    finally:
+        await server.stop(grace=0)
+
+
+def bearer(token: str) -> tuple[tuple[str, str], ...]:
+    return (*V1, ("authorization", f"Bearer {token}"))
+
+
+async def test_calls_without_a_valid_token_run_nothing_and_say_why(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("# principal:token\nalice:a-secret-1\nbob: b-secret-2 \n")
+    agent = WhoAgent()
+    async with asyncio.timeout(20), guarded(agent, tokens) as channel:
+        stub = a2a_pb2_grpc.A2AServiceStub(channel)
+        for metadata, says in (
+            (V1, "bearer token"),
+            ((*V1, ("authorization", "Basic YTpi")), "bearer token"),
+            (bearer("a-secret-X"), "not valid"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.SendMessage(send_request("hi"), metadata=metadata)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert rich_status(caught.value)[1].reason == "UNAUTHENTICATED"
+            assert says in (caught.value.details() or "")
+            assert "secret" not in (caught.value.details() or "")
+        call = stub.SendStreamingMessage(send_request("hi"), metadata=V1)  # streams too
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call.read()
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert agent.users == [], "no executor ran"
+        health = health_pb2_grpc.HealthStub(channel)  # open without a token
+        answer = await health.Check(health_pb2.HealthCheckRequest(service=""))
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        for token, name in (("a-secret-1", "alice"), ("b-secret-2", "bob")):
+            task = (await stub.SendMessage(send_request("hi"), metadata=bearer(token))).task
+            assert task.status.state == S.TASK_STATE_COMPLETED
+            got = await stub.GetTask(GetTaskRequest(id=task.id), metadata=bearer(token))
+            assert got.id == task.id
+            assert agent.users[-1] == (name, True)
+
+
+async def test_a_revoked_token_stops_working_when_the_file_changes(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice:a-secret-1\nbob:b-secret-2\n")
+    async with asyncio.timeout(20), guarded(WhoAgent(), tokens) as channel:
+        stub = a2a_pb2_grpc.A2AServiceStub(channel)
+        await stub.SendMessage(send_request("hi"), metadata=bearer("b-secret-2"))
+        tokens.write_text("alice:a-secret-1\n")  # bob revoked
+        stat = tokens.stat()  # (a new mtime even within the filesystem's clock tick)
+        os.utime(tokens, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.SendMessage(send_request("hi"), metadata=bearer("b-secret-2"))
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        await stub.SendMessage(send_request("hi"), metadata=bearer("a-secret-1"))
+
+
+def test_a_malformed_tokens_file_is_refused_saying_where(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice:a\nno-colon-here\n")
+    with pytest.raises(ValueError, match=r"tokens:2"):
+        TokenFile(tokens)
+    with pytest.raises(ValueError, match="cannot be read"):
+        TokenFile(tmp_path / "missing")
+
+
+async def test_the_card_declares_the_bearer_scheme_it_enforces(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice:a\n")
+    server = A2AServer(WhoAgent(), port=0, http_port=None, auth=TokenFile(tokens))
+    card = server.service.card
+    assert card.security_schemes["bearer"].http_auth_security_scheme.scheme == "Bearer"
+    assert "bearer" in card.security_requirements[0].schemes
