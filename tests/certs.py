@@ -26,14 +26,21 @@ def _name(common: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
-def issue(directory: Path, *, dns: tuple[str, ...] = (), ips: tuple[str, ...] = ()) -> Issued:
-    """A new CA, and a server certificate for ``dns`` names and ``ips`` signed by it."""
+def issue(
+    directory: Path,
+    *,
+    dns: tuple[str, ...] = (),
+    ips: tuple[str, ...] = (),
+    uris: tuple[str, ...] = (),
+) -> Issued:
+    """A new CA, and a certificate for ``dns`` names, ``ips`` and ``uris`` signed by it."""
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name(f"test CA {x509.random_serial_number():x}")  # unique: CAs can share a bundle
     ca = (
         x509.CertificateBuilder()
-        .subject_name(_name("test CA"))
-        .issuer_name(_name("test CA"))
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
         .public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
@@ -44,6 +51,7 @@ def issue(directory: Path, *, dns: tuple[str, ...] = (), ips: tuple[str, ...] = 
     key = ec.generate_private_key(ec.SECP256R1())
     names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
     names += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+    names += [x509.UniformResourceIdentifier(u) for u in uris]
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(dns[0] if dns else "server"))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,8 +21,10 @@ from a2a.types.a2a_pb2 import GetTaskRequest, TaskState
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from a2a_grpc_server import A2AServer
-from a2a_grpc_server.auth import TokenFile
+from a2a_grpc_server.auth import ClientCertificate, TokenFile, TrustedHeader
+from a2a_grpc_server.tls import TlsFiles
 
+from .certs import Issued, issue
 from .harness import V1, rich_status, send_request
 
 S = TaskState
@@ -121,3 +125,79 @@ async def test_the_card_declares_the_bearer_scheme_it_enforces(tmp_path: Path) -
     card = server.service.card
     assert card.security_schemes["bearer"].http_auth_security_scheme.scheme == "Bearer"
     assert "bearer" in card.security_requirements[0].schemes
+
+
+async def test_the_client_certificate_names_the_caller(tmp_path: Path) -> None:
+    def certs(name: str, **names: tuple[str, ...]) -> Issued:
+        (tmp_path / name).mkdir()
+        return issue(tmp_path / name, **names)
+
+    server_side = certs("server", dns=("localhost",), ips=("127.0.0.1",))
+    spiffe = certs("spiffe", dns=("svc-a",), uris=("spiffe://mesh.example/ns/a/sa/agent",))
+    plain = certs("plain", dns=("svc-b",))
+    # The server trusts the two clients' CAs, and names each by its certificate.
+    bundle = tmp_path / "client-cas.pem"
+    bundle.write_bytes(spiffe.ca.read_bytes() + plain.ca.read_bytes())
+    agent = WhoAgent()
+    server = A2AServer(
+        agent,
+        host="127.0.0.1",
+        port=0,
+        http_port=None,
+        tls=TlsFiles(server_side.cert, server_side.key, bundle),
+        auth=ClientCertificate(),
+    )
+    await server.start()
+    try:
+        async with asyncio.timeout(20):
+            for client, name in (
+                (spiffe, "spiffe://mesh.example/ns/a/sa/agent"),
+                (plain, "svc-b"),
+            ):
+                creds = grpc.ssl_channel_credentials(  # type: ignore[no-untyped-call]
+                    root_certificates=server_side.ca.read_bytes(),
+                    private_key=client.key.read_bytes(),
+                    certificate_chain=client.cert.read_bytes(),
+                )
+                async with grpc.aio.secure_channel(server.grpc_address, creds) as channel:
+                    stub = a2a_pb2_grpc.A2AServiceStub(channel)
+                    await stub.SendMessage(send_request("hi"), metadata=V1)
+                assert agent.users[-1] == (name, True)
+    finally:
+        await server.stop(grace=0)
+
+
+async def test_a_trusted_header_names_the_caller_and_is_required(tmp_path: Path) -> None:
+    agent = WhoAgent()
+    server = A2AServer(
+        agent, host="127.0.0.1", port=0, http_port=None, auth=TrustedHeader("X-Principal")
+    )
+    await server.start()
+    try:
+        async with asyncio.timeout(20), grpc.aio.insecure_channel(server.grpc_address) as channel:
+            stub = a2a_pb2_grpc.A2AServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.SendMessage(send_request("hi"), metadata=V1)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            await stub.SendMessage(send_request("hi"), metadata=(*V1, ("x-principal", "carol")))
+            assert agent.users == [("carol", True)]
+    finally:
+        await server.stop(grace=0)
+
+
+def test_serve_refuses_conflicting_or_incomplete_auth_flags(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice:a\n")
+    for args, says in (
+        (["--auth-mtls"], "needs --tls-client-ca"),
+        (["--auth-tokens", str(tokens), "--auth-trusted-header", "x-p"], "choose one"),
+        (["--auth-tokens", str(tmp_path / "missing")], "cannot be read"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "a2a_grpc_server.cli", "serve", "--port", "0", *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert done.returncode != 0 and says in done.stderr, (args, done.stderr[-300:])

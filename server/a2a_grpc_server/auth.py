@@ -10,13 +10,16 @@ sees it as a2a-sdk expects: ``context.call_context.user`` (``user_name``,
 
 Built in: ``TokenFile`` (``serve --auth-tokens FILE``), static bearer tokens,
 one ``principal:token`` per line, compared in constant time, the file re-read
-when it changes (a revoked token stops working at once). Embedders write
-their own ``Authenticator`` (one method) and add the interceptor to their
-server.
+when it changes (a revoked token stops working at once); ``ClientCertificate``
+(``--auth-mtls``), the client certificate's SPIFFE ID or common name; and
+``TrustedHeader`` (``--auth-trusted-header NAME``), a header a mesh sidecar set
+after authenticating the caller. Embedders write their own ``Authenticator``
+(one method) and add the interceptor to their server.
 
-Who runs what: ``intercept_service`` and ``authenticate`` run on the event
-loop for every call; ``TokenFile`` re-reads its file there when its
-modification time or size changed (one ``stat`` per call).
+Who runs what: ``authenticate`` runs on the event loop at the start of every
+call, before the RPC's own code (the interceptor wraps each A2A handler);
+``TokenFile`` re-reads its file there when its modification time or size
+changed (one ``stat`` per call).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 import contextvars
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,14 +61,25 @@ class AuthenticationError(ServerError):
     reason = "UNAUTHENTICATED"
 
 
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What a call shows of its caller.
+
+    Attributes:
+        metadata: The call's text metadata (keys lower-case).
+        peer: gRPC's auth context of the connection (e.g. ``x509_common_name``,
+            ``x509_subject_alternative_name``; empty for plaintext).
+    """
+
+    metadata: Mapping[str, str]
+    peer: Mapping[str, Iterable[bytes]]
+
+
 class Authenticator(Protocol):
-    """Turns a call's metadata into its principal."""
+    """Turns what a call shows into its principal."""
 
-    def authenticate(self, metadata: Mapping[str, str]) -> Principal:
+    def authenticate(self, credentials: Credentials) -> Principal:
         """The caller's principal.
-
-        Args:
-            metadata: The call's text metadata (keys lower-case).
 
         Raises:
             AuthenticationError: Saying what is missing or wrong (never the secret).
@@ -116,9 +130,10 @@ class TokenFile:
         self._tokens: list[tuple[bytes, Principal]] = []
         self._load()
 
-    def authenticate(self, metadata: Mapping[str, str]) -> Principal:
+    def authenticate(self, credentials: Credentials) -> Principal:
         """The principal whose token the call's ``authorization: Bearer`` carries."""
-        scheme, _, token = metadata.get("authorization", "").strip().partition(" ")
+        header = credentials.metadata.get("authorization", "")
+        scheme, _, token = header.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise AuthenticationError(
                 "this server requires a bearer token: send metadata 'authorization: Bearer <token>'"
@@ -166,6 +181,51 @@ class TokenFile:
         self._stamp = (status.st_mtime_ns, status.st_size)
 
 
+class ClientCertificate:
+    """The principal is the client certificate's identity (``serve --auth-mtls``, with mTLS).
+
+    Its SPIFFE ID (a ``spiffe://`` URI SAN) if it has one, else its subject's
+    common name. The TLS handshake already proved the certificate is signed by
+    the client CA.
+    """
+
+    def authenticate(self, credentials: Credentials) -> Principal:
+        """The certificate's SPIFFE ID or common name."""
+        peer = credentials.peer
+        for san in peer.get("x509_subject_alternative_name", ()):
+            text = san.decode(errors="replace")
+            if text.startswith("spiffe://"):
+                return Principal(text)
+        for name in peer.get("x509_common_name", ()):
+            if name:
+                return Principal(name.decode(errors="replace"))
+        raise AuthenticationError(
+            "this server identifies callers by their client certificate: connect with one "
+            "(mTLS) that has a SPIFFE ID or a common name"
+        )
+
+
+class TrustedHeader:
+    """The principal is a header's value, set by a proxy that authenticated the caller.
+
+    Only for servers reachable through that proxy alone (a mesh sidecar):
+    anyone who can reach the server directly can claim any principal.
+
+    Args:
+        name: The metadata key (``serve --auth-trusted-header NAME``).
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name.lower()
+
+    def authenticate(self, credentials: Credentials) -> Principal:
+        """The header's value."""
+        value = credentials.metadata.get(self._name, "").strip()
+        if not value:
+            raise AuthenticationError(f"metadata {self._name!r} (set by the proxy) is missing")
+        return Principal(value)
+
+
 Behavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
 
 
@@ -185,37 +245,31 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method: str = details.method  # type: ignore[attr-defined]
         if handler is None or not method.startswith(f"/{SERVICE}/"):
             return handler
-        metadata = {
-            key.lower(): value
-            for key, value in details.invocation_metadata or ()  # type: ignore[attr-defined]
-            if isinstance(value, str)
-        }
-        try:
-            principal = self._authenticator.authenticate(metadata)
-        except AuthenticationError as exc:
-            return _wrapped(handler, _refusing(exc))
-        return _wrapped(handler, lambda behavior: _as(principal, behavior))
+        return _wrapped(handler, self._authenticated)
 
+    def _authenticated(self, behavior: Behavior) -> Behavior:
+        """``behavior``, run as the caller's principal once the authenticator named it."""
+        authenticator = self._authenticator
 
-def _as(principal: Principal, behavior: Behavior) -> Behavior:
-    async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        token = _principal.set(principal)
-        try:
-            return await behavior(request, context)
-        finally:
-            _principal.reset(token)
-
-    return run
-
-
-def _refusing(exc: AuthenticationError) -> Callable[[Behavior], Behavior]:
-    def refuse(behavior: Behavior) -> Behavior:
         async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            await errors.abort(context, exc)
+            metadata = {
+                key.lower(): value
+                for key, value in context.invocation_metadata() or ()
+                if isinstance(value, str)
+            }
+            try:
+                principal = authenticator.authenticate(
+                    Credentials(metadata, context.auth_context())
+                )
+            except AuthenticationError as exc:
+                await errors.abort(context, exc)
+            token = _principal.set(principal)
+            try:
+                return await behavior(request, context)
+            finally:
+                _principal.reset(token)
 
         return run
-
-    return refuse
 
 
 def _wrapped(handler: Any, wrap: Callable[[Behavior], Behavior]) -> Any:

@@ -25,7 +25,7 @@ from a2a.server.agent_execution import AgentExecutor
 from a2a.types.a2a_pb2 import AgentCard
 
 from .app import A2AServer
-from .auth import Authenticator, TokenFile
+from .auth import Authenticator, ClientCertificate, TokenFile, TrustedHeader
 from .config import ServerConfig
 from .tls import TlsFiles
 
@@ -88,6 +88,15 @@ def _authenticator(args: argparse.Namespace) -> Authenticator | None:
     Raises:
         SystemExit: The tokens file is missing or malformed (the message says where).
     """
+    chosen = [bool(args.auth_tokens), args.auth_mtls, bool(args.auth_trusted_header)]
+    if sum(chosen) > 1:
+        raise SystemExit("choose one of --auth-tokens, --auth-mtls, --auth-trusted-header")
+    if args.auth_mtls:
+        if not args.tls_client_ca:
+            raise SystemExit("--auth-mtls needs --tls-client-ca (and --tls-cert, --tls-key)")
+        return ClientCertificate()
+    if args.auth_trusted_header:
+        return TrustedHeader(args.auth_trusted_header)
     if not args.auth_tokens:
         return None
     try:
@@ -138,6 +147,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="require bearer tokens: one 'principal:token' per line (# comments); re-read "
         "when it changes",
+    )
+    serve.add_argument(
+        "--auth-mtls",
+        action="store_true",
+        help="the caller is its client certificate's SPIFFE ID or common name (needs "
+        "--tls-client-ca)",
+    )
+    serve.add_argument(
+        "--auth-trusted-header",
+        metavar="NAME",
+        help="the caller is this header's value, set by a proxy that authenticated it; "
+        "only behind that proxy",
     )
     tls = serve.add_argument_group("transport security (both ports)")
     tls.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
