@@ -13,7 +13,8 @@ one ``principal:token`` per line, compared in constant time, the file re-read
 when it changes (a revoked token stops working at once); ``ClientCertificate``
 (``--auth-mtls``), the client certificate's SPIFFE ID or common name; and
 ``TrustedHeader`` (``--auth-trusted-header NAME``), a header a mesh sidecar set
-after authenticating the caller. Embedders write their own ``Authenticator``
+after authenticating the caller; and ``jwtauth.JwtAuthenticator``
+(``--auth-jwt-*``), JWTs verified against a JWKS. Embedders write their own ``Authenticator``
 (one method) and add the interceptor to their server.
 
 Who runs what: ``authenticate`` runs on the event loop at the start of every
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextvars
 import hmac
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -78,8 +80,8 @@ class Credentials:
 class Authenticator(Protocol):
     """Turns what a call shows into its principal."""
 
-    def authenticate(self, credentials: Credentials) -> Principal:
-        """The caller's principal.
+    def authenticate(self, credentials: Credentials) -> Principal | Awaitable[Principal]:
+        """The caller's principal (or an awaitable of it, for one that does I/O).
 
         Raises:
             AuthenticationError: Saying what is missing or wrong (never the secret).
@@ -258,9 +260,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 if isinstance(value, str)
             }
             try:
-                principal = authenticator.authenticate(
-                    Credentials(metadata, context.auth_context())
-                )
+                named = authenticator.authenticate(Credentials(metadata, context.auth_context()))
+                principal = await named if inspect.isawaitable(named) else named
             except AuthenticationError as exc:
                 await errors.abort(context, exc)
             token = _principal.set(principal)

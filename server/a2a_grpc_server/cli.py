@@ -27,6 +27,7 @@ from a2a.types.a2a_pb2 import AgentCard
 from .app import A2AServer
 from .auth import Authenticator, ClientCertificate, TokenFile, TrustedHeader
 from .config import ServerConfig
+from .jwtauth import JwtAuthenticator
 from .tls import TlsFiles
 
 if TYPE_CHECKING:
@@ -88,9 +89,28 @@ def _authenticator(args: argparse.Namespace) -> Authenticator | None:
     Raises:
         SystemExit: The tokens file is missing or malformed (the message says where).
     """
-    chosen = [bool(args.auth_tokens), args.auth_mtls, bool(args.auth_trusted_header)]
+    chosen = [
+        bool(args.auth_tokens),
+        args.auth_mtls,
+        bool(args.auth_trusted_header),
+        bool(args.auth_jwt_jwks),
+    ]
     if sum(chosen) > 1:
-        raise SystemExit("choose one of --auth-tokens, --auth-mtls, --auth-trusted-header")
+        raise SystemExit(
+            "choose one of --auth-tokens, --auth-mtls, --auth-trusted-header, --auth-jwt-jwks"
+        )
+    if args.auth_jwt_jwks:
+        if not (args.auth_jwt_issuer and args.auth_jwt_audience):
+            raise SystemExit("--auth-jwt-jwks needs --auth-jwt-issuer and --auth-jwt-audience")
+        try:
+            return JwtAuthenticator(
+                args.auth_jwt_jwks,
+                args.auth_jwt_issuer,
+                args.auth_jwt_audience,
+                args.auth_jwt_claim,
+            )
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
     if args.auth_mtls:
         if not args.tls_client_ca:
             raise SystemExit("--auth-mtls needs --tls-client-ca (and --tls-cert, --tls-key)")
@@ -159,6 +179,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="the caller is this header's value, set by a proxy that authenticated it; "
         "only behind that proxy",
+    )
+    serve.add_argument(
+        "--auth-jwt-jwks",
+        metavar="FILE_OR_URL",
+        help="require JWT bearer tokens signed by a key of this JWKS (with --auth-jwt-issuer "
+        "and --auth-jwt-audience)",
+    )
+    serve.add_argument("--auth-jwt-issuer", metavar="ISS", help="the 'iss' JWTs must carry")
+    serve.add_argument("--auth-jwt-audience", metavar="AUD", help="the 'aud' JWTs must carry")
+    serve.add_argument(
+        "--auth-jwt-claim", metavar="CLAIM", default="sub", help="the claim naming the caller"
     )
     tls = serve.add_argument_group("transport security (both ports)")
     tls.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")

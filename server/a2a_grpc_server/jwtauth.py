@@ -1,0 +1,138 @@
+"""JwtAuthenticator: JWT bearer tokens verified with PyJWT against a JWKS (``serve --auth-jwt-*``).
+
+A call carries ``authorization: Bearer <JWT>``. The token must be signed by a
+key of the JWKS (selected by its ``kid``), unexpired, issued by ``issuer``
+for ``audience``; its ``claim`` (``sub`` by default) names the principal.
+The JWKS comes from a file or an https URL; it is read at start and read
+again when a token names a key it does not hold (a key rotation), at most
+once per ``REFRESH_EVERY`` seconds, so unknown key ids cannot make the
+server hammer the JWKS endpoint.
+
+Who runs what: ``authenticate`` runs on the event loop at the start of each
+call (see ``auth``); a refresh from a URL is an ``await`` there (httpx).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jwt
+
+from .auth import AuthenticationError, Credentials, Principal
+
+logger = logging.getLogger(__name__)
+
+REFRESH_EVERY = 30.0
+"""Least seconds between two reads of the JWKS for an unknown key id."""
+LEEWAY = 30.0
+"""Seconds of clock skew tolerated on ``exp`` and ``nbf``."""
+FETCH_TIMEOUT = 5.0
+MAX_JWKS_BYTES = 1024 * 1024
+
+
+class JwtAuthenticator:
+    """See the module docstring.
+
+    Args:
+        jwks: A JWKS file, or an https URL serving one.
+        issuer: The ``iss`` every token must carry.
+        audience: The ``aud`` every token must carry.
+        claim: The claim that names the principal.
+
+    Raises:
+        ValueError: The JWKS file cannot be read or holds no usable key.
+    """
+
+    def __init__(self, jwks: str, issuer: str, audience: str, claim: str = "sub") -> None:
+        self._source, self._issuer, self._audience, self._claim = jwks, issuer, audience, claim
+        self._keys: dict[str, jwt.PyJWK] = {}
+        self._read_at = 0.0
+        if not self._is_url():
+            self._use(self._read_file())
+
+    async def authenticate(self, credentials: Credentials) -> Principal:
+        """The principal the call's verified JWT names."""
+        scheme, _, token = credentials.metadata.get("authorization", "").strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise AuthenticationError(
+                "this server requires a JWT: send metadata 'authorization: Bearer <JWT>'"
+            )
+        try:
+            kid = jwt.get_unverified_header(token).get("kid", "")
+        except jwt.InvalidTokenError:
+            raise AuthenticationError("the bearer token is not a JWT") from None
+        key = self._keys.get(kid)
+        if key is None and await self._refresh():
+            key = self._keys.get(kid)
+        if key is None:
+            raise AuthenticationError("the JWT is signed by a key this server does not know")
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                key=key,
+                algorithms=[key.algorithm_name],
+                audience=self._audience,
+                issuer=self._issuer,
+                leeway=LEEWAY,
+                options={"require": ["exp", "iss", "aud"]},
+            )
+        except jwt.ExpiredSignatureError:
+            raise AuthenticationError("the JWT has expired") from None
+        except jwt.InvalidAudienceError:
+            raise AuthenticationError(f"the JWT is not for audience {self._audience!r}") from None
+        except jwt.InvalidIssuerError:
+            raise AuthenticationError(f"the JWT is not issued by {self._issuer!r}") from None
+        except jwt.InvalidTokenError as exc:
+            raise AuthenticationError(f"the JWT is not valid ({type(exc).__name__})") from None
+        name = claims.get(self._claim)
+        if not isinstance(name, str) or not name:
+            raise AuthenticationError(f"the JWT has no {self._claim!r} claim naming the caller")
+        return Principal(name)
+
+    async def _refresh(self) -> bool:
+        """Read the JWKS again (at most once per ``REFRESH_EVERY``); whether it was read."""
+        now = time.monotonic()
+        if self._keys and now - self._read_at < REFRESH_EVERY:
+            return False
+        self._read_at = now
+        try:
+            document = await self._fetch() if self._is_url() else self._read_file()
+            self._use(document)
+        except (ValueError, OSError, httpx.HTTPError) as exc:
+            logger.warning("JWKS %s not read again: %s; keeping the keys held", self._source, exc)
+            return False
+        return True
+
+    def _is_url(self) -> bool:
+        return self._source.startswith(("https://", "http://"))
+
+    def _read_file(self) -> Any:
+        try:
+            return json.loads(Path(self._source).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"JWKS file {self._source} cannot be read: {exc}") from exc
+
+    async def _fetch(self) -> Any:
+        async with httpx.AsyncClient(timeout=FETCH_TIMEOUT, trust_env=False) as client:
+            answer = await client.get(self._source)
+            answer.raise_for_status()
+            if len(answer.content) > MAX_JWKS_BYTES:
+                raise ValueError(f"the JWKS is larger than {MAX_JWKS_BYTES} bytes")
+            return answer.json()
+
+    def _use(self, document: Any) -> None:
+        keys: dict[str, jwt.PyJWK] = {}
+        for entry in (document or {}).get("keys", []) if isinstance(document, dict) else []:
+            try:
+                keys[str(entry.get("kid", ""))] = jwt.PyJWK(entry)
+            except (jwt.PyJWKError, jwt.InvalidKeyError, TypeError) as exc:
+                logger.warning("JWKS %s: a key is not usable (%s)", self._source, exc)
+        if not keys:
+            raise ValueError(f"JWKS {self._source} holds no usable key")
+        self._keys = keys
