@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
+import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+import grpc
+from a2a.client.transports.grpc import GrpcTransport
 
 ROOT = Path(__file__).resolve().parent.parent
 READY = re.compile(r"ready: grpc (\S+) \((?:plaintext|TLS|mTLS)\), agent card https?://(\S+)")
@@ -49,3 +55,37 @@ async def start(*args: str) -> Process:
             proc.kill()  # never leave a server behind a failed start
         await proc.wait()
         raise
+
+
+@contextlib.asynccontextmanager
+async def owner_process(
+    nats_url: str,
+    lease: float,
+    *args: str,
+    agent: str = "tests.agents_for_cli:Hanging",
+) -> AsyncIterator[tuple[Process, GrpcTransport]]:
+    """A ``serve`` process running ``agent`` in the cluster (with ``args``), and a client
+    of it; killed on exit if it still runs."""
+    owner = await start("--agent", agent, "--nats", nats_url, "--lease", str(lease), *args)
+    client = GrpcTransport(grpc.aio.insecure_channel(owner.grpc_addr), None)
+    try:
+        yield owner, client
+    finally:
+        await client.close()
+        if owner.proc.returncode is None:
+            owner.proc.kill()
+            await owner.proc.wait()
+
+
+def refusal(*args: str) -> str:
+    """Run ``serve`` with ``args``, which it must refuse at start; return what it said."""
+    done = subprocess.run(
+        [sys.executable, "-m", "a2a_grpc_server.cli", "serve", "--port", "0", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode != 0, (args, done.stderr[-300:])
+    return done.stderr

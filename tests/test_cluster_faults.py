@@ -4,9 +4,7 @@ an instance shutting down. Real processes, killed by PID."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -24,31 +22,12 @@ from . import natsserver
 from .agents import ChunkAgent, FloodAgent
 from .clusterharness import GatedPerTask, collect, instances
 from .harness import V1, last_state, rich_status, send_request
-from .serveproc import Process, start
+from .serveproc import owner_process, start
 
 S = TaskState
 LEASE = 1.0
 SWEEP_LEASE = 2.0
 """A lease long enough that a loaded machine does not miss it by accident."""
-
-
-@contextlib.asynccontextmanager
-async def owner_process(
-    nats_url: str, lease: float
-) -> AsyncIterator[tuple[Process, GrpcTransport]]:
-    """A ``serve`` process running the Hanging agent in the cluster, and a client of it;
-    killed on exit if it still runs."""
-    owner = await start(
-        "--agent", "tests.agents_for_cli:Hanging", "--nats", nats_url, "--lease", str(lease)
-    )
-    client = GrpcTransport(grpc.aio.insecure_channel(owner.grpc_addr), None)
-    try:
-        yield owner, client
-    finally:
-        await client.close()
-        if owner.proc.returncode is None:
-            owner.proc.kill()
-            await owner.proc.wait()
 
 
 async def test_owner_killed_mid_task_every_subscriber_on_the_survivors_ends_failed_in_time(

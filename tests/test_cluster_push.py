@@ -8,7 +8,6 @@ import threading
 
 import grpc
 import pytest
-from a2a.client.transports.grpc import GrpcTransport
 from a2a.types.a2a_pb2 import (
     DeleteTaskPushNotificationConfigRequest,
     GetTaskPushNotificationConfigRequest,
@@ -21,7 +20,7 @@ from a2a_grpc_server import ServerConfig
 
 from .clusterharness import GatedPerTask, collect, instances
 from .harness import V1, send_request
-from .serveproc import start
+from .serveproc import owner_process
 from .test_push import assert_complete, with_webhook
 from .webhook import Answer, Post, receiving
 
@@ -85,46 +84,31 @@ async def test_the_survivor_delivers_the_failed_frame_of_a_lost_owners_task(
     nats_url: str,
 ) -> None:
     with receiving() as receiver:
-        owner = await start(
-            "--agent",
-            "tests.agents_for_cli:Hanging",
-            "--nats",
-            nats_url,
-            "--lease",
-            str(LEASE),
-            "--push-allow-private",
-        )
-        client = GrpcTransport(grpc.aio.insecure_channel(owner.grpc_addr), None)
-        try:
-            async with (
-                asyncio.timeout(30),
-                instances(
-                    GatedPerTask(), [nats_url], names=("B", "C"), lease=LEASE, config=PUSHING
-                ) as (b, c),
-            ):
-                request = with_webhook(send_request("go"), receiver.url())
-                sender = client.send_message_streaming(request)
-                task_id = (await anext(sender)).task.id
-                assert (await anext(sender)).status_update.status.state == S.TASK_STATE_WORKING
-                await receiver.wait_for(
-                    lambda: any(p.state == S.TASK_STATE_WORKING for p in receiver.frames(task_id))
-                )
-                owner.proc.kill()  # SIGKILL: the owner delivers nothing more
-                await owner.proc.wait()
-                await receiver.wait_for(
-                    lambda: any(p.state == S.TASK_STATE_FAILED for p in receiver.frames(task_id)),
-                    within=LEASE * 6,
-                )
-                posts = receiver.frames(task_id)
-                assert_complete(posts, S.TASK_STATE_FAILED)
-                assert "was lost" in posts[-1].frame.status_update.status.message.parts[0].text
-                reaped = b.service.metrics.tasks_reaped + c.service.metrics.tasks_reaped
-                assert reaped == 1
-        finally:
-            await client.close()
-            if owner.proc.returncode is None:
-                owner.proc.kill()
-                await owner.proc.wait()
+        async with (
+            owner_process(nats_url, LEASE, "--push-allow-private") as (owner, client),
+            asyncio.timeout(30),
+            instances(
+                GatedPerTask(), [nats_url], names=("B", "C"), lease=LEASE, config=PUSHING
+            ) as (b, c),
+        ):
+            request = with_webhook(send_request("go"), receiver.url())
+            sender = client.send_message_streaming(request)
+            task_id = (await anext(sender)).task.id
+            assert (await anext(sender)).status_update.status.state == S.TASK_STATE_WORKING
+            await receiver.wait_for(
+                lambda: any(p.state == S.TASK_STATE_WORKING for p in receiver.frames(task_id))
+            )
+            owner.proc.kill()  # SIGKILL: the owner delivers nothing more
+            await owner.proc.wait()
+            await receiver.wait_for(
+                lambda: any(p.state == S.TASK_STATE_FAILED for p in receiver.frames(task_id)),
+                within=LEASE * 6,
+            )
+            posts = receiver.frames(task_id)
+            assert_complete(posts, S.TASK_STATE_FAILED)
+            assert "was lost" in posts[-1].frame.status_update.status.message.parts[0].text
+            reaped = b.service.metrics.tasks_reaped + c.service.metrics.tasks_reaped
+            assert reaped == 1
 
 
 async def test_a_survivor_resumes_a_final_frame_the_lost_owner_was_still_retrying(
@@ -136,48 +120,32 @@ async def test_a_survivor_resumes_a_final_frame_the_lost_owner_was_still_retryin
         ended = post.state == S.TASK_STATE_COMPLETED
         return Answer(503) if ended and not allow.is_set() else Answer(204)
 
+    agent = "tests.agents_for_cli:instance"
     with receiving(refuse_the_end_until_allowed) as receiver:
-        owner = await start(
-            "--agent",
-            "tests.agents_for_cli:instance",
-            "--nats",
-            nats_url,
-            "--lease",
-            str(LEASE),
-            "--push-allow-private",
-        )
-        client = GrpcTransport(grpc.aio.insecure_channel(owner.grpc_addr), None)
-        try:
-            async with (
-                asyncio.timeout(30),
-                instances(
-                    GatedPerTask(), [nats_url], names=("B", "C"), lease=LEASE, config=PUSHING
-                ) as (b, c),
-            ):
-                request = with_webhook(send_request("hi"), receiver.url())
-                answer = await client.send_message(request)
-                task_id = answer.task.id
-                assert answer.task.status.state == S.TASK_STATE_COMPLETED
-                await receiver.wait_for(  # the owner is retrying the final frame...
-                    lambda: any(p.state == S.TASK_STATE_COMPLETED for p in receiver.attempts)
-                )
-                owner.proc.kill()  # ...and is lost
-                await owner.proc.wait()
-                allow.set()
-                await receiver.wait_for(
-                    lambda: any(
-                        p.state == S.TASK_STATE_COMPLETED for p in receiver.frames(task_id)
-                    ),
-                    within=LEASE * 8,
-                )
-                assert_complete(receiver.frames(task_id), S.TASK_STATE_COMPLETED)
-                for survivor in (b, c):  # (a delivery counts once its answer is back)
-                    await survivor.service.engine.wait_idle()
-                adopted = b.service.metrics.push_deliveries["delivered"]
-                adopted += c.service.metrics.push_deliveries["delivered"]
-                assert adopted >= 1, "a survivor delivered it"
-        finally:
-            await client.close()
-            if owner.proc.returncode is None:
-                owner.proc.kill()
-                await owner.proc.wait()
+        async with (
+            owner_process(nats_url, LEASE, "--push-allow-private", agent=agent) as (owner, client),
+            asyncio.timeout(30),
+            instances(
+                GatedPerTask(), [nats_url], names=("B", "C"), lease=LEASE, config=PUSHING
+            ) as (b, c),
+        ):
+            request = with_webhook(send_request("hi"), receiver.url())
+            answer = await client.send_message(request)
+            task_id = answer.task.id
+            assert answer.task.status.state == S.TASK_STATE_COMPLETED
+            await receiver.wait_for(  # the owner is retrying the final frame...
+                lambda: any(p.state == S.TASK_STATE_COMPLETED for p in receiver.attempts)
+            )
+            owner.proc.kill()  # ...and is lost
+            await owner.proc.wait()
+            allow.set()
+            await receiver.wait_for(
+                lambda: any(p.state == S.TASK_STATE_COMPLETED for p in receiver.frames(task_id)),
+                within=LEASE * 8,
+            )
+            assert_complete(receiver.frames(task_id), S.TASK_STATE_COMPLETED)
+            for survivor in (b, c):  # (a delivery counts once its answer is back)
+                await survivor.service.engine.wait_idle()
+            adopted = b.service.metrics.push_deliveries["delivered"]
+            adopted += c.service.metrics.push_deliveries["delivered"]
+            assert adopted >= 1, "a survivor delivered it"
