@@ -23,6 +23,7 @@ from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import Part, StreamResponse, TaskState
 
 from a2a_grpc_server import A2AService, ServerConfig
+from a2a_grpc_server.auth import Authenticator
 from a2a_grpc_server.jetstream.conn import NatsConfig
 from a2a_grpc_server.jetstream.node import NatsCluster
 
@@ -60,6 +61,7 @@ async def start_instance(
     config: ServerConfig | None = None,
     events_per_task: int = 16_384,
     retry_for: float = 30.0,
+    auth: Authenticator | None = None,
 ) -> Instance:
     """Start one instance joined to the cluster on ``servers``."""
     cluster = await NatsCluster.connect(
@@ -76,7 +78,7 @@ async def start_instance(
         executor, config=config or ServerConfig(cancel_timeout=1.0), cluster=cluster
     )
     await service.start()
-    h = await expose(service)
+    h = await expose(service, auth)
     return Instance(name, service, cluster, h.server, h.address, h.channel, h.stub, h.client)
 
 

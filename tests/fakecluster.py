@@ -83,7 +83,14 @@ from a2a_grpc_server.errors import (
 from a2a_grpc_server.journal import Change, RecordedTask, StoreUnavailableError, TaskPage, TaskQuery
 from a2a_grpc_server.journal.memory import MemoryJournal
 from a2a_grpc_server.push.configs import MemoryPushConfigs
-from a2a_grpc_server.routed import ANSWER_MARGIN, decode_error, default_wait, encode_error
+from a2a_grpc_server.routed import (
+    ANSWER_MARGIN,
+    decode_caller,
+    decode_error,
+    default_wait,
+    encode_caller,
+    encode_error,
+)
 from a2a_grpc_server.supervisor import TASK_PREFIX
 from a2a_grpc_server.tasklog import LogReader, TaskLog
 
@@ -259,13 +266,14 @@ class InstanceJournal:
         found = await self._hub.record.get(task_id)
         if found is None:
             return None
-        return RecordedTask(found.task, found.version, self._hub.owner(task_id), found.seq)
+        owner = self._hub.owner(task_id)
+        return RecordedTask(found.task, found.version, owner, found.seq, found.scope)
 
     async def create(
-        self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True
+        self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True, scope: str = ""
     ) -> int:
         """Record a new task, owned by this instance."""
-        version = await self._hub.record.create(task, changes, keep_frames=keep_frames)
+        version = await self._hub.record.create(task, changes, keep_frames=keep_frames, scope=scope)
         self._hub._written(self._id, task, changes)
         return version
 
@@ -475,7 +483,8 @@ class FakeCluster:
                 f"instance {owner}, which runs this task, is not reachable; if it is gone, "
                 "the task ends FAILED once its lease expires"
             )
-        serving = target._receive(op, serve, Caller(call.headers, timeout))
+        # Across as over NATS: principal and tenant, credentials left out.
+        serving = target._receive(op, serve, decode_caller(*encode_caller(call), timeout))
         # The owner goes on if this gives up (its client left, or no answer in time).
         done, _ = await asyncio.wait({serving}, timeout=timeout)
         if not done:

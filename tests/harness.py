@@ -28,6 +28,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from a2a_grpc_server import A2AService, ServerConfig, taskops
 from a2a_grpc_server.app import grpc_options
+from a2a_grpc_server.auth import Authenticator, AuthInterceptor
 from a2a_grpc_server.journal import TaskJournal
 from a2a_grpc_server.resume import RESUME_AFTER_KEY, URI
 
@@ -90,9 +91,13 @@ def _runs_our_code(coro: object) -> bool:
     return False
 
 
-async def expose(service: A2AService) -> Harness:
-    """Serve ``service`` on a real grpc.aio server on 127.0.0.1:0, with clients of it."""
-    server = grpc.aio.server(options=grpc_options(service.config))
+async def expose(service: A2AService, auth: Authenticator | None = None) -> Harness:
+    """Serve ``service`` on a real grpc.aio server on 127.0.0.1:0, with clients of it.
+
+    With ``auth``, every A2A call is authenticated with it (as ``A2AServer`` does).
+    """
+    interceptors = [AuthInterceptor(auth)] if auth is not None else None
+    server = grpc.aio.server(options=grpc_options(service.config), interceptors=interceptors)
     service.add_to_server(server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -108,8 +113,9 @@ async def serve(
     executor: AgentExecutor,
     config: ServerConfig | None = None,
     journal: TaskJournal | None = None,
+    auth: Authenticator | None = None,
 ) -> AsyncIterator[Harness]:
-    """Start the service on a real grpc.aio server on port 0.
+    """Start the service on a real grpc.aio server on port 0 (``auth``: see ``expose``).
 
     On a normal exit it asserts, from inside this (the server's) process,
     that no run, stream or coroutine of the package outlived the test by
@@ -118,7 +124,7 @@ async def serve(
     service = A2AService(
         executor, config=config or ServerConfig(cancel_timeout=1.0), journal=journal
     )
-    harness = await expose(service)
+    harness = await expose(service, auth)
     server, channel, client = harness.server, harness.channel, harness.client
     try:
         yield harness

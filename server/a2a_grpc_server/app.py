@@ -58,19 +58,37 @@ a frame's resume tag)."""
 
 
 def grpc_options(config: ServerConfig) -> list[tuple[str, int]]:
-    """The message size options a ``grpc.aio`` server serving ``config`` needs.
+    """The options a ``grpc.aio`` server serving ``config`` needs: sizes and transport.
 
     Requests up to twice ``max_message_bytes`` reach the server's validation
     (and get INVALID_ARGUMENT saying what is accepted, not a bare
     RESOURCE_EXHAUSTED); answers go up to ``max_task_bytes`` plus slack,
     which every answer fits (see ``ServerConfig.max_task_bytes``). Clients
     that read large tasks raise their own receive limit to match (gRPC's
-    default is 4 MiB).
+    default is 4 MiB). The transport options are the ``grpc_*`` settings.
     """
-    return [
+    options = [
         ("grpc.max_receive_message_length", 2 * config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_task_bytes + ANSWER_SLACK),
+        ("grpc.max_concurrent_streams", config.grpc_max_concurrent_streams),
+        ("grpc.keepalive_time_ms", _ms(config.grpc_keepalive_time)),
+        ("grpc.keepalive_timeout_ms", _ms(config.grpc_keepalive_timeout)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", _ms(config.grpc_min_ping_interval)),
+        ("grpc.http2.max_ping_strikes", 2),
     ]
+    if config.grpc_max_connection_idle:
+        options.append(("grpc.max_connection_idle_ms", _ms(config.grpc_max_connection_idle)))
+    if config.grpc_max_connection_age:
+        options.append(("grpc.max_connection_age_ms", _ms(config.grpc_max_connection_age)))
+        options.append(
+            ("grpc.max_connection_age_grace_ms", _ms(config.grpc_max_connection_age_grace))
+        )
+    return options
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 class A2AService:

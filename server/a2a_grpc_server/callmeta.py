@@ -24,6 +24,7 @@ from a2a.utils.errors import VersionNotSupportedError
 
 from .auth import Principal, PrincipalUser, current_principal
 from .errors import quote
+from .scope import scope_key
 
 VERSION_KEY = "a2a-version"
 EXTENSIONS_KEY = "a2a-extensions"
@@ -44,20 +45,25 @@ class Caller:
     Args:
         headers: The call's metadata, binary (``-bin``) keys left out.
         timeout: Seconds the client gives the call (its gRPC deadline), or None.
+        principal: Who called (None without authentication; see ``auth``).
+        tenant: The request's ``tenant``.
     """
 
-    __slots__ = ("_context", "headers", "principal", "timeout")
+    __slots__ = ("_context", "headers", "principal", "scope", "tenant", "timeout")
 
     def __init__(
         self,
         headers: tuple[tuple[str, str], ...],
         timeout: float | None = None,
         principal: Principal | None = None,
+        tenant: str = "",
     ) -> None:
         self.headers = headers
         self.timeout = timeout
         self.principal = principal
-        """Who called (None without authentication; see ``auth``)."""
+        self.tenant = tenant
+        self.scope = scope_key(tenant, principal.name if principal is not None else "")
+        """Whose tasks this caller may see (see ``scope``)."""
         self._context: ServerCallContext | None = None
 
     def header_map(self) -> dict[str, str]:
@@ -76,19 +82,24 @@ class Caller:
         """The executor-facing call context (made once, on first use)."""
         if self._context is None:
             self._context = ServerCallContext(
-                state={"headers": self.header_map()}, requested_extensions=self.extensions()
+                state={"headers": self.header_map()},
+                requested_extensions=self.extensions(),
+                tenant=self.tenant,
             )
             if self.principal is not None:
                 self._context.user = PrincipalUser(self.principal)
         return self._context
 
 
-def caller(context: grpc.aio.ServicerContext[object, object], method: str) -> Caller:
+def caller(
+    context: grpc.aio.ServicerContext[object, object], method: str, tenant: str = ""
+) -> Caller:
     """Check the client's A2A version and capture the call's metadata.
 
     Args:
         context: The gRPC servicer context.
         method: The RPC's name, e.g. ``SendMessage``.
+        tenant: The request's ``tenant`` field.
 
     Raises:
         VersionNotSupportedError: The client asked for a version this server
@@ -104,7 +115,7 @@ def caller(context: grpc.aio.ServicerContext[object, object], method: str) -> Ca
         if key == VERSION_KEY:
             version = value  # a repeated key: the last one counts
     _check_version(version.strip() or LEGACY_VERSION, method)
-    return Caller(headers, context.time_remaining(), current_principal())
+    return Caller(headers, context.time_remaining(), current_principal(), tenant)
 
 
 def request_context(call: Caller, **kwargs: Any) -> RequestContext:

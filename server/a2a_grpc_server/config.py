@@ -82,6 +82,36 @@ class ServerConfig:
             (``*.example.com`` for subdomains); still https only.
         push_ca_file: A PEM bundle of the CAs webhook certificates are verified
             against (an internal CA); "" for the public CAs httpx trusts.
+        quota_live_tasks: Most tasks one principal has live on this instance
+            (not ended and in memory, waiting for input included); over it a
+            new task is refused (RESOURCE_EXHAUSTED, LIVE_TASKS_QUOTA). 0: no quota.
+        quota_parked_tasks: Most tasks of one principal waiting for input
+            (INPUT_REQUIRED, AUTH_REQUIRED) on this instance; over it a new task
+            is refused (PARKED_TASKS_QUOTA). 0: no quota.
+        quota_streams: Most open streams (SendStreamingMessage, SubscribeToTask)
+            of one principal on this instance; over it a new stream is refused
+            (STREAMS_QUOTA). 0: no quota.
+        quota_subscribers: Most SubscribeToTask streams of one task on this
+            instance; over it a new subscription is refused
+            (SUBSCRIBERS_QUOTA). 0: no quota.
+        grpc_max_concurrent_streams: Most calls in flight on one client
+            connection (HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS``); the client
+            queues the others.
+        grpc_keepalive_time: Seconds of silence on a connection after which the
+            server pings the client (finds dead peers of long streams).
+        grpc_keepalive_timeout: Seconds the server waits for that ping's answer
+            before it closes the connection.
+        grpc_min_ping_interval: Least seconds between a client's keepalive pings
+            the server tolerates (more often, repeatedly: the connection is
+            closed with ``too_many_pings``). Clients must ping no more often.
+        grpc_max_connection_idle: Seconds a connection with no call in flight
+            stays open (the client reconnects when it needs to). 0: forever.
+        grpc_max_connection_age: Seconds after which a connection is told to go
+            away (GOAWAY: new calls go to a new connection, so load balancers
+            rebalance). 0: never (the default: meshes balance per call).
+        grpc_max_connection_age_grace: Seconds calls in flight get after that
+            GOAWAY before they are cut (a stream cut that way is resumed with
+            the resume extension, or resubscribed).
     """
 
     log_max_frames: int = 16_384
@@ -110,6 +140,17 @@ class ServerConfig:
     push_allow_private: bool = False
     push_allow_hosts: tuple[str, ...] = ()
     push_ca_file: str = ""
+    quota_live_tasks: int = 1000
+    quota_parked_tasks: int = 1000
+    quota_streams: int = 1000
+    quota_subscribers: int = 256
+    grpc_max_concurrent_streams: int = 1000
+    grpc_keepalive_time: float = 60.0
+    grpc_keepalive_timeout: float = 20.0
+    grpc_min_ping_interval: float = 10.0
+    grpc_max_connection_idle: float = 900.0
+    grpc_max_connection_age: float = 0.0
+    grpc_max_connection_age_grace: float = 300.0
 
     def __post_init__(self) -> None:
         if self.log_max_frames < 1 or self.log_max_bytes < 1:
@@ -137,6 +178,29 @@ class ServerConfig:
             raise ValueError("push_max_configs and push_max_in_flight must be positive")
         if self.push_timeout <= 0 or self.push_retry_for < 0:
             raise ValueError("push_timeout must be positive and push_retry_for not negative")
+        quotas = (
+            self.quota_live_tasks,
+            self.quota_parked_tasks,
+            self.quota_streams,
+            self.quota_subscribers,
+        )
+        if min(quotas) < 0:
+            raise ValueError("quotas must not be negative (0: no quota)")
+        if self.grpc_max_concurrent_streams < 1:
+            raise ValueError("grpc_max_concurrent_streams must be positive")
+        timings = (
+            self.grpc_keepalive_time,
+            self.grpc_keepalive_timeout,
+            self.grpc_min_ping_interval,
+            self.grpc_max_connection_idle,
+            self.grpc_max_connection_age,
+            self.grpc_max_connection_age_grace,
+        )
+        if min(timings) < 0 or self.grpc_keepalive_time == 0:
+            raise ValueError(
+                "gRPC transport durations must not be negative, and grpc_keepalive_time "
+                "must be positive"
+            )
         if self.max_message_bytes < 1 or self.max_message_bytes * 2 > self.max_task_bytes:
             raise ValueError(
                 f"max_message_bytes ({self.max_message_bytes}) must be positive and at most "

@@ -12,6 +12,10 @@ another instance, ``subscribe`` joins this instance's relay of it, ``resume``
 reads the shared event log, and ``cancel`` and follow-up ``send`` are routed
 to the owner (see ``cluster``), which runs them through this same class with
 ``route=False``.
+
+Every operation on an existing task is scoped (see ``scope``): the caller's
+scope is compared with the task's before anything else is done with it, and
+a task of another scope is answered exactly as a missing one.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from a2a.types.a2a_pb2 import Message, SendMessageRequest, Task, TaskState
 from a2a.utils.errors import (
     InvalidParamsError,
     TaskNotCancelableError,
-    TaskNotFoundError,
     UnsupportedOperationError,
 )
 
@@ -43,6 +46,8 @@ from .live import LiveTask
 from .metrics import Metrics
 from .pacing import Pacer
 from .parking import ParkingLot
+from .quotas import Quotas
+from .scope import not_found, principal_of
 from .sizing import TaskTooLargeError
 from .supervisor import TASK_PREFIX, ExecutionSupervisor
 from .tasklog import LogClosedError, LogLimits, LogPool, LogReader, TaskLog
@@ -202,6 +207,8 @@ class TaskEngine:
             clock=self.pool.clock,
         )
         """The tasks waiting for input here (see ``parking``)."""
+        self.quotas = Quotas(config)
+        """What each principal holds here (see ``quotas``)."""
         self.pacer = Pacer(config.loop_slice)
         """Shares the event loop between bursts and everything else (see ``pacing``)."""
         self.push: PushService | None = None
@@ -242,6 +249,7 @@ class TaskEngine:
             UnsupportedOperationError: That task has ended or is still working.
             InvalidParamsError: The message's context does not match the task's.
             ServerShuttingDownError: The server is draining.
+            QuotaExceededError: A new task would exceed one of the caller's quotas.
             OwnerUnavailableError: The task's owner did not answer (cluster mode).
         """
         if not self._accepting:
@@ -249,13 +257,15 @@ class TaskEngine:
         message = request.message
         follow_up = bool(message.task_id)
         if follow_up:
-            recorded = await self._check_follow_up(message.task_id, message.context_id)
+            recorded = await self._check_follow_up(message.task_id, message.context_id, call.scope)
             if route and self._owned_elsewhere(recorded):
                 return await self._route_send(recorded, request, call)
             live = self._admit(recorded)
             message.context_id = live.context_id
         else:
-            live = self._new_task(message)
+            principal = call.principal.name if call.principal is not None else ""
+            self.quotas.check_new_task(principal, self.parking.count_of(principal))
+            live = self._new_task(message, call.scope)
         try:
             if resumable:
                 live.log.make_resumable()
@@ -292,7 +302,7 @@ class TaskEngine:
             live.admitting = False
         return Started(live, snapshot, reader, start_seq, run)
 
-    def _new_task(self, message: Message) -> LiveTask:
+    def _new_task(self, message: Message, scope: str) -> LiveTask:
         self.parking.make_room()
         task_id = str(uuid.uuid4())
         context_id = message.context_id or str(uuid.uuid4())
@@ -305,57 +315,72 @@ class TaskEngine:
             TaskLog(task_id, self.pool),
             first_message=message,
             max_bytes=self._config.max_task_bytes,
+            scope=scope,
         )
         self._register(live)
         return live
 
-    async def read(self, task_id: str, *, resumable: bool = False) -> tuple[Task, int]:
+    async def read(self, task_id: str, scope: str, *, resumable: bool = False) -> tuple[Task, int]:
         """Return the task as recorded, and the seq of the last change it includes.
 
         Args:
             task_id: The task.
+            scope: The caller's scope.
             resumable: The caller activated the resume extension.
 
         Raises:
             TaskNotFoundError: The journal has no such task (never had it, or
-                it was dropped by retention).
+                it was dropped by retention), or it is another scope's.
         """
-        live = self._live.get(task_id)
+        live = self._live_in(task_id, scope)
         if live is not None and live.task is not None:
             if resumable:
                 live.log.make_resumable()
             task, seq = await live.snapshot()
             if task is not None:
                 return task, seq
-        recorded = await self._get_recorded(task_id)
+        recorded = await self._get_recorded(task_id, scope)
         return recorded.task, recorded.seq
 
-    async def recorded(self, task_id: str) -> RecordedTask:
+    async def recorded(self, task_id: str, scope: str | None = None) -> RecordedTask:
         """The task as recorded (or its final state, not recorded yet).
 
+        Args:
+            task_id: The task.
+            scope: The caller's scope (None: the server's own, unscoped read).
+
         Raises:
-            TaskNotFoundError: No such task.
+            TaskNotFoundError: No such task (or it is another scope's).
         """
-        return await self._get_recorded(task_id)
+        return await self._get_recorded(task_id, scope)
 
     def live_task(self, task_id: str) -> LiveTask | None:
         """The task, if it is live (in memory) on this instance."""
         return self._live.get(task_id)
 
-    async def _get_recorded(self, task_id: str) -> RecordedTask:
+    def _live_in(self, task_id: str, scope: str) -> LiveTask | None:
+        """The live task, if there is one and it is of ``scope``."""
+        live = self._live.get(task_id)
+        return live if live is not None and live.scope == scope else None
+
+    async def _get_recorded(self, task_id: str, scope: str | None) -> RecordedTask:
         """The task as recorded; for a final state not recorded yet, that state.
 
         Raises:
-            TaskNotFoundError: No such task.
+            TaskNotFoundError: No such task, or it is not of ``scope`` (unless None).
         """
         final = self._ended_unrecorded(task_id)
         if final is not None:
             live = self._unrecorded[task_id]
-            return RecordedTask(taskops.copy(final), 0, "", live.log.last_seq)
-        recorded = await self._journal.get(task_id)
-        if recorded is None:
-            raise TaskNotFoundError(f"task {quote(task_id)} not found")
-        return recorded
+            found = RecordedTask(taskops.copy(final), 0, "", live.log.last_seq, live.scope)
+        else:
+            recorded = await self._journal.get(task_id)
+            if recorded is None:
+                raise not_found(task_id)
+            found = recorded
+        if scope is not None and found.scope != scope:
+            raise not_found(task_id)
+        return found
 
     @property
     def cluster(self) -> Cluster | None:
@@ -387,10 +412,10 @@ class TaskEngine:
             OwnerUnavailableError: The task's owner did not answer (cluster mode).
         """
         started = time.monotonic()
-        live = self._live.get(task_id)
+        live = self._live_in(task_id, call.scope)
         if live is None or live.task is None or taskops.is_final(live.task):
             # Not running here (or not yet created): the journal decides.
-            found = await self._get_recorded(task_id)
+            found = await self._get_recorded(task_id, call.scope)
             recorded = found.task
             if not taskops.is_final(recorded) and route and self._owned_elsewhere(found):
                 assert self._cluster is not None
@@ -424,7 +449,7 @@ class TaskEngine:
             logger.warning("task %s: its run did not end it after cancel; ending it here", task_id)
             await live.finalize(TaskState.TASK_STATE_CANCELED, "task canceled by request")
         self.metrics.cancel_seconds.observe(time.monotonic() - started)
-        final = (await self._get_recorded(task_id)).task
+        final = (await self._get_recorded(task_id, call.scope)).task
         if final.status.state != TaskState.TASK_STATE_CANCELED:
             raise TaskNotCancelableError(
                 f"task {quote(task_id)} ended {taskops.state_name(final.status.state)} "
@@ -432,23 +457,33 @@ class TaskEngine:
             )
         return final
 
-    async def subscribe(self, task_id: str, *, resumable: bool = False) -> tuple[Task, LogReader]:
+    async def subscribe(
+        self, task_id: str, scope: str, *, resumable: bool = False
+    ) -> tuple[Task, LogReader]:
         """Join a live task's log at its current end.
 
         Returns:
             The task snapshot and a reader of every frame after it.
 
         Raises:
-            TaskNotFoundError: No such task.
+            TaskNotFoundError: No such task (or it is another scope's).
             UnsupportedOperationError: The task already ended.
+            QuotaExceededError: The task has ``quota_subscribers`` subscribers here.
         """
-        found = await self._get_recorded(task_id)
+        found = await self._get_recorded(task_id, scope)
         live = self._live.get(task_id) or self._revive(found)
         if live is None and self._cluster is not None and not taskops.is_final(found.task):
-            return await self._cluster.subscribe(found)
+            relayed, reader = await self._cluster.subscribe(found)
+            try:
+                self.quotas.check_subscribers(reader.followers - 1)
+            except BaseException:
+                reader.close()
+                raise
+            return relayed, reader
         try:
             if live is None:
                 raise LogClosedError(task_id)
+            self.quotas.check_subscribers(live.log.readers)
             if resumable:
                 live.log.make_resumable()
             snapshot, reader = await live.subscribe()
@@ -474,7 +509,7 @@ class TaskEngine:
         ended_elsewhere = await asyncio.gather(*(check(live) for live in list(self._live.values())))
         return sum(ended_elsewhere)
 
-    async def resume(self, task_id: str, after: int) -> LogReader:
+    async def resume(self, task_id: str, after: int, scope: str) -> LogReader:
         """A reader of exactly the task's frames after ``after`` (the resume extension).
 
         Served from this instance's log of the task when it still keeps frame
@@ -482,16 +517,21 @@ class TaskEngine:
         reader resumed after an ended task's final frame ends at once.
 
         Raises:
-            TaskNotFoundError: No such task.
+            TaskNotFoundError: No such task (or it is another scope's).
             FrameNotKeptError: Frame ``after + 1`` is no longer kept (or
                 ``after`` is past the task's last frame).
         """
         live = self._live.get(task_id)
+        if live is not None and live.scope != scope:
+            raise not_found(task_id)
         log = live.log if live is not None else self.pool.retained(task_id)
+        if log is not None and log.scope != scope:
+            raise not_found(task_id)
         if log is not None and log.first_kept - 1 <= after <= log.last_seq:
+            self.quotas.check_subscribers(log.readers)
             log.make_resumable()
             return log.reader(after + 1)
-        recorded = await self._get_recorded(task_id)
+        recorded = await self._get_recorded(task_id, scope)
         last = max(recorded.seq, log.last_seq if log is not None else 0)
         if after > last:
             raise FrameNotKeptError(task_id, after + 1, log.first_kept if log else last + 1, last)
@@ -569,8 +609,8 @@ class TaskEngine:
         while self._recorders:
             await asyncio.wait(list(self._recorders))
 
-    async def _check_follow_up(self, task_id: str, context_id: str) -> RecordedTask:
-        found = await self._get_recorded(task_id)
+    async def _check_follow_up(self, task_id: str, context_id: str, scope: str) -> RecordedTask:
+        found = await self._get_recorded(task_id, scope)
         recorded = found.task
         if context_id and context_id != recorded.context_id:
             raise InvalidParamsError(
@@ -610,6 +650,7 @@ class TaskEngine:
             task=task,
             version=found.version,
             max_bytes=self._config.max_task_bytes,
+            scope=found.scope,
         )
         self._register(live)
         self.parking.park(live)
@@ -619,8 +660,7 @@ class TaskEngine:
 
     def _evict(self, live: LiveTask) -> None:
         """Take a parked task out of memory (``ParkingLot``); its record stays."""
-        if self._live.get(live.task_id) is live:
-            del self._live[live.task_id]
+        self._drop(live)
         if self.push is not None:
             self.push.detach(live.task_id)
         live.log.release()
@@ -642,9 +682,10 @@ class TaskEngine:
 
     def _register(self, live: LiveTask) -> None:
         self._live[live.task_id] = live
+        self.quotas.task_added(principal_of(live.scope))
 
         def forget() -> None:
-            self._live.pop(live.task_id, None)
+            self._drop(live)
             self.parking.unpark(live.task_id)
             if live.task is None and self.push is not None:
                 # A message-only answer: no task is recorded, so no retention drops
@@ -660,6 +701,12 @@ class TaskEngine:
                 task.add_done_callback(self._recorders.discard)
 
         live.log.on_close(forget)
+
+    def _drop(self, live: LiveTask) -> None:
+        """``live`` is no longer in memory here (once; it may be revived later)."""
+        if self._live.get(live.task_id) is live:
+            del self._live[live.task_id]
+            self.quotas.task_removed(principal_of(live.scope))
 
     async def _record_final(self, live: LiveTask) -> None:
         """Retry recording a final state the streams already got until the journal holds it.

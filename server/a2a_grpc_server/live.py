@@ -55,6 +55,7 @@ class LiveTask:
         version: The recorded version of ``task``.
         first_message: The user message that starts a new task.
         max_bytes: The most bytes the task may take (``ServerConfig.max_task_bytes``).
+        scope: Whose task it is (see ``scope``).
     """
 
     __slots__ = (
@@ -73,6 +74,7 @@ class LiveTask:
         "lock",
         "log",
         "run",
+        "scope",
         "state_seq",
         "task_id",
     )
@@ -87,9 +89,13 @@ class LiveTask:
         version: int = 0,
         first_message: Message | None = None,
         max_bytes: int = DEFAULT_MAX_TASK_BYTES,
+        scope: str = "",
     ) -> None:
         self.task_id = task_id
         self.context_id = context_id
+        self.scope = scope
+        """Whose task it is (see ``scope``); recorded when the task is created."""
+        log.scope = scope
         self.log = log
         self.lock = asyncio.Lock()
         self.answer: Message | None = None
@@ -299,7 +305,7 @@ class LiveTask:
         if recorded is None:  # it was never created
             task = taskops.copy(final)
             first = Change(1, StreamResponse(task=task).SerializeToString(), task.status.state)
-            await self._journal.create(task, [first], keep_frames=False)
+            await self._journal.create(task, [first], keep_frames=False, scope=self.scope)
         else:
             task = taskops.copy(recorded.task)
             event = TaskStatusUpdateEvent(task_id=self.task_id, context_id=self.context_id)
@@ -428,7 +434,7 @@ class LiveTask:
             if creating:
                 ended_unseen = taskops.is_final(task) and not self.log.resumable
                 self._version = await self._journal.create(
-                    task, changes, keep_frames=not ended_unseen
+                    task, changes, keep_frames=not ended_unseen, scope=self.scope
                 )
             else:
                 self._version = await self._journal.update(task, self._version, changes)

@@ -25,13 +25,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import grpc
 
 from .errors import ServerError
+from .scope import principal_of
 
 if TYPE_CHECKING:
     from .live import LiveTask
@@ -90,6 +91,9 @@ class ParkingLot:
         self._parked: OrderedDict[str, tuple[LiveTask, float]] = OrderedDict()
         self._held: set[str] = set()
         """Parked tasks out of memory whose record is in this process (in-memory journal)."""
+        self._principals: dict[str, str] = {}
+        """The principal of each task counted in ``count`` (see ``scope``)."""
+        self._per_principal: Counter[str] = Counter()
         self._timer: asyncio.TimerHandle | None = None
         self.evicted = 0
         """Parked tasks that left memory so far."""
@@ -99,9 +103,17 @@ class ParkingLot:
         """Parked tasks this instance holds (in memory, or in its in-memory journal)."""
         return len(self._parked) + len(self._held)
 
+    def count_of(self, principal: str) -> int:
+        """Parked tasks of ``principal`` this instance holds (as ``count``)."""
+        return self._per_principal[principal]
+
     def park(self, live: LiveTask) -> None:
         """``live`` is waiting for input from now on."""
         self._held.discard(live.task_id)
+        if live.task_id not in self._principals:
+            principal = principal_of(live.scope)
+            self._principals[live.task_id] = principal
+            self._per_principal[principal] += 1
         self._parked[live.task_id] = (live, self._clock())
         self._parked.move_to_end(live.task_id)
         self._schedule()
@@ -110,6 +122,14 @@ class ParkingLot:
         """Work resumes on the task (or it ended): it is no longer parked."""
         self._parked.pop(task_id, None)
         self._held.discard(task_id)
+        self._uncount(task_id)
+
+    def _uncount(self, task_id: str) -> None:
+        principal = self._principals.pop(task_id, None)
+        if principal is not None:
+            self._per_principal[principal] -= 1
+            if not self._per_principal[principal]:
+                del self._per_principal[principal]
 
     def make_room(self) -> None:
         """Before a new task: keep the parked tasks under ``max_parked_tasks``.
@@ -156,6 +176,8 @@ class ParkingLot:
         self._parked.pop(live.task_id, None)
         if not self._durable:
             self._held.add(live.task_id)
+        else:
+            self._uncount(live.task_id)
         self.evicted += 1
         self._evict(live)
         return True

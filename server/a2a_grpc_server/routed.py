@@ -10,10 +10,16 @@ routed to the task's owner (see ``cluster``). Whatever carries it (NATS in
   than ``ANSWER_MARGIN`` left;
 * the owner's error comes back as the same domain error (``encode_error`` on
   the owner, ``decode_error`` on the asker): its class, its message, and the
-  field an invalid-parameter error names.
+  field an invalid-parameter error names;
+* the caller crosses as its principal and tenant (``encode_caller``), so the
+  owner checks the same scope (see ``scope``) and its executor sees the same
+  user; credentials (the ``authorization`` header) never leave the instance
+  the client called, which already checked them.
 """
 
 from __future__ import annotations
+
+import json
 
 from a2a.utils.errors import (
     A2AError,
@@ -24,6 +30,8 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 
+from .auth import Principal
+from .callmeta import Caller
 from .errors import (
     InvalidFieldError,
     OwnerTimeoutError,
@@ -58,6 +66,33 @@ ERRORS: dict[str, type[Exception]] = {
 }
 """The errors that cross as themselves; any other comes back as the first of these in
 its class's MRO, else as ``InternalError``."""
+
+
+CREDENTIALS = frozenset({"authorization"})
+"""Metadata keys that are not sent to the owner."""
+
+
+def encode_caller(call: Caller) -> tuple[str, str]:
+    """The caller as it crosses to the owner: its metadata, and who it is (two JSON texts)."""
+    headers = [pair for pair in call.headers if pair[0] not in CREDENTIALS]
+    principal = call.principal.name if call.principal is not None else None
+    return json.dumps(headers), json.dumps([principal, call.tenant])
+
+
+def decode_caller(headers: str, who: str, timeout: float) -> Caller:
+    """The caller ``encode_caller`` sent, as the owner serves it (with ``timeout``).
+
+    Raises:
+        ValueError: The texts are not what ``encode_caller`` makes.
+    """
+    pairs = json.loads(headers)
+    principal, tenant = json.loads(who) if who else (None, "")
+    return Caller(
+        tuple((str(k), str(v)) for k, v in pairs),
+        timeout,
+        Principal(str(principal)) if principal is not None else None,
+        str(tenant),
+    )
 
 
 def default_wait(cancel_timeout: float) -> float:

@@ -13,9 +13,10 @@ call go through ``errors``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -167,7 +168,7 @@ class RpcServicer:
         self, request: SendMessageRequest, context: Context
     ) -> SendMessageResponse:
         """Send a message; wait for a terminal or interrupted state unless asked not to."""
-        call = caller(context, "SendMessage")
+        call = caller(context, "SendMessage", request.tenant)
         validation.check_send(request, self._config, self._input_modes)
         self._check_inline_push(request)
         numbered = await _activate_resume(call, context)
@@ -184,16 +185,21 @@ class RpcServicer:
     @_handled
     async def SendStreamingMessage(self, request: SendMessageRequest, context: Context) -> None:
         """Send a message and stream the task's frames until it ends or needs input."""
-        call = caller(context, "SendStreamingMessage")
+        call = caller(context, "SendStreamingMessage", request.tenant)
         self._check_streaming("SendStreamingMessage")
         validation.check_send(request, self._config, self._input_modes)
         self._check_inline_push(request)
-        numbered = await _activate_resume(call, context)
-        started = await self._engine.send(request, call, subscribe=True, resumable=numbered)
-        assert started.reader is not None
-        await self._pump(
-            started.reader, started.snapshot, context, numbered=numbered, stop_at_interrupt=True
-        )
+        async with self._stream_slot(call):
+            numbered = await _activate_resume(call, context)
+            started = await self._engine.send(request, call, subscribe=True, resumable=numbered)
+            assert started.reader is not None
+            await self._pump(
+                started.reader,
+                started.snapshot,
+                context,
+                numbered=numbered,
+                stop_at_interrupt=True,
+            )
 
     @_handled
     async def SubscribeToTask(self, request: SubscribeToTaskRequest, context: Context) -> None:
@@ -202,26 +208,28 @@ class RpcServicer:
         With the resume extension and ``a2a-resume-after: N``: exactly the
         frames after N, no snapshot.
         """
-        call = caller(context, "SubscribeToTask")
+        call = caller(context, "SubscribeToTask", request.tenant)
         self._check_streaming("SubscribeToTask")
         validation.check_task_id(request.id)
         after = resume.resume_after(call)
-        numbered = await _activate_resume(call, context)
-        if after is not None:
-            reader = await self._engine.resume(request.id, after)
-            await self._pump(reader, None, context, numbered=True, stop_at_interrupt=False)
-            return
-        snapshot, reader = await self._engine.subscribe(request.id, resumable=numbered)
-        await self._pump(reader, snapshot, context, numbered=numbered, stop_at_interrupt=False)
+        async with self._stream_slot(call):
+            numbered = await _activate_resume(call, context)
+            if after is not None:
+                reader = await self._engine.resume(request.id, after, call.scope)
+                await self._pump(reader, None, context, numbered=True, stop_at_interrupt=False)
+                return
+            engine = self._engine
+            snapshot, reader = await engine.subscribe(request.id, call.scope, resumable=numbered)
+            await self._pump(reader, snapshot, context, numbered=numbered, stop_at_interrupt=False)
 
     @_handled
     async def GetTask(self, request: GetTaskRequest, context: Context) -> Task:
         """Return a task, its history trimmed to ``history_length``."""
-        call = caller(context, "GetTask")
+        call = caller(context, "GetTask", request.tenant)
         validation.check_task_id(request.id)
         validation.check_history_length(request.history_length, request.HasField("history_length"))
         numbered = await _activate_resume(call, context)
-        task, seq = await self._engine.read(request.id, resumable=numbered)
+        task, seq = await self._engine.read(request.id, call.scope, resumable=numbered)
         _trim(task, request.history_length, request.HasField("history_length"))
         if task.ByteSize() > self._config.max_task_bytes:  # stored under a higher limit
             raise AnswerTooLargeError(task.id, task.ByteSize(), self._config.max_task_bytes)
@@ -237,7 +245,7 @@ class RpcServicer:
         bytes of them: a page cut short by bytes has a ``next_page_token``
         that continues right after its last task.
         """
-        caller(context, "ListTasks")
+        call = caller(context, "ListTasks", request.tenant)
         page_size = validation.check_list(request)
         after = request.status_timestamp_after
         query = TaskQuery(
@@ -246,6 +254,7 @@ class RpcServicer:
             status_after_ns=after.seconds * 1_000_000_000 + after.nanos,
             page_size=page_size,
             page_token=request.page_token,
+            scope=call.scope,
         )
         try:
             page = await self._engine.journal.list(query)
@@ -271,7 +280,7 @@ class RpcServicer:
     @_handled
     async def CancelTask(self, request: CancelTaskRequest, context: Context) -> Task:
         """Cancel a task; returns it CANCELED once every stream has the frame."""
-        call = caller(context, "CancelTask")
+        call = caller(context, "CancelTask", request.tenant)
         validation.check_task_id(request.id)
         return await self._engine.cancel(request.id, call)
 
@@ -292,30 +301,30 @@ class RpcServicer:
         self, request: TaskPushNotificationConfig, context: Context
     ) -> TaskPushNotificationConfig:
         """Register a webhook for a task (an id is assigned when none is given)."""
-        push = self._push(context, "CreateTaskPushNotificationConfig")
+        push, call = self._push(context, "CreateTaskPushNotificationConfig", request.tenant)
         validation.check_task_id(request.task_id, "task_id")
         check_config(request, push.screen)
-        return await push.create(request)
+        return await push.create(request, call.scope)
 
     @_handled
     async def GetTaskPushNotificationConfig(
         self, request: GetTaskPushNotificationConfigRequest, context: Context
     ) -> TaskPushNotificationConfig:
         """Return one webhook config of a task."""
-        push = self._push(context, "GetTaskPushNotificationConfig")
+        push, call = self._push(context, "GetTaskPushNotificationConfig", request.tenant)
         validation.check_task_id(request.task_id, "task_id")
         validation.check_id(request.id, "id")
-        return await push.get(request.task_id, request.id)
+        return await push.get(request.task_id, request.id, call.scope)
 
     @_handled
     async def ListTaskPushNotificationConfigs(
         self, request: ListTaskPushNotificationConfigsRequest, context: Context
     ) -> ListTaskPushNotificationConfigsResponse:
         """List a task's webhook configs, oldest first, with cursor pagination."""
-        push = self._push(context, "ListTaskPushNotificationConfigs")
+        push, call = self._push(context, "ListTaskPushNotificationConfigs", request.tenant)
         validation.check_task_id(request.task_id, "task_id")
         page_size = validation.check_page(request.page_size, request.page_token)
-        page = await push.list(request.task_id, page_size, request.page_token)
+        page = await push.list(request.task_id, page_size, request.page_token, call.scope)
         return ListTaskPushNotificationConfigsResponse(
             configs=page.configs, next_page_token=page.next_token
         )
@@ -325,17 +334,17 @@ class RpcServicer:
         self, request: DeleteTaskPushNotificationConfigRequest, context: Context
     ) -> Empty:
         """Delete a webhook config (idempotent: a config already gone is not an error)."""
-        push = self._push(context, "DeleteTaskPushNotificationConfig")
+        push, call = self._push(context, "DeleteTaskPushNotificationConfig", request.tenant)
         validation.check_task_id(request.task_id, "task_id")
         validation.check_id(request.id, "id")
-        await push.delete(request.task_id, request.id)
+        await push.delete(request.task_id, request.id, call.scope)
         return Empty()
 
-    def _push(self, context: Context, method: str) -> PushService:
-        caller(context, method)
+    def _push(self, context: Context, method: str, tenant: str) -> tuple[PushService, Caller]:
+        call = caller(context, method, tenant)
         if self._engine.push is None:
             raise _push_off()
-        return self._engine.push
+        return self._engine.push, call
 
     def _check_inline_push(self, request: SendMessageRequest) -> None:
         """Refuse a message's push config that is malformed, or any when push is off."""
@@ -353,6 +362,20 @@ class RpcServicer:
                 f"{method}: this agent does not stream (capabilities.streaming is false in its "
                 "card); use SendMessage and GetTask"
             )
+
+    @contextlib.asynccontextmanager
+    async def _stream_slot(self, call: Caller) -> AsyncIterator[None]:
+        """Hold one of the caller's streams (``quotas``) while a stream call is served.
+
+        Raises:
+            QuotaExceededError: The caller has ``quota_streams`` open streams.
+        """
+        try:
+            with self._engine.quotas.stream(_principal(call)):
+                yield
+        finally:
+            async with self._streams_changed:  # (after the stream is counted out)
+                self._streams_changed.notify_all()
 
     async def _pump(
         self,
@@ -397,8 +420,6 @@ class RpcServicer:
             reader.close()
             metrics.streams_open -= 1
             metrics.streams_ended[reason] += 1
-            async with self._streams_changed:
-                self._streams_changed.notify_all()
 
 
 async def _activate_resume(call: Caller, context: Context) -> bool:
@@ -407,6 +428,10 @@ async def _activate_resume(call: Caller, context: Context) -> bool:
         return False
     await context.send_initial_metadata(((EXTENSIONS_KEY, resume.URI),))
     return True
+
+
+def _principal(call: Caller) -> str:
+    return call.principal.name if call.principal is not None else ""
 
 
 def _push_off() -> PushNotificationNotSupportedError:

@@ -223,6 +223,11 @@ class LogReader:
         return self._log.task_id
 
     @property
+    def followers(self) -> int:
+        """Readers of its log (this one included, unless it is passive): ``TaskLog.readers``."""
+        return self._log.readers
+
+    @property
     def next_seq(self) -> int:
         """The sequence number of the next frame this reader gets."""
         return self._next
@@ -321,6 +326,7 @@ class TaskLog:
         "metrics",
         "on_idle",
         "resumable",
+        "scope",
         "snapshot",
         "task_id",
     )
@@ -329,6 +335,8 @@ class TaskLog:
         self, task_id: str, pool: LogPool, *, relayed: bool = False, first_seq: int = 1
     ) -> None:
         self.task_id = task_id
+        self.scope = ""
+        """Whose task it is (see ``scope``): checked before an ended log is resumed."""
         self._pool = pool
         self.metrics = pool.metrics
         self._relayed = relayed

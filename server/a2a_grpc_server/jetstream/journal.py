@@ -31,7 +31,8 @@ journal, and every journal remembers the final versions it has seen
 compare-and-set fails on a final change gets the same.
 
 Snapshots: KV bucket ``A2A_TASKS``, one key per task, value: owner, state,
-seq and stream sequence, each ended by a newline, then the ``Task``; written
+seq, stream sequence and scope (whose task it is, see ``scope``; a one-line
+key), each ended by a newline, then the ``Task``; written
 right after the task's first changes are in the stream, when its state
 changes, every ``snapshot_every`` changes, and when it ends (each a
 compare-and-set on the key's revision). Reading a task is its
@@ -178,6 +179,8 @@ class Snapshot:
     """The last change it includes."""
     pos: int
     """That change's stream sequence (0 if it was not known when written)."""
+    scope: str
+    """Whose task it is (see ``scope``)."""
     body: bytes
     rev: int
     """The key's revision."""
@@ -185,8 +188,8 @@ class Snapshot:
     @classmethod
     def decode(cls, value: bytes, rev: int) -> Snapshot:
         """Parse a stored value."""
-        owner, state, seq, pos, body = value.split(b"\n", 4)
-        return cls(owner.decode(), int(state), int(seq), int(pos), body, rev)
+        owner, state, seq, pos, scope, body = value.split(b"\n", 5)
+        return cls(owner.decode(), int(state), int(seq), int(pos), scope.decode(), body, rev)
 
     @property
     def final(self) -> bool:
@@ -233,9 +236,9 @@ def _messages(
     return out
 
 
-def encode(owner: str, task: Task, seq: int, pos: int) -> bytes:
+def encode(owner: str, task: Task, seq: int, pos: int, scope: str) -> bytes:
     """A snapshot value (see the module docstring)."""
-    head = f"{owner}\n{task.status.state}\n{seq}\n{pos}\n".encode()
+    head = f"{owner}\n{task.status.state}\n{seq}\n{pos}\n{scope}\n".encode()
     return head + task.SerializeToString()
 
 
@@ -246,6 +249,7 @@ class _Snapshotted:
     rev: int
     seq: int
     state: int
+    scope: str
 
 
 class JetStreamJournal:
@@ -306,7 +310,7 @@ class JetStreamJournal:
         return Snapshot.decode(*entry) if entry is not None else None
 
     async def create(
-        self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True
+        self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True, scope: str = ""
     ) -> int:
         """Record the new task's first changes, then snapshot it.
 
@@ -320,7 +324,7 @@ class JetStreamJournal:
             StoreUnavailableError: NATS did not answer.
         """
         if not keep_frames and taskops.is_final(task):
-            value = encode(self._owner, task, changes[-1].seq, 0)
+            value = encode(self._owner, task, changes[-1].seq, 0, scope)
             try:
                 await self._write_snapshot(task.id, value, 0)
             except VersionConflictError:
@@ -334,25 +338,26 @@ class JetStreamJournal:
         except PartialWriteError as exc:
             # Snapshot what stands from the task as it was created (its first frame).
             initial = StreamResponse.FromString(changes[0].frame).task
-            await self._snapshot_new(initial, 1, 0)
+            await self._snapshot_new(initial, 1, 0, scope)
             raise exc from exc.__cause__
         if taskops.is_final(task):
             self._remember_final(task.id, version)
-        await self._snapshot_new(task, changes[-1].seq, version)
+        await self._snapshot_new(task, changes[-1].seq, version, scope)
         return version
 
-    async def _snapshot_new(self, task: Task, seq: int, pos: int) -> None:
+    async def _snapshot_new(self, task: Task, seq: int, pos: int, scope: str) -> None:
         """Write a new task's first snapshot (best effort: the record stands without it)."""
         try:
-            rev = await self._write_snapshot(task.id, encode(self._owner, task, seq, pos), 0)
+            value = encode(self._owner, task, seq, pos, scope)
+            rev = await self._write_snapshot(task.id, value, 0)
         except StoreError as exc:
             # Written at the task's next change (revision 0: the key is still new).
             logger.warning("could not snapshot new task %s: %s", task.id, exc)
             if not taskops.is_final(task):
-                self._snapshotted[task.id] = _Snapshotted(0, 0, -1)
+                self._snapshotted[task.id] = _Snapshotted(0, 0, -1, scope)
             return
         if not taskops.is_final(task):
-            self._snapshotted[task.id] = _Snapshotted(rev, seq, task.status.state)
+            self._snapshotted[task.id] = _Snapshotted(rev, seq, task.status.state, scope)
 
     async def update(self, task: Task, expected_version: int, changes: Sequence[Change]) -> int:
         """Record ``changes`` if nobody wrote the task since ``expected_version``.
@@ -381,8 +386,10 @@ class JetStreamJournal:
         found: builtins.list[tuple[int, Snapshot]] = []
         for value, revision in await self._scan():
             snap = Snapshot.decode(value, revision)
+            if snap.scope != query.scope:
+                continue  # another caller's task: not even decoded
             task = snap.task()
-            if query.matches(task.context_id, task.status.state, status_ns(task)):
+            if query.matches(task.context_id, task.status.state, status_ns(task), snap.scope):
                 found.append((revision, snap))
         snaps: dict[str, Snapshot] = {}
 
@@ -513,7 +520,7 @@ class JetStreamJournal:
         task, seq, pos = snap.task(), snap.seq, snap.pos
         if snap.final:
             self._remember_final(task_id, pos)
-            return RecordedTask(task, pos, snap.owner, seq)
+            return RecordedTask(task, pos, snap.owner, seq, snap.scope)
         index = taskops.index_artifacts(task)
         for entry in await self.entries(task_id, pos):
             if entry.seq <= seq:
@@ -530,7 +537,7 @@ class JetStreamJournal:
                 task, index = applied, taskops.index_artifacts(applied)
         if taskops.is_final(task):
             self._remember_final(task_id, pos)
-        return RecordedTask(task, pos, snap.owner, seq)
+        return RecordedTask(task, pos, snap.owner, seq, snap.scope)
 
     def _remember_final(self, task_id: str, pos: int) -> None:
         self._final[(task_id, pos)] = None
@@ -597,7 +604,7 @@ class JetStreamJournal:
             stored = await self.snapshot(task.id)
             if stored is None:
                 return  # its record is gone (retention)
-            known = _Snapshotted(stored.rev, stored.seq, stored.state)
+            known = _Snapshotted(stored.rev, stored.seq, stored.state, stored.scope)
         due = (
             force
             or final
@@ -607,7 +614,7 @@ class JetStreamJournal:
         )
         if due:
             # A survivor ending a lost owner's task records itself as its owner.
-            value = encode(self._owner, task, seq, pos)
+            value = encode(self._owner, task, seq, pos, known.scope)
             try:
                 known.rev = await self._write_snapshot(task.id, value, known.rev)
                 known.seq, known.state = seq, state

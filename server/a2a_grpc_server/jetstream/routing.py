@@ -30,7 +30,15 @@ from nats.aio.subscription import Subscription as NatsSubscription
 
 from ..callmeta import Caller
 from ..errors import OwnerTimeoutError, OwnerUnavailableError, ServerError
-from ..routed import ANSWER_MARGIN, ERROR, decode_error, default_wait, encode_error
+from ..routed import (
+    ANSWER_MARGIN,
+    ERROR,
+    decode_caller,
+    decode_error,
+    default_wait,
+    encode_caller,
+    encode_error,
+)
 from ..supervisor import TASK_PREFIX
 from .conn import CONTROL_SUBJECT
 
@@ -40,7 +48,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CALL_HEADERS = "A2a-Call-Headers"
-"""The caller's gRPC metadata, a JSON list of [key, value] pairs."""
+"""The caller's gRPC metadata, a JSON list of [key, value] pairs (credentials left out)."""
+CALLER = "A2a-Caller"
+"""Who called: a JSON list [principal name or null, tenant] (see ``routed.encode_caller``)."""
 TIMEOUT = "A2a-Timeout"
 """Seconds the asking instance waits for the answer (the client's deadline, or the default)."""
 
@@ -118,7 +128,8 @@ class Router:
         timeout = self._bound if call.timeout is None else call.timeout - ANSWER_MARGIN
         if timeout <= 0:
             raise OwnerTimeoutError("too little of the call's deadline is left to ask the owner")
-        headers = {CALL_HEADERS: json.dumps(call.headers), TIMEOUT: f"{timeout:.3f}"}
+        metadata, who = encode_caller(call)
+        headers = {CALL_HEADERS: metadata, CALLER: who, TIMEOUT: f"{timeout:.3f}"}
         try:
             msg = await self._nc.request(
                 control_subject(owner, op), payload, timeout=timeout, headers=headers
@@ -155,9 +166,8 @@ class Router:
         headers = msg.headers or {}
         received = asyncio.get_running_loop().time()
         try:
-            pairs = json.loads(headers.get(CALL_HEADERS, "[]"))
             timeout = float(headers.get(TIMEOUT, self._bound))
-            call = Caller(tuple((str(k), str(v)) for k, v in pairs), timeout)
+            call = decode_caller(headers.get(CALL_HEADERS, "[]"), headers.get(CALLER, ""), timeout)
             if timeout < ANSWER_MARGIN:
                 raise OwnerTimeoutError("the request reached the task's owner too late to act")
             reply, reply_headers = await serve(msg, call), None

@@ -78,12 +78,14 @@ class RecordedTask:
         owner: The id of the instance that runs the task (single-instance
             journals leave it empty).
         seq: The number, in the task's log, of the last change it includes.
+        scope: Whose task it is (see ``scope``): the key given to ``create``.
     """
 
     task: Task
     version: int
     owner: str = ""
     seq: int = 0
+    scope: str = ""
 
 
 class Change(NamedTuple):
@@ -114,6 +116,8 @@ class TaskQuery:
             many nanoseconds since the epoch (0 for any).
         page_size: Most tasks to return.
         page_token: The ``next_page_token`` of the previous page ("" for the first).
+        scope: Only tasks of this scope (see ``scope``; "" is the anonymous scope,
+            not "any").
     """
 
     context_id: str = ""
@@ -121,11 +125,13 @@ class TaskQuery:
     status_after_ns: int = 0
     page_size: int = 50
     page_token: str = ""
+    scope: str = ""
 
-    def matches(self, context_id: str, state: TaskState, status_ns: int) -> bool:
+    def matches(self, context_id: str, state: TaskState, status_ns: int, scope: str) -> bool:
         """Whether a task with these fields passes the filters."""
         return (
-            (not self.context_id or context_id == self.context_id)
+            scope == self.scope
+            and (not self.context_id or context_id == self.context_id)
             and self.state in (TaskState.TASK_STATE_UNSPECIFIED, state)
             and status_ns >= self.status_after_ns
         )
@@ -205,7 +211,8 @@ class TaskJournal(Protocol):
     greater one than the last (not necessarily the next integer: a shared
     journal may number writes across tasks).
 
-    Implementations MUST return copies (a caller mutating a returned task does
+    Implementations MUST keep the scope a task was created with through every
+    write (whoever writes), MUST return copies (a caller mutating a returned task does
     not change the journal), MUST keep a final task unchanged once written,
     MUST return with ``get`` the ``seq`` of the last change written, and MUST
     be safe to call from concurrent coroutines of one event loop.
@@ -226,9 +233,12 @@ class TaskJournal(Protocol):
         ...
 
     async def create(
-        self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True
+        self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True, scope: str = ""
     ) -> int:
         """Record a new task and return its version.
+
+        ``scope`` is whose task it is: recorded with it, never changed, returned
+        by ``get`` and filtered on by ``list``.
 
         ``changes`` start with the task itself (seq 1, its ``Task`` frame); any
         that follow were made before the first write; ``task`` is the task

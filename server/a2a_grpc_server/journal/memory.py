@@ -46,6 +46,7 @@ class _Entry:
     context_id: str
     state: TaskState
     status_ns: int
+    scope: str
 
 
 class MemoryJournal:
@@ -81,10 +82,10 @@ class MemoryJournal:
         entry = self._entries.get(task_id)
         if entry is None:
             return None
-        return RecordedTask(_copy(entry), entry.version, seq=entry.seq)
+        return RecordedTask(_copy(entry), entry.version, seq=entry.seq, scope=entry.scope)
 
     async def create(
-        self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True
+        self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True, scope: str = ""
     ) -> int:
         """Record a new task at version 1.
 
@@ -93,7 +94,7 @@ class MemoryJournal:
         """
         if task.id in self._entries:
             raise TaskExistsError(task.id)
-        self._put(task, 1, changes[-1].seq)
+        self._put(task, 1, changes[-1].seq, scope)
         self._prune()
         return 1
 
@@ -114,7 +115,7 @@ class MemoryJournal:
             raise VersionConflictError(
                 f"{task.id}: at {entry.version}, expected {expected_version}"
             )
-        self._put(task, expected_version + 1, changes[-1].seq)
+        self._put(task, expected_version + 1, changes[-1].seq, entry.scope)
         return expected_version + 1
 
     async def list(self, query: TaskQuery) -> TaskPage:
@@ -127,11 +128,11 @@ class MemoryJournal:
         found = [
             (e.rev, e)
             for e in self._entries.values()
-            if query.matches(e.context_id, e.state, e.status_ns)
+            if query.matches(e.context_id, e.state, e.status_ns, e.scope)
         ]
         return paginate(found, query, "r", _copy)
 
-    def _put(self, task: Task, version: int, seq: int) -> None:
+    def _put(self, task: Task, version: int, seq: int, scope: str) -> None:
         self._rev += 1
         state = task.status.state
         final = state in TERMINAL
@@ -151,6 +152,7 @@ class MemoryJournal:
             context_id=task.context_id,
             state=state,
             status_ns=status_ns(task),
+            scope=scope,
         )
         if final:
             self._final[task.id] = self._clock()

@@ -86,15 +86,21 @@ class PushService:
         """Tasks the journal dropped whose deliveries still run."""
         self.dispatcher.on_task_done = self._task_done
 
-    async def create(self, config: TaskPushNotificationConfig) -> TaskPushNotificationConfig:
+    async def create(
+        self, config: TaskPushNotificationConfig, scope: str
+    ) -> TaskPushNotificationConfig:
         """Keep a config for an existing task; its webhook gets every frame from now on.
 
+        Args:
+            config: The config (an id is assigned when it has none).
+            scope: The caller's scope (see ``scope``).
+
         Raises:
-            TaskNotFoundError: No such task.
+            TaskNotFoundError: No such task (or it is another scope's).
             PushConfigLimitError: The task has ``push_max_configs`` other configs.
         """
         engine = self._engine
-        recorded = await engine.recorded(config.task_id)
+        recorded = await engine.recorded(config.task_id, scope)
         if not config.id:
             config.id = new_id()
         live = engine.live_task(config.task_id)
@@ -166,36 +172,36 @@ class PushService:
         await self.store.put(config, self._most, after, cluster.instance_id if cluster else "")
         self.dispatcher.follow(live, config, after)
 
-    async def get(self, task_id: str, config_id: str) -> TaskPushNotificationConfig:
-        """One config of an existing task.
+    async def get(self, task_id: str, config_id: str, scope: str) -> TaskPushNotificationConfig:
+        """One config of an existing task of ``scope``.
 
         Raises:
-            TaskNotFoundError: No such task.
+            TaskNotFoundError: No such task (or it is another scope's).
             PushConfigNotFoundError: The task has no such config.
         """
-        await self._engine.recorded(task_id)
+        await self._engine.recorded(task_id, scope)
         config = await self.store.get(task_id, config_id)
         if config is None:
             raise PushConfigNotFoundError(task_id, config_id)
         return config
 
-    async def list(self, task_id: str, page_size: int, page_token: str) -> ConfigPage:
-        """One page of an existing task's configs, oldest first.
+    async def list(self, task_id: str, page_size: int, page_token: str, scope: str) -> ConfigPage:
+        """One page of the configs of an existing task of ``scope``, oldest first.
 
         Raises:
-            TaskNotFoundError: No such task.
+            TaskNotFoundError: No such task (or it is another scope's).
             InvalidFieldError: A page token this server did not issue.
         """
-        await self._engine.recorded(task_id)
+        await self._engine.recorded(task_id, scope)
         return await self.store.list(task_id, page_size, page_token)
 
-    async def delete(self, task_id: str, config_id: str) -> None:
-        """Forget a config and stop its delivery (no error if it does not exist).
+    async def delete(self, task_id: str, config_id: str, scope: str) -> None:
+        """Forget a config of a task of ``scope`` and stop its delivery (none: no error).
 
         Raises:
-            TaskNotFoundError: No such task.
+            TaskNotFoundError: No such task (or it is another scope's).
         """
-        await self._engine.recorded(task_id)
+        await self._engine.recorded(task_id, scope)
         self.dispatcher.stop(task_id, config_id)
         self._metrics.push_failing.discard((task_id, config_id))
         await self.store.delete(task_id, config_id)
