@@ -15,15 +15,15 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskUpdater
 from a2a.types import a2a_pb2_grpc
-from a2a.types.a2a_pb2 import GetTaskRequest, TaskState
+from a2a.types.a2a_pb2 import AgentCard, GetExtendedAgentCardRequest, GetTaskRequest, TaskState
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from a2a_grpc_server import A2AServer
+from a2a_grpc_server import A2AServer, A2AService
 from a2a_grpc_server.auth import ClientCertificate, TokenFile, TrustedHeader
 from a2a_grpc_server.tls import TlsFiles
 
 from .certs import Issued, issue
-from .harness import V1, rich_status, send_request
+from .harness import V1, expose, rich_status, send_request
 from .serveproc import refusal
 
 S = TaskState
@@ -117,13 +117,97 @@ def test_a_malformed_tokens_file_is_refused_saying_where(tmp_path: Path) -> None
         TokenFile(tmp_path / "missing")
 
 
-async def test_the_card_declares_the_bearer_scheme_it_enforces(tmp_path: Path) -> None:
+async def test_the_card_declares_the_scheme_it_enforces(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("alice:a\n")
     server = A2AServer(WhoAgent(), port=0, http_port=None, auth=TokenFile(tokens))
     card = server.service.card
     assert card.security_schemes["bearer"].http_auth_security_scheme.scheme == "Bearer"
     assert "bearer" in card.security_requirements[0].schemes
+    assert not card.capabilities.extended_agent_card
+    for auth, name, kind in (
+        (ClientCertificate(), "mtls", "mtls_security_scheme"),
+        (TrustedHeader("x-principal"), "mesh", "mtls_security_scheme"),
+    ):
+        card = A2AServer(WhoAgent(), port=0, http_port=None, auth=auth).service.card
+        assert card.security_schemes[name].WhichOneof("scheme") == kind
+        assert list(card.security_requirements[0].schemes) == [name]
+
+
+async def test_the_extended_card_is_for_authenticated_callers_only(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice:a-secret-1\n")
+    extended = AgentCard(name="extended", description="for callers we know")
+    server = A2AServer(
+        WhoAgent(),
+        host="127.0.0.1",
+        port=0,
+        http_port=None,
+        auth=TokenFile(tokens),
+        extended_card=extended,
+    )
+    assert server.service.card.capabilities.extended_agent_card
+    await server.start()
+    try:
+        async with (
+            asyncio.timeout(20),
+            grpc.aio.insecure_channel(server.grpc_address) as channel,
+        ):
+            stub = a2a_pb2_grpc.A2AServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.GetExtendedAgentCard(GetExtendedAgentCardRequest(), metadata=V1)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            got = await stub.GetExtendedAgentCard(
+                GetExtendedAgentCardRequest(), metadata=bearer("a-secret-1")
+            )
+            assert got.name == "extended"
+    finally:
+        await server.stop(grace=0)
+    # Embedded without an authenticator, nobody is authenticated: nobody gets it.
+    async with asyncio.timeout(20), serve_unguarded(extended) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.GetExtendedAgentCard(GetExtendedAgentCardRequest(), metadata=V1)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "authenticated callers" in (caught.value.details() or "")
+
+
+@contextlib.asynccontextmanager
+async def serve_unguarded(extended: AgentCard) -> AsyncIterator[a2a_pb2_grpc.A2AServiceStub]:
+    service = A2AService(WhoAgent(), extended_card=extended)
+    h = await expose(service)
+    try:
+        yield h.stub
+    finally:
+        await service.shutdown(grace=0)
+        await h.client.close()
+        await h.channel.close()
+        await h.server.stop(grace=None)
+
+
+def test_serve_refuses_an_extended_card_without_authentication_or_unreadable(
+    tmp_path: Path,
+) -> None:
+    card = tmp_path / "card.json"
+    card.write_text('{"name": "extended"}')
+    assert "is for authenticated callers" in refusal("--extended-card", str(card))
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice:a\n")
+    card.write_text('{"name": ')
+    said = refusal("--auth-tokens", str(tokens), "--extended-card", str(card))
+    assert "not a readable AgentCard" in said
+
+
+def test_quota_and_transport_flags_reach_the_settings() -> None:
+    from a2a_grpc_server.cli import build_parser
+    from a2a_grpc_server.settings import chosen
+
+    args = build_parser().parse_args(
+        ["serve", "--quota-streams", "7", "--grpc-max-connection-age", "1800"]
+    )
+    assert chosen(args, "quota_")["quota_streams"] == 7
+    assert chosen(args, "quota_")["quota_subscribers"] == 256  # the documented default
+    assert chosen(args, "grpc_")["grpc_max_connection_age"] == 1800.0
+    assert "must not be negative" in refusal("--quota-streams", "-1")
 
 
 async def test_the_client_certificate_names_the_caller(tmp_path: Path) -> None:

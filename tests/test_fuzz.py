@@ -69,6 +69,7 @@ from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from a2a_grpc_server import A2AService, ServerConfig, taskops
+from a2a_grpc_server.auth import Credentials, Principal
 from a2a_grpc_server.resume import RESUME_AFTER_KEY, URI
 from a2a_grpc_server.rpc import SERVICE
 
@@ -210,7 +211,14 @@ class Server:
 
 async def _start() -> Harness:
     service = A2AService(FuzzAgent(), config=CONFIG, extended_card=EXTENDED_CARD)
-    return await expose(service)
+    return await expose(service, auth=Everyone())
+
+
+class Everyone:
+    """Names every caller ``fuzz`` (the extended card is for authenticated callers)."""
+
+    def authenticate(self, credentials: Credentials) -> Principal:
+        return Principal("fuzz")
 
 
 async def _stop(h: Harness) -> None:

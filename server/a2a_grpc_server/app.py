@@ -23,14 +23,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from . import rpc
-from .auth import Authenticator, AuthInterceptor
+from .auth import Authenticator, AuthInterceptor, declared_scheme
 from .card import (
     WELL_KNOWN_PATH,
     default_card,
-    with_bearer_security,
     with_capabilities,
+    with_extended_card,
     with_extension,
     with_grpc_endpoint,
+    with_security,
 )
 from .config import ServerConfig
 from .engine import TaskEngine
@@ -101,7 +102,8 @@ class A2AService:
         config: Limits.
         journal: Where tasks are recorded; the cluster's, or in memory with
             ``config``'s retention, if None.
-        extended_card: Card for GetExtendedAgentCard, if any.
+        extended_card: Card GetExtendedAgentCard gives authenticated callers, if
+            any (the public card then says so in its capabilities).
         cluster: The cluster this instance joins at ``start()`` (None: alone).
     """
 
@@ -132,6 +134,8 @@ class A2AService:
             with_extension(card or default_card(), resume_extension(self.config.resume_window)),
             push_notifications=push,
         )
+        if extended_card is not None:
+            self.card = with_extended_card(self.card)
         self.cluster = cluster
         self.journal: TaskJournal
         if journal is not None:
@@ -203,7 +207,8 @@ class A2AServer:
         tls: Serve TLS (mTLS with a client CA) on both ports, certificates
             re-read when their files change (see ``tls``); None: plaintext.
         auth: Authenticate every A2A call with this (see ``auth``); the card
-            then declares a bearer scheme. None: every caller is anonymous.
+            then declares its scheme. None: every caller is anonymous.
+        extended_card: The card GetExtendedAgentCard gives authenticated callers.
     """
 
     def __init__(
@@ -219,15 +224,19 @@ class A2AServer:
         nats: NatsConfig | None = None,
         tls: TlsFiles | None = None,
         auth: Authenticator | None = None,
+        extended_card: AgentCard | None = None,
     ) -> None:
         if auth is not None:
-            card = with_bearer_security(card or default_card())
+            card = with_security(card or default_card(), *declared_scheme(auth))
         self._auth = auth
         self._executor, self._card, self._config, self._journal = executor, card, config, journal
+        self._extended_card = extended_card
         self._nats = nats
         self.certificates = CertificateWatch(tls) if tls is not None else None
         """The certificates served (None: plaintext)."""
-        self.service = A2AService(executor, card, config=config, journal=journal)
+        self.service = A2AService(
+            executor, card, config=config, journal=journal, extended_card=extended_card
+        )
         self._host, self._port, self._http_port = host, port, http_port
         self._grpc: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
@@ -260,6 +269,7 @@ class A2AServer:
                 config=self._config,
                 journal=self._journal,
                 cluster=cluster,
+                extended_card=self._extended_card,
             )
         try:
             await self.service.start()

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import grpc
 from a2a.auth.user import User
+from a2a.types.a2a_pb2 import HTTPAuthSecurityScheme, MutualTlsSecurityScheme, SecurityScheme
 
 from . import errors
 from .errors import ServerError
@@ -87,6 +88,28 @@ class Authenticator(Protocol):
             AuthenticationError: Saying what is missing or wrong (never the secret).
         """
         ...
+
+
+BEARER = SecurityScheme(http_auth_security_scheme=HTTPAuthSecurityScheme(scheme="Bearer"))
+MTLS = SecurityScheme(
+    mtls_security_scheme=MutualTlsSecurityScheme(
+        description="a client certificate signed by the server's client CA"
+    )
+)
+
+
+def declared_scheme(authenticator: Authenticator) -> tuple[str, SecurityScheme]:
+    """How the agent card names what ``authenticator`` checks.
+
+    An authenticator may say so itself with a ``card_scheme()`` method
+    returning (name, ``SecurityScheme``); one that does not is taken to check
+    bearer tokens.
+    """
+    declare = getattr(authenticator, "card_scheme", None)
+    if callable(declare):
+        name, scheme = declare()
+        return str(name), scheme
+    return "bearer", BEARER
 
 
 _principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
@@ -150,6 +173,10 @@ class TokenFile:
             raise AuthenticationError("the bearer token is not valid (unknown or revoked)")
         return found
 
+    def card_scheme(self) -> tuple[str, SecurityScheme]:
+        """Bearer tokens (see ``declared_scheme``)."""
+        return "bearer", BEARER
+
     def _reload(self) -> None:
         try:
             status = self._path.stat()
@@ -206,6 +233,10 @@ class ClientCertificate:
             "(mTLS) that has a SPIFFE ID or a common name"
         )
 
+    def card_scheme(self) -> tuple[str, SecurityScheme]:
+        """Mutual TLS (see ``declared_scheme``)."""
+        return "mtls", MTLS
+
 
 class TrustedHeader:
     """The principal is a header's value, set by a proxy that authenticated the caller.
@@ -226,6 +257,13 @@ class TrustedHeader:
         if not value:
             raise AuthenticationError(f"metadata {self._name!r} (set by the proxy) is missing")
         return Principal(value)
+
+    def card_scheme(self) -> tuple[str, SecurityScheme]:
+        """The mesh's mutual TLS, which the proxy checks (see ``declared_scheme``)."""
+        mesh = MutualTlsSecurityScheme(
+            description="authenticated by the service mesh in front of this server"
+        )
+        return "mesh", SecurityScheme(mtls_security_scheme=mesh)
 
 
 Behavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]

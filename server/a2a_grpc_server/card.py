@@ -12,7 +12,6 @@ from a2a.types.a2a_pb2 import (
     AgentExtension,
     AgentInterface,
     AgentSkill,
-    HTTPAuthSecurityScheme,
     SecurityScheme,
 )
 
@@ -66,16 +65,22 @@ def with_capabilities(card: AgentCard, *, push_notifications: bool) -> AgentCard
     return result
 
 
-def with_bearer_security(card: AgentCard) -> AgentCard:
-    """A copy of ``card`` saying that calls need a bearer token (what ``auth`` enforces)."""
+def with_security(card: AgentCard, name: str, scheme: SecurityScheme) -> AgentCard:
+    """A copy of ``card`` saying that every call needs ``scheme`` (what ``auth`` enforces)."""
     result = AgentCard()
     result.CopyFrom(card)
-    result.security_schemes["bearer"].CopyFrom(
-        SecurityScheme(http_auth_security_scheme=HTTPAuthSecurityScheme(scheme="Bearer"))
-    )
+    result.security_schemes[name].CopyFrom(scheme)
     del result.security_requirements[:]
     requirement = result.security_requirements.add()
-    requirement.schemes["bearer"].SetInParent()
+    requirement.schemes[name].SetInParent()
+    return result
+
+
+def with_extended_card(card: AgentCard) -> AgentCard:
+    """A copy of ``card`` saying that authenticated callers get an extended card."""
+    result = AgentCard()
+    result.CopyFrom(card)
+    result.capabilities.extended_agent_card = True
     return result
 
 

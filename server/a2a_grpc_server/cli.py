@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from a2a.server.agent_execution import AgentExecutor
 from a2a.types.a2a_pb2 import AgentCard
+from google.protobuf import json_format
 
 from .app import A2AServer
 from .auth import Authenticator, ClientCertificate, TokenFile, TrustedHeader
 from .config import ServerConfig
 from .jwtauth import JwtAuthenticator
+from .settings import add_flags, chosen
 from .tls import TlsFiles
 
 if TYPE_CHECKING:
@@ -125,6 +127,28 @@ def _authenticator(args: argparse.Namespace) -> Authenticator | None:
         raise SystemExit(str(exc)) from None
 
 
+def _extended_card(args: argparse.Namespace) -> AgentCard | None:
+    """The card ``--extended-card`` names (None: no extended card).
+
+    Raises:
+        SystemExit: The flag comes without authentication, or the file is not a card.
+    """
+    if not args.extended_card:
+        return None
+    if not (args.auth_tokens or args.auth_mtls or args.auth_trusted_header or args.auth_jwt_jwks):
+        raise SystemExit(
+            "--extended-card is for authenticated callers: add one of --auth-tokens, "
+            "--auth-mtls, --auth-trusted-header, --auth-jwt-jwks"
+        )
+    path = Path(args.extended_card)
+    try:
+        return json_format.Parse(path.read_text(), AgentCard(), ignore_unknown_fields=False)
+    except (OSError, json_format.ParseError) as exc:
+        raise SystemExit(
+            f"--extended-card {path}: not a readable AgentCard (JSON): {exc}"
+        ) from None
+
+
 def _tls_files(args: argparse.Namespace) -> TlsFiles | None:
     """The TLS files the flags name, checked (None: plaintext).
 
@@ -191,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--auth-jwt-claim", metavar="CLAIM", default="sub", help="the claim naming the caller"
     )
+    serve.add_argument(
+        "--extended-card",
+        metavar="FILE",
+        help="give authenticated callers this card (JSON AgentCard) from GetExtendedAgentCard",
+    )
+    add_flags(serve.add_argument_group("quotas per principal (0: none)"), "quota_")
+    add_flags(serve.add_argument_group("gRPC transport"), "grpc_")
     tls = serve.add_argument_group("transport security (both ports)")
     tls.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
     tls.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
@@ -265,6 +296,8 @@ async def serve(args: argparse.Namespace) -> None:
         push_allow_private=args.push_allow_private,
         push_allow_hosts=tuple(h.strip() for h in args.push_allow_hosts.split(",") if h.strip()),
         push_ca_file=args.push_ca_file,
+        **chosen(args, "quota_"),
+        **chosen(args, "grpc_"),
     )
     server = A2AServer(
         executor,
@@ -276,6 +309,7 @@ async def serve(args: argparse.Namespace) -> None:
         nats=_nats_config(args),
         tls=_tls_files(args),
         auth=_authenticator(args),
+        extended_card=_extended_card(args),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

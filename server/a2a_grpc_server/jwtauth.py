@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import jwt
+from a2a.types.a2a_pb2 import HTTPAuthSecurityScheme, SecurityScheme
 
 from .auth import AuthenticationError, Credentials, Principal
 
@@ -54,6 +55,11 @@ class JwtAuthenticator:
         self._read_at = 0.0
         if not self._is_url():
             self._use(self._read_file())
+
+    def card_scheme(self) -> tuple[str, SecurityScheme]:
+        """Bearer JWTs (see ``auth.declared_scheme``)."""
+        http = HTTPAuthSecurityScheme(scheme="Bearer", bearer_format="JWT")
+        return "bearer", SecurityScheme(http_auth_security_scheme=http)
 
     async def authenticate(self, credentials: Credentials) -> Principal:
         """The principal the call's verified JWT names."""

@@ -51,6 +51,7 @@ from google.protobuf.empty_pb2 import Empty
 from google.protobuf.message import Message as ProtoMessage
 
 from . import errors, resume, taskops, validation
+from .auth import AuthenticationError
 from .callmeta import EXTENSIONS_KEY, Caller, caller
 from .config import ServerConfig
 from .engine import TaskEngine
@@ -288,11 +289,16 @@ class RpcServicer:
     async def GetExtendedAgentCard(
         self, request: GetExtendedAgentCardRequest, context: Context
     ) -> AgentCard:
-        """Return the extended agent card, if one is configured."""
-        caller(context, "GetExtendedAgentCard")
+        """Return the extended agent card to an authenticated caller, if one is configured."""
+        call = caller(context, "GetExtendedAgentCard", request.tenant)
         if self._extended_card is None:
             raise ExtendedAgentCardNotConfiguredError(
                 "this agent has no extended agent card; use the public card"
+            )
+        if call.principal is None:
+            raise AuthenticationError(
+                "the extended agent card is for authenticated callers; this server "
+                "authenticates nobody, so it serves only the public card"
             )
         return self._extended_card
 
