@@ -13,11 +13,14 @@ from a2a.types.a2a_pb2 import (
     ListTasksRequest,
     StreamResponse,
     SubscribeToTaskRequest,
+    TaskPushNotificationConfig,
     TaskState,
 )
 
 from a2a_grpc_server import ServerConfig
 from a2a_grpc_server.app import grpc_options
+from a2a_grpc_server.auth import TokenFile
+from a2a_grpc_server.journal import StoreUnavailableError
 from a2a_grpc_server.resume import RESUME_AFTER_KEY
 
 from .agents import InputAgent, StepAgent
@@ -173,3 +176,41 @@ async def test_a_stream_cut_by_the_connection_age_limit_resumes_where_it_was() -
         updates = [f.artifact_update.artifact.artifact_id for f in frames + rest]
         artifacts = [artifact_id for artifact_id in updates if artifact_id]
         assert artifacts == ["step-0", "step-1", "step-2"]
+
+
+async def test_a_new_task_that_fails_before_its_run_gives_its_slot_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = ServerConfig(cancel_timeout=1.0, quota_live_tasks=1, push_allow_private=True)
+    async with asyncio.timeout(20), serve(InputAgent(), config, auth=tokens(tmp_path)) as h:
+        push = h.service.engine.push
+        assert push is not None
+
+        async def unavailable(*args: object, **kwargs: object) -> None:
+            raise StoreUnavailableError("push store down")  # (NATS down, in cluster mode)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(push.store, "put", unavailable)
+            request = send_request("hi")
+            request.configuration.task_push_notification_config.CopyFrom(
+                TaskPushNotificationConfig(url="http://127.0.0.1:9/hook")
+            )
+            failed = await error_of(h.stub.SendMessage(request, metadata=ALICE))
+            assert failed.code() == grpc.StatusCode.UNAVAILABLE
+        assert await count_tasks(h, ALICE) == 0
+        assert h.service.engine.live_count == 0, "nothing of the failed task is left"
+        await parked(h, ALICE)  # the quota's one slot is free
+
+
+async def test_over_long_tenants_and_principals_are_refused(tmp_path: Path) -> None:
+    names = tmp_path / "tokens"
+    names.write_text(f"{'p' * 257}:long-token\nalice:alice-token\n")
+    async with asyncio.timeout(20), serve(InputAgent(), auth=TokenFile(names)) as h:
+        long_tenant = send_request("hi")
+        long_tenant.tenant = "t" * 257
+        failed = await error_of(h.stub.SendMessage(long_tenant, metadata=ALICE))
+        assert failed.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "tenant" in (failed.details() or "")
+        long_name = (*ALICE[:-1], ("authorization", "Bearer long-token"))
+        failed = await error_of(h.stub.SendMessage(send_request("hi"), metadata=long_name))
+        assert failed.code() == grpc.StatusCode.UNAUTHENTICATED

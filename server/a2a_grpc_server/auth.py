@@ -44,6 +44,8 @@ from .errors import ServerError
 logger = logging.getLogger(__name__)
 
 SERVICE = "lf.a2a.v1.A2AService"
+MAX_PRINCIPAL_CHARS = 256
+"""Longest principal name (it is stored with every task of the principal)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +302,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             try:
                 named = authenticator.authenticate(Credentials(metadata, context.auth_context()))
                 principal = await named if inspect.isawaitable(named) else named
+                if not principal.name or len(principal.name) > MAX_PRINCIPAL_CHARS:
+                    raise AuthenticationError(
+                        f"the credentials name a principal of {len(principal.name)} characters; "
+                        f"this server takes 1 to {MAX_PRINCIPAL_CHARS}"
+                    )
             except AuthenticationError as exc:
                 await errors.abort(context, exc)
             token = _principal.set(principal)

@@ -23,13 +23,15 @@ from a2a.server.id_generator import UUIDGenerator
 from a2a.utils.errors import VersionNotSupportedError
 
 from .auth import Principal, PrincipalUser, current_principal
-from .errors import quote
+from .errors import InvalidFieldError, quote
 from .scope import scope_key
 
 VERSION_KEY = "a2a-version"
 EXTENSIONS_KEY = "a2a-extensions"
 SERVED_VERSION = "1.0"
 LEGACY_VERSION = "0.3"
+MAX_TENANT_CHARS = 256
+"""Longest ``tenant`` a request may name (it is stored with every task of the tenant)."""
 V1_ONLY_METHODS = frozenset({"ListTasks"})
 """RPCs that did not exist in 0.3: a 0.3 client cannot mean them."""
 
@@ -104,6 +106,7 @@ def caller(
     Raises:
         VersionNotSupportedError: The client asked for a version this server
             does not serve, or for a 1.0-only RPC as a 0.3 client.
+        InvalidFieldError: ``tenant`` is longer than ``MAX_TENANT_CHARS``.
     """
     headers = tuple(
         (key, value if isinstance(value, str) else value.decode())
@@ -115,6 +118,8 @@ def caller(
         if key == VERSION_KEY:
             version = value  # a repeated key: the last one counts
     _check_version(version.strip() or LEGACY_VERSION, method)
+    if len(tenant) > MAX_TENANT_CHARS:
+        raise InvalidFieldError("tenant", f"is longer than {MAX_TENANT_CHARS} characters")
     return Caller(headers, context.time_remaining(), current_principal(), tenant)
 
 

@@ -87,13 +87,15 @@ class ServerConfig:
             new task is refused (RESOURCE_EXHAUSTED, LIVE_TASKS_QUOTA). 0: no quota.
         quota_parked_tasks: Most tasks of one principal waiting for input
             (INPUT_REQUIRED, AUTH_REQUIRED) on this instance; over it a new task
-            is refused (PARKED_TASKS_QUOTA). 0: no quota.
+            is refused (PARKED_TASKS_QUOTA). In cluster mode a waiting task that
+            left memory (``parked_timeout``) no longer counts. 0: no quota.
         quota_streams: Most open streams (SendStreamingMessage, SubscribeToTask)
             of one principal on this instance; over it a new stream is refused
             (STREAMS_QUOTA). 0: no quota.
-        quota_subscribers: Most SubscribeToTask streams of one task on this
-            instance; over it a new subscription is refused
-            (SUBSCRIBERS_QUOTA). 0: no quota.
+        quota_subscribers: Most streams reading one task on this instance
+            (its SendStreamingMessage stream and resumed streams included);
+            over it a new SubscribeToTask is refused (SUBSCRIBERS_QUOTA). 0:
+            no quota.
         grpc_max_concurrent_streams: Most calls in flight on one client
             connection (HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS``); the client
             queues the others.

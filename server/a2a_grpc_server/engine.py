@@ -266,6 +266,7 @@ class TaskEngine:
             principal = call.principal.name if call.principal is not None else ""
             self.quotas.check_new_task(principal, self.parking.count_of(principal))
             live = self._new_task(message, call.scope)
+        snapshot, reader = None, None
         try:
             if resumable:
                 live.log.make_resumable()
@@ -298,9 +299,23 @@ class TaskEngine:
             )
             start_seq = live.log.last_seq
             run = self._spawn(live, context)
+        except BaseException:
+            if reader is not None:
+                reader.close()
+            if not follow_up:
+                self._abandon(live)
+            raise
         finally:
             live.admitting = False
         return Started(live, snapshot, reader, start_seq, run)
+
+    def _abandon(self, live: LiveTask) -> None:
+        """Forget a new task whose run never started (nothing of it was recorded)."""
+        self._drop(live)
+        if self.push is not None:
+            self.push.detach(live.task_id)
+            self.push.forget(live.task_id)
+        live.log.release()
 
     def _new_task(self, message: Message, scope: str) -> LiveTask:
         self.parking.make_room()
@@ -483,12 +498,17 @@ class TaskEngine:
         try:
             if live is None:
                 raise LogClosedError(task_id)
-            self.quotas.check_subscribers(live.log.readers)
+            self.quotas.check_subscribers(live.log.readers)  # before the lock's wait
             if resumable:
                 live.log.make_resumable()
             snapshot, reader = await live.subscribe()
         except LogClosedError:
             raise ended(found.task) from None
+        try:
+            self.quotas.check_subscribers(reader.followers - 1)  # others came meanwhile
+        except BaseException:
+            reader.close()
+            raise
         return snapshot or found.task, reader
 
     async def recheck_ownership(self) -> int:

@@ -171,8 +171,8 @@ class ParkingLot:
             self._timer = None
 
     def _leave(self, live: LiveTask) -> bool:
-        if live.log.readers or live.log.closed:
-            return False
+        if live.log.readers or live.log.closed or live.admitting:
+            return False  # read, ended, or a follow-up is being admitted
         self._parked.pop(live.task_id, None)
         if not self._durable:
             self._held.add(live.task_id)

@@ -13,8 +13,8 @@ routed to the task's owner (see ``cluster``). Whatever carries it (NATS in
   field an invalid-parameter error names;
 * the caller crosses as its principal and tenant (``encode_caller``), so the
   owner checks the same scope (see ``scope``) and its executor sees the same
-  user; credentials (the ``authorization`` header) never leave the instance
-  the client called, which already checked them.
+  user; credentials (``CREDENTIALS``: the ``authorization`` header and the
+  like) never leave the instance the client called, which already checked them.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ ERRORS: dict[str, type[Exception]] = {
 its class's MRO, else as ``InternalError``."""
 
 
-CREDENTIALS = frozenset({"authorization"})
-"""Metadata keys that are not sent to the owner."""
+CREDENTIALS = frozenset({"authorization", "proxy-authorization", "cookie", "x-api-key"})
+"""Metadata keys that are not sent to the owner (credentials, checked where they arrived)."""
 
 
 def encode_caller(call: Caller) -> tuple[str, str]:

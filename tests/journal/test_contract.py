@@ -9,7 +9,7 @@ from a2a.types.a2a_pb2 import Part, Role, StreamResponse, Task, TaskState
 
 from a2a_grpc_server import taskops
 from a2a_grpc_server.jetstream.conn import EVENTS_STREAM, TASKS_BUCKET, NatsConfig, connect
-from a2a_grpc_server.jetstream.journal import JetStreamJournal
+from a2a_grpc_server.jetstream.journal import JetStreamJournal, Snapshot, encode
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
 from a2a_grpc_server.journal import (
     Change,
@@ -22,6 +22,7 @@ from a2a_grpc_server.journal import (
     VersionConflictError,
 )
 from a2a_grpc_server.journal.memory import MemoryJournal
+from a2a_grpc_server.scope import scope_key
 from tests import natsserver
 
 S = TaskState
@@ -259,3 +260,34 @@ async def test_a_task_updated_in_place_lists_by_its_new_state_time_and_recency(
     assert [t.id for t in later.tasks] == ["a"]
     submitted = await journal.list(TaskQuery(state=S.TASK_STATE_SUBMITTED))
     assert [t.id for t in submitted.tasks] == ["b"]
+
+
+async def test_the_scope_a_task_was_created_with_stays_through_every_write(
+    journal: TaskJournal,
+) -> None:
+    mine = task("a")
+    version = await journal.create(mine, [change(1, mine)], scope='["t","alice"]')
+    await journal.create(task("b"), [change(1, task("b"))])
+    for seq in range(2, 7):  # past a snapshot (every 4 changes on NATS)
+        mine.status.state = S.TASK_STATE_WORKING
+        version = await journal.update(mine, version, [change(seq, mine)])
+    mine.status.state = S.TASK_STATE_COMPLETED
+    await journal.update(mine, version, [change(7, mine)])
+    got = await journal.get("a")
+    assert got is not None and got.scope == '["t","alice"]'
+    other = await journal.get("b")
+    assert other is not None and other.scope == ""
+    listed = await journal.list(TaskQuery(scope='["t","alice"]'))
+    assert ([t.id for t in listed.tasks], listed.total_size) == (["a"], 1)
+    anonymous = await journal.list(TaskQuery())
+    assert ([t.id for t in anonymous.tasks], anonymous.total_size) == (["b"], 1)
+
+
+def test_a_snapshot_written_before_scopes_existed_reads_as_the_anonymous_scope() -> None:
+    old = b"instance-1\n2\n5\n17\n" + task("a").SerializeToString()
+    snap = Snapshot.decode(old, 3)
+    assert (snap.owner, snap.seq, snap.pos, snap.scope) == ("instance-1", 5, 17, "")
+    assert snap.task().id == "a"
+    scope = scope_key("", "a name\nwith a newline")  # a scope is always one line
+    new = Snapshot.decode(encode("i", task("b"), 1, 0, scope), 4)
+    assert (new.scope, new.task().id) == (scope, "b")

@@ -31,8 +31,10 @@ journal, and every journal remembers the final versions it has seen
 compare-and-set fails on a final change gets the same.
 
 Snapshots: KV bucket ``A2A_TASKS``, one key per task, value: owner, state,
-seq, stream sequence and scope (whose task it is, see ``scope``; a one-line
-key), each ended by a newline, then the ``Task``; written
+seq, stream sequence and ``s:`` with the scope (whose task it is, see
+``scope``; a one-line key), each ended by a newline, then the ``Task`` (a
+value written before scopes existed has no scope line: the anonymous scope;
+a serialized ``Task`` never starts with ``s``); written
 right after the task's first changes are in the stream, when its state
 changes, every ``snapshot_every`` changes, and when it ends (each a
 compare-and-set on the key's revision). Reading a task is its
@@ -188,8 +190,11 @@ class Snapshot:
     @classmethod
     def decode(cls, value: bytes, rev: int) -> Snapshot:
         """Parse a stored value."""
-        owner, state, seq, pos, scope, body = value.split(b"\n", 5)
-        return cls(owner.decode(), int(state), int(seq), int(pos), scope.decode(), body, rev)
+        owner, state, seq, pos, rest = value.split(b"\n", 4)
+        scope = b""
+        if rest.startswith(SCOPE_MARK):
+            scope, rest = rest[len(SCOPE_MARK) :].split(b"\n", 1)
+        return cls(owner.decode(), int(state), int(seq), int(pos), scope.decode(), rest, rev)
 
     @property
     def final(self) -> bool:
@@ -236,9 +241,13 @@ def _messages(
     return out
 
 
+SCOPE_MARK = b"s:"
+"""Starts a snapshot's scope line (see the module docstring)."""
+
+
 def encode(owner: str, task: Task, seq: int, pos: int, scope: str) -> bytes:
     """A snapshot value (see the module docstring)."""
-    head = f"{owner}\n{task.status.state}\n{seq}\n{pos}\n{scope}\n".encode()
+    head = f"{owner}\n{task.status.state}\n{seq}\n{pos}\ns:{scope}\n".encode()
     return head + task.SerializeToString()
 
 
