@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
 import json
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
 
 from a2a_grpc_server import A2AServer
-from a2a_grpc_server.jwtauth import JwtAuthenticator
+from a2a_grpc_server.jwtauth import REFRESH_EVERY, JwtAuthenticator
 
 from .harness import V1, rich_status, send_request
 from .test_auth import WhoAgent
@@ -41,7 +43,9 @@ def token(key: ec.EllipticCurvePrivateKey, kid: str, **claims: Any) -> str:
 
 
 @contextlib.asynccontextmanager
-async def jwt_server(agent: WhoAgent, jwks: Path) -> AsyncIterator[a2a_pb2_grpc.A2AServiceStub]:
+async def jwt_server(
+    agent: WhoAgent, jwks: Path | str
+) -> AsyncIterator[a2a_pb2_grpc.A2AServiceStub]:
     auth = JwtAuthenticator(str(jwks), ISSUER, AUDIENCE)
     server = A2AServer(agent, host="127.0.0.1", port=0, http_port=None, auth=auth)
     await server.start()
@@ -102,3 +106,50 @@ def test_a_jwks_without_a_usable_key_is_refused(tmp_path: Path) -> None:
         JwtAuthenticator(str(jwks), ISSUER, AUDIENCE)
     with pytest.raises(ValueError, match="cannot be read"):
         JwtAuthenticator(str(tmp_path / "missing.json"), ISSUER, AUDIENCE)
+
+
+@contextlib.contextmanager
+def jwks_endpoint(document: dict[str, Any]) -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server on 127.0.0.1 serving ``document`` at /jwks; yields its URL and the paths
+    of the requests it received."""
+    seen: list[str] = []
+    body = json.dumps(document).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/jwks", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+async def test_a_jwks_url_is_fetched_and_not_hammered_by_unknown_key_ids() -> None:
+    key, public = keypair("k1")
+    stranger, _ = keypair("k9")
+    agent = WhoAgent()
+    with jwks_endpoint({"keys": [public]}) as (url, seen):
+        async with asyncio.timeout(20), jwt_server(agent, url) as stub:
+            await call(stub, token(key, "k1"))
+            assert seen == ["/jwks"], "read at the first call"
+            for _ in range(5):  # a flood of tokens naming keys the JWKS lacks
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await call(stub, token(stranger, "k9"))
+                assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert len(seen) == 1, f"read again at most once per {REFRESH_EVERY} s"
+            await call(stub, token(key, "k1"))
+    assert agent.users == [("alice", True), ("alice", True)]
