@@ -21,6 +21,14 @@ from a2a.types.a2a_pb2 import AgentCard
 from google.protobuf import json_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    generate_latest,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 
 from . import rpc
 from .auth import Authenticator, AuthInterceptor, declared_scheme
@@ -33,6 +41,7 @@ from .card import (
     with_grpc_endpoint,
     with_security,
 )
+from .collector import A2ACollector
 from .config import ServerConfig
 from .engine import TaskEngine
 from .http import Fixed, HttpServer, Live, Route
@@ -42,6 +51,7 @@ from .metrics import Metrics
 from .push.service import PushService
 from .resume import extension as resume_extension
 from .rpc import RpcServicer
+from .rpcmetrics import MetricsInterceptor, RpcMetrics
 from .tls import CertificateWatch, TlsFiles, is_loopback
 
 if TYPE_CHECKING:
@@ -145,6 +155,8 @@ class A2AService:
         else:
             self.journal = MemoryJournal(self.config.max_final_tasks, self.config.final_task_ttl)
         self.metrics = Metrics()
+        self.rpc_metrics = RpcMetrics()
+        """Per-RPC counts, kept by ``metrics_interceptor()`` on the server it is added to."""
         self.engine = TaskEngine(executor, self.journal, self.config, self.metrics, cluster=cluster)
         if push:
             store = cluster.push_store if cluster is not None else None
@@ -164,6 +176,14 @@ class A2AService:
         await self.engine.wait_idle()
         if self.cluster is not None:
             await self.cluster.wait_idle()
+
+    def collector(self) -> A2ACollector:
+        """This service's metrics, for a ``prometheus_client`` registry (see ``collector``)."""
+        return A2ACollector(self.metrics, self.rpc_metrics)
+
+    def metrics_interceptor(self) -> MetricsInterceptor:
+        """The interceptor that counts every call (first among the server's interceptors)."""
+        return MetricsInterceptor(self.rpc_metrics)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the A2A servicer on ``server`` (made with ``grpc_options(config)``)."""
@@ -190,6 +210,16 @@ class A2AService:
         )
         if self.cluster is not None:
             await self.cluster.leave()
+
+
+def metrics_registry(service: A2AService) -> CollectorRegistry:
+    """A registry of ``service``'s metrics and this process's (CPU, memory, GC, Python)."""
+    registry = CollectorRegistry()
+    registry.register(service.collector())
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
 
 
 class A2AServer:
@@ -243,6 +273,8 @@ class A2AServer:
         self._http: HttpServer | None = None
         self.grpc_port = 0
         self.http_port: int | None = None
+        self.registry: CollectorRegistry | None = None
+        """What ``/metrics`` serves (after ``start``; None without an HTTP port)."""
 
     @property
     def grpc_address(self) -> str:
@@ -288,7 +320,10 @@ class A2AServer:
                 # Without this a second server silently shares the port.
                 ("grpc.so_reuseport", 0),
             ],
-            interceptors=[AuthInterceptor(self._auth)] if self._auth is not None else None,
+            interceptors=[
+                self.service.metrics_interceptor(),
+                *([AuthInterceptor(self._auth)] if self._auth is not None else []),
+            ],
         )
         self.service.add_to_server(server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -315,14 +350,12 @@ class A2AServer:
         self._grpc = server
         card = with_grpc_endpoint(self.service.card, self.grpc_address)
         if self._http_port is not None:
-            metrics = self.service.metrics
+            registry = self.registry = metrics_registry(self.service)
             routes: dict[str, Route] = {
                 WELL_KNOWN_PATH: Fixed(
                     json_format.MessageToJson(card, indent=2).encode(), "application/json"
                 ),
-                "/metrics": Live(
-                    lambda: metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8"
-                ),
+                "/metrics": Live(lambda: generate_latest(registry), CONTENT_TYPE_LATEST),
             }
             self._http = HttpServer(
                 routes,

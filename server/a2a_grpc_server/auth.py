@@ -40,6 +40,7 @@ from a2a.types.a2a_pb2 import HTTPAuthSecurityScheme, MutualTlsSecurityScheme, S
 
 from . import errors
 from .errors import ServerError
+from .intercept import Behavior, HandlerWraps
 
 logger = logging.getLogger(__name__)
 
@@ -268,14 +269,12 @@ class TrustedHeader:
         return "mesh", SecurityScheme(mtls_security_scheme=mesh)
 
 
-Behavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
-
-
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Authenticates every call to the A2A service (see the module docstring)."""
 
     def __init__(self, authenticator: Authenticator) -> None:
         self._authenticator = authenticator
+        self._wraps = HandlerWraps(lambda method, kind, behavior: self._authenticated(behavior))
 
     async def intercept_service(
         self,
@@ -287,7 +286,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method: str = details.method  # type: ignore[attr-defined]
         if handler is None or not method.startswith(f"/{SERVICE}/"):
             return handler
-        return _wrapped(handler, self._authenticated)
+        return self._wraps.get(method, handler)
 
     def _authenticated(self, behavior: Behavior) -> Behavior:
         """``behavior``, run as the caller's principal once the authenticator named it."""
@@ -316,22 +315,3 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 _principal.reset(token)
 
         return run
-
-
-def _wrapped(handler: Any, wrap: Callable[[Behavior], Behavior]) -> Any:
-    """``handler`` (a ``grpc.RpcMethodHandler``) with its behavior wrapped.
-
-    The A2A service's RPCs are unary-unary and unary-stream.
-    """
-    make: Any
-    if handler.unary_unary is not None:
-        make, behavior = grpc.unary_unary_rpc_method_handler, handler.unary_unary
-    elif handler.unary_stream is not None:
-        make, behavior = grpc.unary_stream_rpc_method_handler, handler.unary_stream
-    else:
-        return handler
-    return make(
-        wrap(behavior),
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )

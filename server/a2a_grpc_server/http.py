@@ -1,27 +1,35 @@
-"""A small HTTP/1.1 server for the few documents beside the gRPC service.
+"""The HTTP side beside the gRPC service, on aiohttp: the agent card and the metrics.
 
 Serves GET/HEAD of fixed paths: the agent card at
 ``/.well-known/agent-card.json`` (``Cache-Control``, ``Last-Modified``,
 ``ETag``; 304 on ``If-None-Match`` / ``If-Modified-Since``) and the metrics
-at ``/metrics`` (never cached). Anything else is 404; one request per
-connection; a client gets 10 s to send its request head.
+at ``/metrics`` (never cached). Anything else is 404, other methods 405.
 
-Who runs what: ``asyncio.start_server`` runs one task per connection;
-``stop()`` closes the listener and cancels the connection tasks.
+Bounds: at most ``MAX_CONNECTIONS`` connections (more are closed at once); a
+connection gets ``REQUEST_TIMEOUT`` seconds to send its first request head
+and may stay idle that long between requests; request lines and headers are
+limited by aiohttp (8 KiB each, 128 headers: 400 past them); no request may
+carry a body. A slow or oversized request costs its own connection only.
+
+Who runs what: aiohttp runs one task per connection on the server's event
+loop; ``stop()`` closes the listener and the open connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import hashlib
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from email.utils import formatdate, parsedate_to_datetime
+from typing import Any
 
-MAX_REQUEST_HEAD = 16 * 1024
+from aiohttp import web
+
+MAX_CONNECTIONS = 256
 REQUEST_TIMEOUT = 10.0
 
 
@@ -43,6 +51,7 @@ class Live:
 
 
 Route = Fixed | Live
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class HttpServer:
@@ -53,6 +62,9 @@ class HttpServer:
         host: Address to bind.
         port: Port to bind (0 for any free port).
         tls: Serve https with this context.
+        max_connections: Most connections open at once.
+        request_timeout: Seconds a connection gets for its first request head,
+            and may stay idle between requests.
     """
 
     def __init__(
@@ -62,18 +74,20 @@ class HttpServer:
         port: int,
         *,
         tls: ssl.SSLContext | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        request_timeout: float = REQUEST_TIMEOUT,
     ) -> None:
-        self._routes = routes
-        self._tls = tls
-        self._etags = {
-            path: '"' + hashlib.sha256(doc.body).hexdigest()[:32] + '"'
-            for path, doc in routes.items()
-            if isinstance(doc, Fixed)
-        }
+        self._host, self._port, self._tls = host, port, tls
+        self._most, self._timeout = max_connections, request_timeout
         self._modified = int(time.time())
-        self._host, self._port = host, port
+        app = web.Application(client_max_size=1024, middlewares=[self._started])
+        for path, doc in routes.items():
+            app.router.add_get(path, self._fixed(doc) if isinstance(doc, Fixed) else _live(doc))
+        self._runner = web.AppRunner(
+            app, access_log=None, keepalive_timeout=request_timeout, handle_signals=False
+        )
         self._server: asyncio.Server | None = None
-        self._clients: set[asyncio.Task[None]] = set()
+        self._connections: dict[asyncio.BaseTransport, asyncio.TimerHandle | None] = {}
 
     @property
     def port(self) -> int:
@@ -88,98 +102,136 @@ class HttpServer:
         Raises:
             OSError: The address could not be bound.
         """
-        self._server = await asyncio.start_server(
-            self._serve, self._host, self._port, ssl=self._tls
-        )
+        await self._runner.setup()
+        loop = asyncio.get_running_loop()
+        try:
+            self._server = await loop.create_server(
+                self._protocol, self._host, self._port, ssl=self._tls
+            )
+        except OSError:
+            await self._runner.cleanup()
+            raise
 
     async def stop(self) -> None:
         """Stop listening and end open connections."""
         if self._server is None:
             return
         self._server.close()
-        for task in list(self._clients):
-            task.cancel()
-        await asyncio.gather(*self._clients, return_exceptions=True)
-        await self._server.wait_closed()
+        await self._runner.shutdown()
+        for transport in list(self._connections):
+            transport.close()
+        await self._runner.cleanup()
+        with contextlib.suppress(TimeoutError):  # a TLS peer that never answers the close
+            async with asyncio.timeout(1.0):
+                await self._server.wait_closed()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._clients.add(task)
-        try:
-            async with asyncio.timeout(REQUEST_TIMEOUT):
-                head = await reader.readuntil(b"\r\n\r\n")
-            if len(head) > MAX_REQUEST_HEAD:
-                return
-            writer.write(self._respond(head.decode("latin-1")))
-            await writer.drain()
-        except (
-            TimeoutError,
-            asyncio.IncompleteReadError,
-            asyncio.LimitOverrunError,
-            ConnectionError,
-        ):
-            pass  # a client that sends garbage or nothing just loses its connection
-        finally:
-            self._clients.discard(task)
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+    def _protocol(self) -> asyncio.BaseProtocol:
+        """A connection's protocol: aiohttp's, bounded (see the module docstring)."""
+        handler: Any = self._runner.server
+        assert handler is not None
+        return _Bounded(handler(), self._connections, self._most, self._timeout)
 
-    def _respond(self, head: str) -> bytes:
-        lines = head.split("\r\n")
-        method, _, rest = lines[0].partition(" ")
-        path = rest.split(" ", 1)[0].split("?", 1)[0]
-        headers = {
-            k.strip().lower(): v.strip()
-            for k, _, v in (line.partition(":") for line in lines[1:] if line)
-        }
-        doc = self._routes.get(path)
-        if doc is None:
-            return _response(404, b"not found\n", "text/plain")
-        if method not in ("GET", "HEAD"):
-            return _response(405, b"method not allowed\n", "text/plain", {"Allow": "GET, HEAD"})
-        if isinstance(doc, Live):
-            body = doc.render()
-            extra = {"Cache-Control": "no-store"}
-            return _response(200, body, doc.content_type, extra, head_only=method == "HEAD")
-        etag = self._etags[path]
-        cache = {
-            "Cache-Control": f"public, max-age={doc.max_age}",
-            "Last-Modified": email.utils.formatdate(self._modified, usegmt=True),
-            "ETag": etag,
-        }
-        if headers.get("if-none-match") == etag or self._not_modified_since(headers):
-            return _response(304, b"", None, cache)
-        return _response(200, doc.body, doc.content_type, cache, head_only=method == "HEAD")
+    @web.middleware
+    async def _started(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """A request head arrived in time: its connection's first-request deadline is off."""
+        timer = self._connections.get(request.transport) if request.transport else None
+        if timer is not None:
+            timer.cancel()
+            self._connections[request.transport] = None  # type: ignore[index]
+        return await handler(request)
 
-    def _not_modified_since(self, headers: dict[str, str]) -> bool:
-        since = headers.get("if-modified-since")
-        if not since or "if-none-match" in headers:
-            return False
-        try:
-            parsed = email.utils.parsedate_to_datetime(since)
-        except (TypeError, ValueError):
-            return False
-        return int(parsed.timestamp()) >= self._modified
+    def _fixed(self, doc: Fixed) -> Handler:
+        etag = '"' + hashlib.sha256(doc.body).hexdigest()[:32] + '"'
+        modified = self._modified
+
+        async def serve(request: web.Request) -> web.StreamResponse:
+            headers = {
+                "Cache-Control": f"public, max-age={doc.max_age}",
+                "Last-Modified": formatdate(modified, usegmt=True),
+                "ETag": etag,
+            }
+            if request.headers.get("If-None-Match") == etag or _not_modified_since(
+                request, modified
+            ):
+                return web.Response(status=304, headers=headers)
+            return web.Response(body=doc.body, content_type=_mime(doc), headers=headers)
+
+        return serve
 
 
-_REASONS = {200: "OK", 304: "Not Modified", 404: "Not Found", 405: "Method Not Allowed"}
+def _live(doc: Live) -> Handler:
+    async def serve(request: web.Request) -> web.StreamResponse:
+        headers = {"Cache-Control": "no-store", "Content-Type": doc.content_type}
+        return web.Response(body=doc.render(), headers=headers)
+
+    return serve
 
 
-def _response(
-    status: int,
-    body: bytes,
-    content_type: str | None,
-    extra: dict[str, str] | None = None,
-    *,
-    head_only: bool = False,
-) -> bytes:
-    lines = [f"HTTP/1.1 {status} {_REASONS[status]}", "Connection: close"]
-    if content_type:
-        lines.append(f"Content-Type: {content_type}")
-    if status != 304:
-        lines.append(f"Content-Length: {len(body)}")
-    lines.extend(f"{k}: {v}" for k, v in (extra or {}).items())
-    payload = b"" if head_only or status == 304 else body
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload
+def _mime(doc: Fixed) -> str:
+    return doc.content_type.split(";", 1)[0]
+
+
+def _not_modified_since(request: web.Request, modified: int) -> bool:
+    since = request.headers.get("If-Modified-Since")
+    if not since or "If-None-Match" in request.headers:
+        return False
+    try:
+        return int(parsedate_to_datetime(since).timestamp()) >= modified
+    except (TypeError, ValueError):
+        return False
+
+
+class _Bounded(asyncio.Protocol):
+    """aiohttp's protocol of one connection, behind the connection bounds.
+
+    Args:
+        inner: aiohttp's protocol.
+        connections: The open connections, each with its first-request deadline.
+        most: Most connections open at once.
+        timeout: Seconds for the first request head.
+    """
+
+    def __init__(
+        self,
+        inner: Any,
+        connections: dict[asyncio.BaseTransport, asyncio.TimerHandle | None],
+        most: int,
+        timeout: float,
+    ) -> None:
+        self._inner: Any = inner
+        self._connections = connections
+        self._most, self._timeout = most, timeout
+        self._transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if len(self._connections) >= self._most:
+            self._inner = None  # aiohttp never sees it
+            transport.close()
+            return
+        self._transport = transport
+        loop = asyncio.get_running_loop()
+        self._connections[transport] = loop.call_later(self._timeout, transport.close)
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is not None:
+            self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received() if self._inner is not None else None  # type: ignore[no-any-return]
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._transport is not None:
+            timer = self._connections.pop(self._transport, None)
+            if timer is not None:
+                timer.cancel()
+        if self._inner is not None:
+            self._inner.connection_lost(exc)
