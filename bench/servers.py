@@ -1,6 +1,9 @@
 """Start one server under test in this process: ``python -m bench.servers KIND``.
 
-KIND is ``ours`` (A2AService, in-memory), ``ours-nats`` (A2AService joined to
+KIND is ``ours`` (A2AService, in-memory, on a grpc.aio server made as
+``a2a-grpc-server serve`` makes it: ``grpc_options`` and the per-RPC metrics
+interceptor), ``ours-bare`` (the same without the interceptor: its cost is
+the difference), ``ours-nats`` (A2AService joined to
 the NATS given by ``--nats``), ``sdk`` (a2a-sdk 1.3.0: ``GrpcHandler`` over
 ``DefaultRequestHandler`` and ``InMemoryTaskStore``, the same agent) or
 ``raw`` (``bench.raw``). Each binds 127.0.0.1 on a free port, prints
@@ -28,13 +31,13 @@ from a2a.server.tasks import (
 )
 from a2a.types import a2a_pb2_grpc
 
-from a2a_grpc_server import A2AService, ServerConfig
+from a2a_grpc_server import A2AService, ServerConfig, grpc_options
 from a2a_grpc_server.card import default_card
 
 from .agents import Workload
 from .raw import RawServicer
 
-KINDS = ("ours", "ours-nats", "sdk", "raw")
+KINDS = ("ours", "ours-bare", "ours-nats", "sdk", "raw")
 
 
 async def build(
@@ -46,9 +49,8 @@ async def build(
     default it refuses: ``push_allow_private``), and a2a-sdk gets its push
     sender and config store (it has none by default).
     """
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     service: A2AService | None = None
-    if kind in ("ours", "ours-nats"):
+    if kind in ("ours", "ours-bare", "ours-nats"):
         cluster = None
         if kind == "ours-nats":
             from a2a_grpc_server.jetstream.conn import NatsConfig
@@ -60,8 +62,15 @@ async def build(
         config = ServerConfig(push_allow_private=True) if push_to_loopback else None
         service = A2AService(Workload(), default_card(), cluster=cluster, config=config)
         await service.start()
+        interceptors = [] if kind == "ours-bare" else [service.metrics_interceptor()]
+        server = grpc.aio.server(
+            options=[*grpc_options(service.config), ("grpc.so_reuseport", 0)],
+            interceptors=interceptors,
+        )
         service.add_to_server(server)
-    elif kind == "sdk":
+        return server, service
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    if kind == "sdk":
         card = default_card()
         push: dict[str, Any] = {}
         if push_to_loopback:
