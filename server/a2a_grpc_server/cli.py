@@ -16,6 +16,7 @@ import inspect
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ from a2a.server.agent_execution import AgentExecutor
 from a2a.types.a2a_pb2 import AgentCard
 from google.protobuf import json_format
 
+from . import logs
 from .app import A2AServer
 from .auth import Authenticator, ClientCertificate, TokenFile, TrustedHeader
 from .config import ServerConfig
@@ -281,6 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper
     )
+    serve.add_argument(
+        "--log-format",
+        default="text",
+        choices=logs.FORMATS,
+        help="text, or json: one object per line with time, level, message, and task id, "
+        "context id, principal, instance and trace id when known",
+    )
     return parser
 
 
@@ -328,6 +337,8 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     await server.start()
+    if server.service.cluster is not None:
+        logs.set_instance(server.service.cluster.instance_id)
     # Everything loaded so far (grpc, protobuf, the agent) lives as long as
     # the process: keep it out of the collector's full passes, which would
     # otherwise pause the loop for tens of milliseconds now and then.
@@ -380,9 +391,7 @@ def _nats_config(args: argparse.Namespace) -> NatsConfig | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``a2a-grpc-server`` command."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(args.log_level, args.log_format, socket.gethostname())
     try:
         _run(serve(args), args.loop)
     except (AgentLoadError, ValueError) as exc:

@@ -48,6 +48,7 @@ from a2a.utils.errors import InvalidAgentResponseError
 from . import taskops
 from .journal import StoreError
 from .live import LiveTask
+from .logs import task_fields
 from .mailbox import Mailbox
 from .pacing import Pacer
 from .taskops import Event
@@ -197,6 +198,7 @@ class ExecutionSupervisor:
     async def run(self) -> None:
         """Execute under the run's TaskGroup until the task ends or is interrupted."""
         log = self.live.log
+        task_fields(self.live.task_id, self.live.context_id)  # in every log line of the run
         if log.closed:
             self.finished = True
             return
