@@ -198,15 +198,15 @@ def test_serve_refuses_an_extended_card_without_authentication_or_unreadable(
 
 
 def test_quota_and_transport_flags_reach_the_settings() -> None:
-    from a2a_grpc_server.cli import build_parser
-    from a2a_grpc_server.settings import chosen
+    from a2a_grpc_server import settings
+    from a2a_grpc_server.cli import build_parser, resolve
 
     args = build_parser().parse_args(
         ["serve", "--quota-streams", "7", "--grpc-max-connection-age", "1800"]
     )
-    assert chosen(args, "quota_")["quota_streams"] == 7
-    assert chosen(args, "quota_")["quota_subscribers"] == 256  # the documented default
-    assert chosen(args, "grpc_")["grpc_max_connection_age"] == 1800.0
+    config = settings.server_config(resolve(args, {}))
+    assert (config.quota_streams, config.quota_subscribers) == (7, 256)  # 256: the default
+    assert config.grpc_max_connection_age == 1800.0
     assert "must not be negative" in refusal("--quota-streams", "-1")
 
 

@@ -212,6 +212,22 @@ class A2AService:
             await self.cluster.leave()
 
 
+CHANNELZ = "grpc.channelz.v1.Channelz"
+
+
+def _add_channelz(server: grpc.aio.Server) -> None:
+    """Serve channelz on ``server``.
+
+    Raises:
+        ValueError: grpcio-channelz is not installed.
+    """
+    try:
+        from grpc_channelz.v1 import channelz
+    except ImportError as exc:
+        raise ValueError(f"--admin needs the admin extra (pip install '.[admin]'): {exc}") from None
+    channelz.add_channelz_servicer(server)  # type: ignore[no-untyped-call]
+
+
 def metrics_registry(service: A2AService) -> CollectorRegistry:
     """A registry of ``service``'s metrics and this process's (CPU, memory, GC, Python)."""
     registry = CollectorRegistry()
@@ -239,6 +255,9 @@ class A2AServer:
         auth: Authenticate every A2A call with this (see ``auth``); the card
             then declares its scheme. None: every caller is anonymous.
         extended_card: The card GetExtendedAgentCard gives authenticated callers.
+        admin: Also serve gRPC channelz (``grpc.channelz.v1.Channelz``: channels,
+            sockets, call counts) for debugging; authenticated like the A2A
+            service when ``auth`` is given. Needs the ``admin`` extra.
     """
 
     def __init__(
@@ -255,12 +274,14 @@ class A2AServer:
         tls: TlsFiles | None = None,
         auth: Authenticator | None = None,
         extended_card: AgentCard | None = None,
+        admin: bool = False,
     ) -> None:
         if auth is not None:
             card = with_security(card or default_card(), *declared_scheme(auth))
         self._auth = auth
         self._executor, self._card, self._config, self._journal = executor, card, config, journal
         self._extended_card = extended_card
+        self._admin = admin
         self._nats = nats
         self.certificates = CertificateWatch(tls) if tls is not None else None
         """The certificates served (None: plaintext)."""
@@ -322,14 +343,16 @@ class A2AServer:
             ],
             interceptors=[
                 self.service.metrics_interceptor(),
-                *([AuthInterceptor(self._auth)] if self._auth is not None else []),
+                *([AuthInterceptor(self._auth, (CHANNELZ,))] if self._auth is not None else []),
             ],
         )
         self.service.add_to_server(server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-        )
+        services = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]
+        if self._admin:
+            _add_channelz(server)
+            services.append(CHANNELZ)
+        reflection.enable_server_reflection(services, server)
         host = f"[{self._host}]" if ":" in self._host else self._host
         certificates = self.certificates
         try:

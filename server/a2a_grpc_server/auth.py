@@ -270,10 +270,16 @@ class TrustedHeader:
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Authenticates every call to the A2A service (see the module docstring)."""
+    """Authenticates every call to the A2A service (see the module docstring).
 
-    def __init__(self, authenticator: Authenticator) -> None:
+    Args:
+        authenticator: Who the caller is.
+        also: Other services to guard the same way (the admin services).
+    """
+
+    def __init__(self, authenticator: Authenticator, also: tuple[str, ...] = ()) -> None:
         self._authenticator = authenticator
+        self._guarded = tuple(f"/{service}/" for service in (SERVICE, *also))
         self._wraps = HandlerWraps(lambda method, kind, behavior: self._authenticated(behavior))
 
     async def intercept_service(
@@ -284,7 +290,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         """The call's handler, run as its principal, or one that refuses it."""
         handler = await continuation(details)
         method: str = details.method  # type: ignore[attr-defined]
-        if handler is None or not method.startswith(f"/{SERVICE}/"):
+        if handler is None or not method.startswith(self._guarded):
             return handler
         return self._wraps.get(method, handler)
 

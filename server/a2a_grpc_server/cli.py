@@ -18,31 +18,24 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from a2a.server.agent_execution import AgentExecutor
 from a2a.types.a2a_pb2 import AgentCard
 from google.protobuf import json_format
 
-from . import logs
+from . import logs, settings
 from .app import A2AServer
 from .auth import Authenticator, ClientCertificate, TokenFile, TrustedHeader
-from .config import ServerConfig
 from .jwtauth import JwtAuthenticator
-from .settings import add_flags, chosen
 from .tls import TlsFiles
-
-if TYPE_CHECKING:
-    from .jetstream.conn import NatsConfig
 
 logger = logging.getLogger("a2a_grpc_server")
 
-DEFAULT_AGENT = "a2a_grpc_server.agents.echo:EchoAgent"
 EXIT_FORCED = 3
 """Exit status after a second signal cut the drain short (2 is a usage error)."""
-_DEFAULTS = ServerConfig()
 
 
 class AgentLoadError(Exception):
@@ -174,151 +167,55 @@ def _tls_files(args: argparse.Namespace) -> TlsFiles | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line."""
+    """The command line: ``serve`` and ``check-config``, with every setting's flag."""
     parser = argparse.ArgumentParser(prog="a2a-grpc-server", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve an agent over gRPC")
-    serve.add_argument("--agent", default=DEFAULT_AGENT, help="module:attr of the AgentExecutor")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051)")
-    serve.add_argument(
-        "--http-port", type=int, default=8080, help="agent card HTTP port (default 8080)"
-    )
-    serve.add_argument("--cancel-timeout", type=float, default=_DEFAULTS.cancel_timeout)
-    serve.add_argument("--shutdown-grace", type=float, default=_DEFAULTS.shutdown_grace)
-    serve.add_argument("--max-final-tasks", type=int, default=_DEFAULTS.max_final_tasks)
-    serve.add_argument("--final-task-ttl", type=float, default=_DEFAULTS.final_task_ttl)
-    serve.add_argument(
-        "--auth-tokens",
-        metavar="FILE",
-        help="require bearer tokens: one 'principal:token' per line (# comments); re-read "
-        "when it changes",
-    )
-    serve.add_argument(
-        "--auth-mtls",
-        action="store_true",
-        help="the caller is its client certificate's SPIFFE ID or common name (needs "
-        "--tls-client-ca)",
-    )
-    serve.add_argument(
-        "--auth-trusted-header",
-        metavar="NAME",
-        help="the caller is this header's value, set by a proxy that authenticated it; "
-        "only behind that proxy",
-    )
-    serve.add_argument(
-        "--auth-jwt-jwks",
-        metavar="FILE_OR_URL",
-        help="require JWT bearer tokens signed by a key of this JWKS (with --auth-jwt-issuer "
-        "and --auth-jwt-audience)",
-    )
-    serve.add_argument("--auth-jwt-issuer", metavar="ISS", help="the 'iss' JWTs must carry")
-    serve.add_argument("--auth-jwt-audience", metavar="AUD", help="the 'aud' JWTs must carry")
-    serve.add_argument(
-        "--auth-jwt-claim", metavar="CLAIM", default="sub", help="the claim naming the caller"
-    )
-    serve.add_argument(
-        "--extended-card",
-        metavar="FILE",
-        help="give authenticated callers this card (JSON AgentCard) from GetExtendedAgentCard",
-    )
-    add_flags(serve.add_argument_group("quotas per principal (0: none)"), "quota_")
-    add_flags(serve.add_argument_group("gRPC transport"), "grpc_")
-    tls = serve.add_argument_group("transport security (both ports)")
-    tls.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
-    tls.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
-    tls.add_argument(
-        "--tls-client-ca",
-        metavar="PEM",
-        help="require client certificates signed by these CAs (mTLS)",
-    )
-    push = serve.add_argument_group("push notifications (webhooks)")
-    push.add_argument(
-        "--no-push",
-        action="store_true",
-        help="serve no push notifications (the push RPCs answer PushNotificationNotSupported)",
-    )
-    push.add_argument(
-        "--push-allow-private",
-        action="store_true",
-        help="allow http and private, loopback and link-local webhook addresses (tests, "
-        "webhooks inside the same network); by default only https to public addresses",
-    )
-    push.add_argument(
-        "--push-allow-hosts",
-        metavar="HOST[,HOST...]",
-        default="",
-        help="webhook hosts trusted whatever they resolve to (*.example.com for subdomains)",
-    )
-    push.add_argument(
-        "--push-ca-file",
-        metavar="PEM",
-        default="",
-        help="verify webhook certificates against these CAs (default: the public CAs)",
-    )
-    cluster = serve.add_argument_group("cluster mode (NATS JetStream; pip install '.[cluster]')")
-    cluster.add_argument(
-        "--nats",
-        metavar="URL[,URL...]",
-        help="join the cluster on these NATS servers, e.g. nats://127.0.0.1:4222 "
-        "(default: no cluster, in-memory journal)",
-    )
-    cluster.add_argument(
-        "--nats-replicas", type=int, default=1, help="JetStream replicas (3 on a 3-node cluster)"
-    )
-    cluster.add_argument(
-        "--lease",
-        type=float,
-        default=10.0,
-        help="seconds without a heartbeat before an instance's tasks end FAILED; keep it "
-        "above NATS failover time (default 10)",
-    )
-    cluster.add_argument("--instance-id", help="this instance's id (default: a new one per start)")
-    serve.add_argument(
-        "--loop",
-        default="auto",
-        choices=["auto", "asyncio", "uvloop"],
-        help="event loop; auto: uvloop if installed (pip install '.[perf]'), else asyncio",
-    )
-    serve.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper
-    )
-    serve.add_argument(
-        "--log-format",
-        default="text",
-        choices=logs.FORMATS,
-        help="text, or json: one object per line with time, level, message, and task id, "
-        "context id, principal, instance and trace id when known",
-    )
+    for name, text in (
+        ("serve", "serve an agent over gRPC"),
+        ("check-config", "print the effective configuration (TOML), or say which value is wrong"),
+    ):
+        command = sub.add_parser(
+            name,
+            help=text,
+            description=f"{text}. Every setting comes from its flag, else its environment "
+            f"variable, else the --config file, else its default.",
+        )
+        command.add_argument(
+            "--config",
+            metavar="FILE",
+            help=f"a TOML file of settings (keys: the settings' names; env {settings.CONFIG_ENV})",
+        )
+        settings.add_flags(command)
     return parser
 
 
-async def serve(args: argparse.Namespace) -> None:
+def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+    """Every setting's value and source (see ``settings.resolve``).
+
+    Raises:
+        SettingError: A value that cannot be used.
+    """
+    given = {k: v for k, v in vars(args).items() if k in settings.BY_NAME}
+    path = args.config or environ.get(settings.CONFIG_ENV)
+    return settings.resolve(given, environ, Path(path) if path else None)
+
+
+async def serve(values: dict[str, tuple[Any, str]]) -> None:
     """Run the server until a signal asks it to stop."""
+    args = argparse.Namespace(**{name: value for name, (value, _) in values.items()})
     executor, card = load_agent(args.agent)
-    config = ServerConfig(
-        cancel_timeout=args.cancel_timeout,
-        shutdown_grace=args.shutdown_grace,
-        max_final_tasks=args.max_final_tasks,
-        final_task_ttl=args.final_task_ttl,
-        push=not args.no_push,
-        push_allow_private=args.push_allow_private,
-        push_allow_hosts=tuple(h.strip() for h in args.push_allow_hosts.split(",") if h.strip()),
-        push_ca_file=args.push_ca_file,
-        **chosen(args, "quota_"),
-        **chosen(args, "grpc_"),
-    )
     server = A2AServer(
         executor,
         card,
         host=args.host,
         port=args.port,
         http_port=args.http_port,
-        config=config,
-        nats=_nats_config(args),
+        config=settings.server_config(values),
+        nats=settings.nats_config(values),
         tls=_tls_files(args),
         auth=_authenticator(args),
         extended_card=_extended_card(args),
+        admin=args.admin,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -372,28 +269,18 @@ def _run(main: Coroutine[Any, Any, None], loop: str) -> None:
     asyncio.run(main)
 
 
-def _nats_config(args: argparse.Namespace) -> NatsConfig | None:
-    if not args.nats:
-        return None
-    try:
-        from .jetstream.conn import NatsConfig as Config
-    except ImportError as exc:
-        raise ValueError(
-            f"--nats needs the cluster extra (pip install '.[cluster]'): {exc}"
-        ) from exc
-    if args.lease <= 0 or args.nats_replicas < 1:
-        raise ValueError("--lease must be > 0 and --nats-replicas >= 1")
-    servers = [url.strip() for url in args.nats.split(",") if url.strip()]
-    extra = {"instance_id": args.instance_id} if args.instance_id else {}
-    return Config(servers=servers, replicas=args.nats_replicas, lease=args.lease, **extra)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``a2a-grpc-server`` command."""
     args = build_parser().parse_args(argv)
-    logs.configure(args.log_level, args.log_format, socket.gethostname())
     try:
-        _run(serve(args), args.loop)
+        values = resolve(args, os.environ)
+        if args.command == "check-config":
+            settings.server_config(values)  # (every check serve makes before it starts)
+            settings.nats_config(values)
+            print(settings.render(values), end="")
+            return 0
+        logs.configure(values["log_level"][0], values["log_format"][0], socket.gethostname())
+        _run(serve(values), values["loop"][0])
     except (AgentLoadError, ValueError) as exc:
         print(f"a2a-grpc-server: {exc}", file=sys.stderr)
         return 2

@@ -1,8 +1,17 @@
-"""``ServerConfig`` settings as command-line flags, declared once: by the dataclass field.
+"""Every setting of ``serve``, declared once: from flags, the environment, or a TOML file.
 
-A field ``quota_live_tasks`` becomes the flag ``--quota-live-tasks``, of the
-field's type, with the field's default, and its help is the field's entry in
-``ServerConfig``'s docstring; nothing about a setting is written twice.
+``SETTINGS`` is the one declaration. ``ServerConfig``'s fields and
+``NatsConfig``'s are read from the dataclasses (type, default, and the
+description in their docstrings); the settings of the process itself
+(addresses, TLS, authentication, logging) are listed in ``SERVE``. From each
+setting come its flag (``--cancel-timeout``), its environment variable
+(``A2A_GRPC_SERVER_CANCEL_TIMEOUT``), its key in the TOML file
+(``cancel_timeout``) and its row in the README's table (``markdown()``).
+
+Precedence: a flag, else the environment, else the file (``--config FILE``
+or ``A2A_GRPC_SERVER_CONFIG``), else the default. A value that does not
+parse, and a key the file should not have, raise ``SettingError`` naming
+the setting and where the value came from.
 """
 
 from __future__ import annotations
@@ -10,17 +19,189 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import json
 import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .config import ServerConfig
+from .jetstream.natsconfig import NatsConfig
 
+ENV_PREFIX = "A2A_GRPC_SERVER_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+Kind = type  # int, float, bool, str, or list (of str)
 _ENTRY = re.compile(r"^ {4}(\w+): (.*)$")
 
 
-def descriptions() -> dict[str, str]:
-    """Each ``ServerConfig`` attribute's description, from the class docstring."""
-    doc = inspect.cleandoc(ServerConfig.__doc__ or "")
+class SettingError(ValueError):
+    """A value that cannot be used, saying which setting and where it came from."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting.
+
+    Attributes:
+        name: Its name: the TOML key, and (upper-cased, prefixed) its
+            environment variable.
+        kind: ``int``, ``float``, ``bool``, ``str`` or ``list`` (of strings;
+            comma-separated in a flag or variable).
+        default: Its value when nothing sets it (None: not set).
+        help: What it does.
+        group: ``serve`` (the process), ``server`` (``ServerConfig``) or
+            ``cluster`` (``NatsConfig``).
+        flags: Its flags; the first is the one documented.
+        field: The dataclass field it sets ("" for ``serve`` settings).
+        choices: The values it may take (empty: any).
+        metavar: How the flag's value is shown.
+    """
+
+    name: str
+    kind: Kind
+    default: Any
+    help: str
+    group: str
+    flags: tuple[str, ...]
+    field: str = ""
+    choices: tuple[str, ...] = ()
+    metavar: str | None = None
+
+    @property
+    def env(self) -> str:
+        """Its environment variable."""
+        return ENV_PREFIX + self.name.upper()
+
+
+def _serve(
+    name: str,
+    kind: Kind,
+    default: Any,
+    text: str,
+    *,
+    flag: str = "",
+    choices: tuple[str, ...] = (),
+    metavar: str | None = None,
+) -> Setting:
+    return Setting(
+        name,
+        kind,
+        default,
+        text,
+        "serve",
+        (flag or "--" + name.replace("_", "-"),),
+        choices=choices,
+        metavar=metavar,
+    )
+
+
+SERVE = (
+    _serve(
+        "agent",
+        str,
+        "a2a_grpc_server.agents.echo:EchoAgent",
+        "module:attr of the AgentExecutor (an instance, a subclass or a factory); the "
+        "module may define agent_card",
+        metavar="MODULE:ATTR",
+    ),
+    _serve("host", str, "127.0.0.1", "address both ports bind"),
+    _serve("port", int, 50051, "gRPC port (0: any free port)"),
+    _serve("http_port", int, 8080, "agent card and metrics HTTP port (0: any free port)"),
+    _serve(
+        "loop",
+        str,
+        "auto",
+        "event loop; auto: uvloop if installed (pip install '.[perf]'), else asyncio",
+        choices=("auto", "asyncio", "uvloop"),
+    ),
+    _serve("log_level", str, "INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
+    _serve(
+        "log_format",
+        str,
+        "text",
+        "text, or json: one object per line with time, level, message, and task id, "
+        "context id, principal, instance and trace id when known",
+        choices=("text", "json"),
+    ),
+    _serve(
+        "tls_cert",
+        str,
+        None,
+        "serve TLS on both ports with this certificate chain (re-read when it changes)",
+        metavar="PEM",
+    ),
+    _serve("tls_key", str, None, "the certificate's private key", metavar="PEM"),
+    _serve(
+        "tls_client_ca",
+        str,
+        None,
+        "require client certificates signed by these CAs (mTLS)",
+        metavar="PEM",
+    ),
+    _serve(
+        "auth_tokens",
+        str,
+        None,
+        "require bearer tokens: one 'principal:token' per line (# comments); re-read "
+        "when it changes",
+        metavar="FILE",
+    ),
+    _serve(
+        "auth_mtls",
+        bool,
+        False,
+        "the caller is its client certificate's SPIFFE ID or common name (needs tls_client_ca)",
+    ),
+    _serve(
+        "auth_trusted_header",
+        str,
+        None,
+        "the caller is this header's value, set by a proxy that authenticated it; only "
+        "behind that proxy",
+        metavar="NAME",
+    ),
+    _serve(
+        "auth_jwt_jwks",
+        str,
+        None,
+        "require JWT bearer tokens signed by a key of this JWKS (with auth_jwt_issuer "
+        "and auth_jwt_audience)",
+        metavar="FILE_OR_URL",
+    ),
+    _serve("auth_jwt_issuer", str, None, "the 'iss' JWTs must carry", metavar="ISS"),
+    _serve("auth_jwt_audience", str, None, "the 'aud' JWTs must carry", metavar="AUD"),
+    _serve("auth_jwt_claim", str, "sub", "the JWT claim naming the caller", metavar="CLAIM"),
+    _serve(
+        "admin",
+        bool,
+        False,
+        "also serve gRPC channelz (grpc.channelz.v1.Channelz) for debugging connections; "
+        "authenticated like the A2A service; needs pip install '.[admin]'",
+    ),
+    _serve(
+        "extended_card",
+        str,
+        None,
+        "give authenticated callers this card (JSON AgentCard) from GetExtendedAgentCard",
+        metavar="FILE",
+    ),
+)
+"""The settings of the process itself (not of ``ServerConfig`` or ``NatsConfig``)."""
+
+CLUSTER_NAMES = {
+    "servers": ("nats", "--nats"),
+    "instance_id": ("instance_id", "--instance-id"),
+    "replicas": ("nats_replicas", "--nats-replicas"),
+    "lease": ("lease", "--lease"),
+}
+"""``NatsConfig`` fields whose settings keep the names they had before (others: ``nats_*``)."""
+
+
+def descriptions(cls: type) -> dict[str, str]:
+    """Each attribute's description, from the ``Attributes:`` section of ``cls``'s docstring."""
+    doc = inspect.cleandoc(cls.__doc__ or "")
     found: dict[str, str] = {}
     name = ""
     in_attributes = False
@@ -36,36 +217,259 @@ def descriptions() -> dict[str, str]:
             found[name] = entry.group(2)
         elif name and line.startswith(" " * 8):
             found[name] += " " + line.strip()
-    return found
+    return {key: text.replace("``", "`") for key, text in found.items()}
 
 
-def add_flags(group: Any, prefix: str) -> None:
-    """Add a flag to ``group`` for every ``ServerConfig`` field named ``prefix...``.
+def _from_dataclass(cls: type, group: str) -> list[Setting]:
+    text = descriptions(cls)
+    made = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if group == "cluster":
+            name, flag = CLUSTER_NAMES.get(f.name, ("nats_" + f.name, ""))
+            if f.name == "servers":
+                default = []  # not set: no cluster
+        else:
+            name, flag = f.name, ""
+        kind: Kind = list if isinstance(default, list | tuple) else type(default)
+        if default is None:
+            kind = str  # (instance_id: made per process when not set)
+        made.append(
+            Setting(
+                name,
+                kind,
+                list(default) if isinstance(default, tuple) else default,
+                text.get(f.name, ""),
+                group,
+                (flag or "--" + name.replace("_", "-"),),
+                field=f.name,
+            )
+        )
+    return made
+
+
+SETTINGS: tuple[Setting, ...] = (
+    *SERVE,
+    *_from_dataclass(ServerConfig, "server"),
+    *_from_dataclass(NatsConfig, "cluster"),
+)
+BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add every setting's flag (unset flags leave no attribute: see ``resolve``)."""
+    groups = {
+        "serve": parser,
+        "server": parser.add_argument_group("server limits and behaviour (ServerConfig)"),
+        "cluster": parser.add_argument_group(
+            "cluster mode (NATS JetStream; pip install '.[cluster]')"
+        ),
+    }
+    for s in SETTINGS:
+        options: dict[str, Any] = {
+            "dest": s.name,
+            "default": argparse.SUPPRESS,
+            "help": f"{s.help} (default: {_shown(s.default)}; env {s.env})".replace("%", "%%"),
+        }
+        if s.kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        else:
+            options["type"] = _flag_type(s)
+            options["metavar"] = s.metavar or _metavar(s)
+        groups[s.group].add_argument(*s.flags, **options)
+
+
+def _flag_type(s: Setting) -> Any:
+    """The flag's ``type``: our parse, its errors as argparse's (the message is ours)."""
+
+    def parse(text: str) -> Any:
+        try:
+            return _parse(s, text, s.flags[0])
+        except SettingError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def resolve(
+    given: Mapping[str, Any], environ: Mapping[str, str], path: Path | None
+) -> dict[str, tuple[Any, str]]:
+    """Every setting's value and where it came from (``flag``, ``env``, the file, ``default``).
 
     Args:
-        group: An ``argparse`` parser or argument group.
-        prefix: The fields' common prefix, e.g. ``quota_``.
+        given: The flags given (``vars`` of a namespace ``add_flags`` filled).
+        environ: The environment.
+        path: The TOML file (None: none).
+
+    Raises:
+        SettingError: A value does not parse or is not allowed, or the file has
+            a key that is not a setting (each saying which, and where).
     """
-    text = descriptions()
-    for field in dataclasses.fields(ServerConfig):
-        if not field.name.startswith(prefix):
-            continue
-        default = field.default
-        kind = type(default)
-        group.add_argument(
-            "--" + field.name.replace("_", "-"),
-            dest=field.name,
-            type=kind,
-            default=default,
-            metavar="N" if kind is int else "SECONDS",
-            help=f"{text.get(field.name, '')} (default {default})".replace("%", "%%"),
+    in_file = _read(path) if path is not None else {}
+    values: dict[str, tuple[Any, str]] = {}
+    for s in SETTINGS:
+        if s.name in given:
+            values[s.name] = (given[s.name], "flag " + s.flags[0])
+        elif s.env in environ:
+            values[s.name] = (_parse(s, environ[s.env], s.env), "env " + s.env)
+        elif s.name in in_file:
+            values[s.name] = (_check(s, in_file[s.name], f"{path}: {s.name}"), f"file {path}")
+        else:
+            values[s.name] = (s.default, "default")
+    return values
+
+
+def server_config(values: Mapping[str, tuple[Any, str]]) -> ServerConfig:
+    """The ``ServerConfig`` the values make.
+
+    Raises:
+        SettingError: The values do not make a valid ``ServerConfig``.
+    """
+    kwargs = {s.field: _value(values, s) for s in SETTINGS if s.group == "server"}
+    kwargs["push_allow_hosts"] = tuple(kwargs["push_allow_hosts"])
+    try:
+        return ServerConfig(**kwargs)
+    except ValueError as exc:
+        raise SettingError(str(exc)) from None
+
+
+def nats_config(values: Mapping[str, tuple[Any, str]]) -> NatsConfig | None:
+    """The ``NatsConfig`` the values make (None: ``nats`` is not set, no cluster).
+
+    Raises:
+        SettingError: A value is out of range.
+    """
+    if not values["nats"][0]:
+        return None
+    kwargs = {s.field: _value(values, s) for s in SETTINGS if s.group == "cluster"}
+    if not kwargs["instance_id"]:
+        del kwargs["instance_id"]  # a new one per process
+    if kwargs["lease"] <= 0 or kwargs["replicas"] < 1:
+        raise SettingError("lease must be > 0 and nats_replicas >= 1")
+    return NatsConfig(**kwargs)
+
+
+def render(values: Mapping[str, tuple[Any, str]]) -> str:
+    """The effective configuration as a TOML file, each value's source in a comment."""
+    lines = []
+    for s in SETTINGS:
+        value, source = values[s.name]
+        if value is None:
+            lines.append(f"# {s.name} = (not set)")
+        else:
+            lines.append(f"{s.name} = {_toml(value)}  # {source}")
+    return "\n".join(lines) + "\n"
+
+
+def markdown() -> str:
+    """The README's table of every setting."""
+    rows = [
+        "| setting (TOML key) | flag | environment variable | default | what it does |",
+        "|---|---|---|---|---|",
+    ]
+    for s in SETTINGS:
+        flag = " / ".join(f"`{f}`" for f in s.flags)
+        if s.kind is bool:
+            flag = f"`{s.flags[0]}` / `--no-{s.flags[0][2:]}`"
+        text = s.help.replace("|", "\\|")
+        rows.append(f"| `{s.name}` | {flag} | `{s.env}` | {_shown(s.default)} | {text} |")
+    return "\n".join(rows) + "\n"
+
+
+def _value(values: Mapping[str, tuple[Any, str]], s: Setting) -> Any:
+    return values[s.name][0]
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        document = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise SettingError(f"--config {path}: cannot be read ({exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingError(f"--config {path}: not TOML ({exc})") from None
+    unknown = sorted(set(document) - set(BY_NAME))
+    if unknown:
+        raise SettingError(
+            f"{path}: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not "
+            "settings (see `a2a-grpc-server serve --help`)"
         )
+    return document
 
 
-def chosen(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
-    """The values of the flags ``add_flags(..., prefix)`` added, as ``ServerConfig`` keywords."""
+def _parse(s: Setting, text: str, where: str) -> Any:
+    """``text`` (a flag's or a variable's) as the setting's kind."""
+    text = text.strip()
+    try:
+        if s.kind is bool:
+            lowered = text.lower()
+            if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ValueError("expected true or false")
+            value: Any = lowered in ("1", "true", "yes", "on")
+        elif s.kind is int:
+            value = int(text)
+        elif s.kind is float:
+            value = float(text)
+        elif s.kind is list:
+            value = [part.strip() for part in text.split(",") if part.strip()]
+        else:
+            value = text
+    except ValueError as exc:
+        raise SettingError(f"{where}={text!r}: not {_kind_name(s)} ({exc})") from None
+    return _check(s, value, where)
+
+
+def _check(s: Setting, value: Any, where: str) -> Any:
+    """``value`` if it is of the setting's kind (an int is a float too) and allowed."""
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, int | float) and not isinstance(value, bool),
+        list: isinstance(value, list) and all(isinstance(v, str) for v in value),
+        str: isinstance(value, str),
+    }[s.kind]
+    if not ok:
+        raise SettingError(f"{where} = {value!r}: not {_kind_name(s)}")
+    if s.kind is float:
+        value = float(value)
+    if s.choices:
+        chosen = [c for c in s.choices if c.lower() == str(value).lower()]
+        if not chosen:
+            raise SettingError(f"{where} = {value!r}: choose one of {', '.join(s.choices)}")
+        value = chosen[0]
+    return value
+
+
+def _kind_name(s: Setting) -> str:
     return {
-        field.name: getattr(args, field.name)
-        for field in dataclasses.fields(ServerConfig)
-        if field.name.startswith(prefix)
-    }
+        bool: "true or false",
+        int: "an integer",
+        float: "a number",
+        list: "a list of strings",
+        str: "a string",
+    }[s.kind]
+
+
+def _metavar(s: Setting) -> str:
+    return {int: "N", float: "SECONDS", list: "A[,B...]", str: "TEXT"}.get(s.kind, "VALUE")
+
+
+def _shown(default: Any) -> str:
+    if default is None or default == []:
+        return "not set"
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    return str(default)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Iterable) and not isinstance(value, str):
+        return json.dumps(list(value))
+    return json.dumps(value)
+
+
+if __name__ == "__main__":  # the README's table: python -m a2a_grpc_server.settings
+    print(markdown(), end="")
