@@ -136,7 +136,7 @@ def test_the_readme_table_is_the_declaration() -> None:
     begin, end = "<!-- settings:begin -->\n", "<!-- settings:end -->"
     table = readme[readme.index(begin) + len(begin) : readme.index(end)]
     assert table.strip() == settings.markdown().strip(), (
-        "README's settings table is stale: paste `python -m a2a_grpc_server.settings`"
+        "README's settings table is stale: run scripts/settings_table"
     )
 
 
