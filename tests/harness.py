@@ -96,7 +96,8 @@ async def expose(service: A2AService, auth: Authenticator | None = None) -> Harn
 
     With ``auth``, every A2A call is authenticated with it (as ``A2AServer`` does).
     """
-    interceptors = [AuthInterceptor(auth)] if auth is not None else None
+    guard = [AuthInterceptor(auth)] if auth is not None else []
+    interceptors = [*service.interceptors(), *guard]  # as A2AServer has them
     server = grpc.aio.server(options=grpc_options(service.config), interceptors=interceptors)
     service.add_to_server(server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -6,6 +6,15 @@ standalone ``A2AServer`` (``a2a-grpc-server serve``).
 
 from __future__ import annotations
 
+import os
+
+# a2a-sdk's OpenTelemetry decorators make a span per enqueued event (thousands per
+# streamed LLM answer); this server traces per RPC and per run instead (see
+# ``tracing``). Off unless asked for: OTEL_INSTRUMENTATION_A2A_SDK_ENABLED=true.
+# (Read by a2a-sdk when first imported: an application that imported it earlier
+# keeps what it had.)
+os.environ.setdefault("OTEL_INSTRUMENTATION_A2A_SDK_ENABLED", "false")
+
 from .app import A2AServer, A2AService, grpc_options
 from .config import ServerConfig
 

@@ -53,6 +53,7 @@ from .resume import extension as resume_extension
 from .rpc import RpcServicer
 from .rpcmetrics import MetricsInterceptor, RpcMetrics
 from .tls import CertificateWatch, TlsFiles, is_loopback
+from .tracing import TracingInterceptor
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -184,6 +185,13 @@ class A2AService:
     def metrics_interceptor(self) -> MetricsInterceptor:
         """The interceptor that counts every call (first among the server's interceptors)."""
         return MetricsInterceptor(self.rpc_metrics)
+
+    def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+        """The interceptors a server of this service wants, in order: metrics, tracing.
+
+        Add an ``auth.AuthInterceptor`` after them, if any.
+        """
+        return [self.metrics_interceptor(), TracingInterceptor()]
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the A2A servicer on ``server`` (made with ``grpc_options(config)``)."""
@@ -342,7 +350,7 @@ class A2AServer:
                 ("grpc.so_reuseport", 0),
             ],
             interceptors=[
-                self.service.metrics_interceptor(),
+                *self.service.interceptors(),
                 *([AuthInterceptor(self._auth, (CHANNELZ,))] if self._auth is not None else []),
             ],
         )

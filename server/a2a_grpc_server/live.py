@@ -28,7 +28,7 @@ from a2a.types.a2a_pb2 import (
 )
 from a2a.utils.errors import InvalidAgentResponseError
 
-from . import taskops
+from . import taskops, tracing
 from .config import DEFAULT_MAX_TASK_BYTES
 from .errors import quote
 from .journal import Change, FinalTaskError, StoreError, TaskJournal
@@ -461,6 +461,7 @@ class LiveTask:
             self.log.append(change.frame, change.state, final=final and change is last)
             if change.state:
                 self.state_seq = change.seq
+                tracing.state_event(taskops.state_name(change.state))  # type: ignore[arg-type]
 
     def _answer(self, message: Message) -> None:
         size = message.ByteSize()

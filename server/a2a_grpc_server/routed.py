@@ -30,6 +30,7 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 
+from . import tracing
 from .auth import Principal
 from .callmeta import Caller
 from .errors import (
@@ -74,7 +75,7 @@ CREDENTIALS = frozenset({"authorization", "proxy-authorization", "cookie", "x-ap
 
 def encode_caller(call: Caller) -> tuple[str, str]:
     """The caller as it crosses to the owner: its metadata, and who it is (two JSON texts)."""
-    headers = [pair for pair in call.headers if pair[0] not in CREDENTIALS]
+    headers = tracing.inject([pair for pair in call.headers if pair[0] not in CREDENTIALS])
     principal = call.principal.name if call.principal is not None else None
     return json.dumps(headers), json.dumps([principal, call.tenant])
 

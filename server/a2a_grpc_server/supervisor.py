@@ -45,7 +45,7 @@ from a2a.types.a2a_pb2 import (
 )
 from a2a.utils.errors import InvalidAgentResponseError
 
-from . import taskops
+from . import taskops, tracing
 from .journal import StoreError
 from .live import LiveTask
 from .logs import task_fields
@@ -204,31 +204,10 @@ class ExecutionSupervisor:
             return
         log.on_close(self.stop)
         try:
-            async with asyncio.TaskGroup() as group:
-                self._group = group
-                if self._cancel_requested:
-                    self._start_canceller()
-                if self._execute:
-                    # The group's own body is the producer (one task fewer per
-                    # run): the group still supervises it, and cancelling it
-                    # (``stop``) cancels the canceller and the consumer with it.
-                    body = asyncio.current_task()
-                    assert body is not None
-                    self.sources.append(body)
-                    # (Inline rather than in a coroutine of its own: a parked
-                    # task keeps this frame for as long as it waits.)
-                    try:
-                        error: BaseException | None = None
-                        try:
-                            await self._executor.execute(self._context, self._queue)
-                        except asyncio.CancelledError:
-                            raise  # the run is being stopped: never an outcome
-                        except BaseException as exc:  # even SystemExit: see _failed
-                            error = self._failed("execute", exc)
-                        await self._queue.put(_SourceDone("execute", error))
-                    finally:
-                        self._source_ended(body)  # stop() cancels it until here
-                # Leaving the block waits for the consumer and the canceller.
+            with tracing.execution(
+                self.live.task_id, self.live.context_id, cancel=not self._execute
+            ):
+                await self._supervised()
         except Exception:
             # A fault of ours (the consumer handles the executor's and the
             # journal's): the streams still get their final frame.
@@ -239,6 +218,34 @@ class ExecutionSupervisor:
             self.finished = True
             log.remove_on_close(self.stop)
             log.notify()
+
+    async def _supervised(self) -> None:
+        """The run itself: its TaskGroup, the executor inline as the group's body."""
+        async with asyncio.TaskGroup() as group:
+            self._group = group
+            if self._cancel_requested:
+                self._start_canceller()
+            if self._execute:
+                # The group's own body is the producer (one task fewer per
+                # run): the group still supervises it, and cancelling it
+                # (``stop``) cancels the canceller and the consumer with it.
+                body = asyncio.current_task()
+                assert body is not None
+                self.sources.append(body)
+                # (Inline rather than in a task of its own: a parked task
+                # keeps this frame for as long as it waits.)
+                try:
+                    error: BaseException | None = None
+                    try:
+                        await self._executor.execute(self._context, self._queue)
+                    except asyncio.CancelledError:
+                        raise  # the run is being stopped: never an outcome
+                    except BaseException as exc:  # even SystemExit: see _failed
+                        error = self._failed("execute", exc)
+                    await self._queue.put(_SourceDone("execute", error))
+                finally:
+                    self._source_ended(body)  # stop() cancels it until here
+            # Leaving the block waits for the consumer and the canceller.
 
     def request_cancel(self) -> bool:
         """Have the executor's ``cancel()`` run inside this run.

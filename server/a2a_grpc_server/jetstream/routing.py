@@ -28,6 +28,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
+from .. import tracing
 from ..callmeta import Caller
 from ..errors import OwnerTimeoutError, OwnerUnavailableError, ServerError
 from ..routed import (
@@ -170,7 +171,8 @@ class Router:
             call = decode_caller(headers.get(CALL_HEADERS, "[]"), headers.get(CALLER, ""), timeout)
             if timeout < ANSWER_MARGIN:
                 raise OwnerTimeoutError("the request reached the task's owner too late to act")
-            reply, reply_headers = await serve(msg, call), None
+            with tracing.routed(msg.subject.rsplit(".", 1)[-1], call.headers):
+                reply, reply_headers = await serve(msg, call), None
         except (A2AError, ServerError) as exc:
             reply, reply_headers = encode_error(exc)
         except Exception:

@@ -1,0 +1,153 @@
+"""Tracing with OpenTelemetry: optional, and free when no tracer provider is configured.
+
+When ``opentelemetry-api`` is importable *and* the application configured a
+tracer provider (the SDK, e.g. under ``opentelemetry-instrument``), then:
+
+* ``TracingInterceptor`` makes one SERVER span per RPC, whose parent is the
+  W3C ``traceparent`` (and ``tracestate``) the client sent in its metadata;
+* ``execution`` makes one span per run of a task's executor, current while
+  the executor runs, so an agent's own spans (its LLM and tool calls) join
+  the caller's trace; the task's state changes are events on it
+  (``state_event``), never one span per frame;
+* a request routed to a task's owner (cluster mode) carries the current
+  context (``inject``), and the owner serves it in a span of that trace
+  (``routed``).
+
+Otherwise every function here returns at once (one check of the global
+provider), and nothing is imported beyond the API.
+
+a2a-sdk's own instrumentation (a span per enqueued event) is off unless
+``OTEL_INSTRUMENTATION_A2A_SDK_ENABLED`` is set (see ``a2a_grpc_server``'s
+``__init__``, which sets its default before a2a-sdk is imported).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
+
+import grpc
+
+from .intercept import Behavior, HandlerWraps
+
+try:
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import (
+        NoOpTracerProvider,
+        ProxyTracerProvider,
+        SpanKind,
+        Status,
+        StatusCode,
+    )
+except ImportError:  # pragma: no cover - the API is not installed
+    trace = None  # type: ignore[assignment]
+
+TRACER_NAME = "a2a_grpc_server"
+PROPAGATED = ("traceparent", "tracestate")
+"""The W3C trace-context metadata keys."""
+
+
+def active() -> bool:
+    """Whether spans are recorded: the API is installed and a real provider is configured."""
+    if trace is None:
+        return False
+    return not isinstance(trace.get_tracer_provider(), ProxyTracerProvider | NoOpTracerProvider)
+
+
+def _tracer() -> Any:
+    return trace.get_tracer(TRACER_NAME)
+
+
+class TracingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """One SERVER span per RPC, child of the client's ``traceparent`` (see the module docstring).
+
+    Put it after the metrics interceptor and before authentication (a
+    refused call is traced too).
+    """
+
+    def __init__(self) -> None:
+        self._wraps = HandlerWraps(_traced)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        details: grpc.HandlerCallDetails,
+    ) -> Any:
+        """The call's handler, traced when tracing is active."""
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        return self._wraps.get(details.method, handler)  # type: ignore[attr-defined]
+
+
+def _traced(method: str, kind: str, behavior: Behavior) -> Behavior:
+    name = method.lstrip("/")
+    service, _, rpc = name.rpartition("/")
+    attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc}
+
+    async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if not active():
+            return await behavior(request, context)
+        carrier = {
+            key: value
+            for key, value in context.invocation_metadata() or ()
+            if key in PROPAGATED and isinstance(value, str)
+        }
+        parent = propagate.extract(carrier)
+        with _tracer().start_as_current_span(
+            name, context=parent, kind=SpanKind.SERVER, attributes=attributes
+        ) as span:
+            try:
+                return await behavior(request, context)
+            except grpc.aio.AbortError:
+                code = context.code()
+                number = code.value[0] if isinstance(code, grpc.StatusCode) else code
+                span.set_attribute("rpc.grpc.status_code", int(number or 0))
+                text = context.details()  # type: ignore[no-untyped-call]
+                span.set_status(Status(StatusCode.ERROR, str(text or "")))
+                raise
+
+    return run
+
+
+@contextlib.contextmanager
+def execution(task_id: str, context_id: str, *, cancel: bool = False) -> Iterator[None]:
+    """The span of one run of a task's executor, current inside the block."""
+    if not active():
+        yield
+        return
+    name = "a2a.task.cancel" if cancel else "a2a.task.execute"
+    attributes = {"a2a.task.id": task_id, "a2a.context.id": context_id}
+    with _tracer().start_as_current_span(name, attributes=attributes):
+        yield
+
+
+def state_event(state_name: str) -> None:
+    """Record a state change of the task on the current span (a run's, or a cancel's)."""
+    if not active():
+        return
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.add_event("a2a.task.state", {"a2a.task.state": state_name})
+
+
+def inject(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``headers`` with the current trace context in place of the client's (a routed request)."""
+    kept = [pair for pair in headers if pair[0] not in PROPAGATED]
+    if not active():
+        return kept + [pair for pair in headers if pair[0] in PROPAGATED]
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return kept + list(carrier.items())
+
+
+@contextlib.contextmanager
+def routed(op: str, headers: Sequence[tuple[str, str]]) -> Iterator[None]:
+    """The owner's span of a routed request, child of the asker's (see ``inject``)."""
+    if not active():
+        yield
+        return
+    parent = propagate.extract({k: v for k, v in headers if k in PROPAGATED})
+    with _tracer().start_as_current_span(f"a2a.routed/{op}", context=parent, kind=SpanKind.SERVER):
+        yield
