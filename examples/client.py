@@ -107,7 +107,11 @@ def ask(
     metadata = VERSION + ((("authorization", f"Bearer {token}"),) if token else ())
     request = pb2.SendMessageRequest(
         message=pb2.Message(
-            message_id=str(uuid.uuid4()),  # the same id on every retry: one message
+            # The same id on every retry. This server does not deduplicate by it: its
+            # UNAVAILABLE (draining, owner out of reach) means nothing was started, but a
+            # connection lost after the message was sent may have started a task
+            # (ListTasks by context tells); a receiver that deduplicates can use the id.
+            message_id=str(uuid.uuid4()),
             role=pb2.ROLE_USER,
             parts=[pb2.Part(text=text)],
         )

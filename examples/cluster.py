@@ -33,6 +33,7 @@ def start_instance(nats_url: str, port: int, http_port: int) -> tuple[subprocess
         ],
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # Ctrl-C reaches this script only; it stops them in order
     )  # fmt: skip
     assert proc.stderr is not None
     for line in proc.stderr:

@@ -86,5 +86,15 @@ async def test_admin_serves_channelz_authenticated_like_a2a(tmp_path: Path) -> N
                 metadata=(("authorization", "Bearer ops-token"),),
             )
             assert answer.server, "this server is listed"
+            with pytest.raises(grpc.aio.AioRpcError) as caught:  # (set_code, not abort)
+                await channelz.GetServer(
+                    channelz_pb2.GetServerRequest(server_id=10**15),
+                    metadata=(("authorization", "Bearer ops-token"),),
+                )
+            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        handled = server.service.rpc_metrics.handled
+        channelz_labels = ("grpc.channelz.v1.Channelz", "GetServer", "unary")
+        assert handled[(*channelz_labels, "NOT_FOUND")] == 1, "counted with its real status"
+        assert handled[(*channelz_labels, "OK")] == 0
     finally:
         await server.stop(grace=0)

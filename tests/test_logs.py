@@ -18,6 +18,7 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskUpdater
 from a2a.types import a2a_pb2_grpc
+from a2a.types.a2a_pb2 import CancelTaskRequest
 
 from a2a_grpc_server import A2AServer
 from a2a_grpc_server.auth import TokenFile
@@ -39,6 +40,24 @@ class ChattyAgent(AgentExecutor):
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         return None
+
+
+class PoliteAgent(AgentExecutor):
+    """Works until cancelled; its cancel() logs a line, then cancels."""
+
+    def __init__(self) -> None:
+        self.working = asyncio.Event()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.task_id is not None and context.context_id is not None
+        await TaskUpdater(event_queue, context.task_id, context.context_id).start_work()
+        self.working.set()
+        await asyncio.Event().wait()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.task_id is not None and context.context_id is not None
+        logging.getLogger("agent.polite").info("cancelling")
+        await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
 
 
 @pytest.fixture
@@ -87,6 +106,29 @@ async def test_a_line_logged_during_a_run_carries_the_task_and_the_caller(
     assert said["time"].endswith("+00:00")
     ready = [line for line in lines if "ready" in line["message"]]
     assert ready and "task_id" not in ready[0], "outside a run, no task ids"
+
+
+async def test_the_executors_cancel_logs_as_its_task_not_as_the_cancel_call(
+    json_lines: io.StringIO,
+) -> None:
+    agent = PoliteAgent()
+    server = A2AServer(agent, host="127.0.0.1", port=0, http_port=None)
+    await server.start()
+    try:
+        async with (
+            asyncio.timeout(20),
+            grpc.aio.insecure_channel(server.grpc_address) as channel,
+        ):
+            stub = a2a_pb2_grpc.A2AServiceStub(channel)
+            request = send_request("go", immediately=True)
+            task = (await stub.SendMessage(request, metadata=V1)).task
+            await agent.working.wait()
+            await stub.CancelTask(CancelTaskRequest(id=task.id), metadata=V1)
+    finally:
+        await server.stop(grace=0)
+    lines = [json.loads(line) for line in json_lines.getvalue().splitlines()]
+    [said] = [line for line in lines if line["logger"] == "agent.polite"]
+    assert (said["task_id"], said["context_id"]) == (task.id, task.context_id)
 
 
 async def test_serve_with_json_logs_writes_only_json_lines() -> None:

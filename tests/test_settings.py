@@ -90,6 +90,12 @@ def test_every_setting_has_a_flag_a_variable_and_a_description() -> None:
         (["--cancel-timeout", "0"], {}, "", "cancel_timeout must be positive"),
         (["--max-message-bytes", "4000000"], {}, "", "at most half of max_task_bytes"),
         (["--nats", "nats://127.0.0.1:1", "--lease", "0"], {}, "", "lease must be > 0"),
+        # Combinations and files: the checks serve makes before it starts.
+        (["--auth-mtls", "--auth-trusted-header", "x-p"], {}, "", "choose one of"),
+        (["--extended-card", "/nonexistent"], {}, "", "is for authenticated callers"),
+        (["--tls-cert", "/nonexistent"], {}, "", "--tls-cert and --tls-key go together"),
+        (["--agent", "no_such_module:Agent"], {}, "", "cannot import 'no_such_module'"),
+        ([], {"A2A_GRPC_SERVER_CANCEL_TIMOUT": "3"}, "", "A2A_GRPC_SERVER_CANCEL_TIMOUT is not"),
     ],
 )
 def test_check_config_names_the_bad_value(

@@ -280,7 +280,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, authenticator: Authenticator, also: tuple[str, ...] = ()) -> None:
         self._authenticator = authenticator
         self._guarded = tuple(f"/{service}/" for service in (SERVICE, *also))
-        self._wraps = HandlerWraps(lambda method, kind, behavior: self._authenticated(behavior))
+        self._wraps = HandlerWraps(
+            lambda method, kind, behavior: self._authenticated(behavior), on_sync=_unguardable
+        )
 
     async def intercept_service(
         self,
@@ -321,3 +323,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 _principal.reset(token)
 
         return run
+
+
+async def _unguardable(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    """A synchronous handler of a guarded service: refused (authentication runs on the loop)."""
+    await context.abort(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "this method has a synchronous handler, which the authentication interceptor cannot "
+        "guard; serve it with an async handler",
+    )

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import gc
 import importlib
+import importlib.util
 import inspect
 import logging
 import os
@@ -30,6 +31,7 @@ from . import logs, settings
 from .app import A2AServer
 from .auth import Authenticator, ClientCertificate, TokenFile, TrustedHeader
 from .jwtauth import JwtAuthenticator
+from .settings import SettingError
 from .tls import TlsFiles
 
 logger = logging.getLogger("a2a_grpc_server")
@@ -84,7 +86,7 @@ def _authenticator(args: argparse.Namespace) -> Authenticator | None:
     """The authenticator the flags ask for (None: every caller is anonymous).
 
     Raises:
-        SystemExit: The tokens file is missing or malformed (the message says where).
+        SettingError: The tokens file is missing or malformed (the message says where).
     """
     chosen = [
         bool(args.auth_tokens),
@@ -93,12 +95,12 @@ def _authenticator(args: argparse.Namespace) -> Authenticator | None:
         bool(args.auth_jwt_jwks),
     ]
     if sum(chosen) > 1:
-        raise SystemExit(
+        raise SettingError(
             "choose one of --auth-tokens, --auth-mtls, --auth-trusted-header, --auth-jwt-jwks"
         )
     if args.auth_jwt_jwks:
         if not (args.auth_jwt_issuer and args.auth_jwt_audience):
-            raise SystemExit("--auth-jwt-jwks needs --auth-jwt-issuer and --auth-jwt-audience")
+            raise SettingError("--auth-jwt-jwks needs --auth-jwt-issuer and --auth-jwt-audience")
         try:
             return JwtAuthenticator(
                 args.auth_jwt_jwks,
@@ -107,10 +109,10 @@ def _authenticator(args: argparse.Namespace) -> Authenticator | None:
                 args.auth_jwt_claim,
             )
         except ValueError as exc:
-            raise SystemExit(str(exc)) from None
+            raise SettingError(str(exc)) from None
     if args.auth_mtls:
         if not args.tls_client_ca:
-            raise SystemExit("--auth-mtls needs --tls-client-ca (and --tls-cert, --tls-key)")
+            raise SettingError("--auth-mtls needs --tls-client-ca (and --tls-cert, --tls-key)")
         return ClientCertificate()
     if args.auth_trusted_header:
         return TrustedHeader(args.auth_trusted_header)
@@ -119,19 +121,19 @@ def _authenticator(args: argparse.Namespace) -> Authenticator | None:
     try:
         return TokenFile(Path(args.auth_tokens))
     except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+        raise SettingError(str(exc)) from None
 
 
 def _extended_card(args: argparse.Namespace) -> AgentCard | None:
     """The card ``--extended-card`` names (None: no extended card).
 
     Raises:
-        SystemExit: The flag comes without authentication, or the file is not a card.
+        SettingError: The flag comes without authentication, or the file is not a card.
     """
     if not args.extended_card:
         return None
     if not (args.auth_tokens or args.auth_mtls or args.auth_trusted_header or args.auth_jwt_jwks):
-        raise SystemExit(
+        raise SettingError(
             "--extended-card is for authenticated callers: add one of --auth-tokens, "
             "--auth-mtls, --auth-trusted-header, --auth-jwt-jwks"
         )
@@ -139,7 +141,7 @@ def _extended_card(args: argparse.Namespace) -> AgentCard | None:
     try:
         return json_format.Parse(path.read_text(), AgentCard(), ignore_unknown_fields=False)
     except (OSError, json_format.ParseError) as exc:
-        raise SystemExit(
+        raise SettingError(
             f"--extended-card {path}: not a readable AgentCard (JSON): {exc}"
         ) from None
 
@@ -148,12 +150,12 @@ def _tls_files(args: argparse.Namespace) -> TlsFiles | None:
     """The TLS files the flags name, checked (None: plaintext).
 
     Raises:
-        SystemExit: A flag is missing or a file unusable (the message says which).
+        SettingError: A flag is missing or a file unusable (the message says which).
     """
     if not (args.tls_cert or args.tls_key or args.tls_client_ca):
         return None
     if not (args.tls_cert and args.tls_key):
-        raise SystemExit("--tls-cert and --tls-key go together (and --tls-client-ca needs both)")
+        raise SettingError("--tls-cert and --tls-key go together (and --tls-client-ca needs both)")
     files = TlsFiles(
         Path(args.tls_cert),
         Path(args.tls_key),
@@ -162,7 +164,7 @@ def _tls_files(args: argparse.Namespace) -> TlsFiles | None:
     try:
         files.check()
     except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+        raise SettingError(str(exc)) from None
     return files
 
 
@@ -200,11 +202,20 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, t
     return settings.resolve(given, environ, Path(path) if path else None)
 
 
-async def serve(values: dict[str, tuple[Any, str]]) -> None:
-    """Run the server until a signal asks it to stop."""
+def prepare(values: dict[str, tuple[Any, str]]) -> A2AServer:
+    """The server the settings describe, every check made (not started).
+
+    Raises:
+        SettingError: A setting, or a combination, that cannot be served (saying which).
+        AgentLoadError: ``agent`` does not name a usable executor.
+    """
     args = argparse.Namespace(**{name: value for name, (value, _) in values.items()})
+    if args.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        raise SettingError("--loop uvloop: uvloop is not installed (pip install '.[perf]')")
+    if args.admin and importlib.util.find_spec("grpc_channelz") is None:
+        raise SettingError("--admin needs the admin extra (pip install '.[admin]')")
     executor, card = load_agent(args.agent)
-    server = A2AServer(
+    return A2AServer(
         executor,
         card,
         host=args.host,
@@ -217,6 +228,10 @@ async def serve(values: dict[str, tuple[Any, str]]) -> None:
         extended_card=_extended_card(args),
         admin=args.admin,
     )
+
+
+async def serve(server: A2AServer) -> None:
+    """Run the server until a signal asks it to stop."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -274,13 +289,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         values = resolve(args, os.environ)
+        logs.configure(values["log_level"][0], values["log_format"][0], socket.gethostname())
+        server = prepare(values)  # every check, for check-config too
         if args.command == "check-config":
-            settings.server_config(values)  # (every check serve makes before it starts)
-            settings.nats_config(values)
             print(settings.render(values), end="")
             return 0
-        logs.configure(values["log_level"][0], values["log_format"][0], socket.gethostname())
-        _run(serve(values), values["loop"][0])
+        _run(serve(server), values["loop"][0])
     except (AgentLoadError, ValueError) as exc:
         print(f"a2a-grpc-server: {exc}", file=sys.stderr)
         return 2

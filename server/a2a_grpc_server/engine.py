@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import random
 import time
@@ -789,7 +790,7 @@ class TaskEngine:
         task = asyncio.create_task(run.run(), name=f"{TASK_PREFIX}:run:{live.task_id}")
         self._runs[task] = run
         self._idle.clear()
-        task.add_done_callback(self._run_done)
+        task.add_done_callback(self._run_done, context=contextvars.Context())
         return run
 
     def _run_done(self, task: asyncio.Task[None]) -> None:

@@ -106,7 +106,12 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         try:
             self._server = await loop.create_server(
-                self._protocol, self._host, self._port, ssl=self._tls
+                self._protocol,
+                self._host,
+                self._port,
+                ssl=self._tls,
+                # A handshake is not a connection yet (see _Bounded): bound it too.
+                ssl_handshake_timeout=self._timeout if self._tls is not None else None,
             )
         except OSError:
             await self._runner.cleanup()
@@ -117,7 +122,6 @@ class HttpServer:
         if self._server is None:
             return
         self._server.close()
-        await self._runner.shutdown()
         for transport in list(self._connections):
             transport.close()
         await self._runner.cleanup()

@@ -12,6 +12,7 @@ Who runs what: everything here runs on the event loop, in
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,16 +21,41 @@ import grpc
 Behavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
 
 
+MAX_CACHED = 1024
+"""Most methods whose wrapped handler is kept (a catch-all handler could make any number)."""
+
+SHAPES = (
+    ("unary_unary", grpc.unary_unary_rpc_method_handler, "unary"),
+    ("unary_stream", grpc.unary_stream_rpc_method_handler, "server_stream"),
+    ("stream_unary", grpc.stream_unary_rpc_method_handler, "client_stream"),
+    ("stream_stream", grpc.stream_stream_rpc_method_handler, "bidi_stream"),
+)
+"""Each handler shape: its attribute, how to make one, and its ``grpc_type`` name."""
+
+
 class HandlerWraps:
     """The wrapped handler of each method (see the module docstring).
 
+    Coroutine handlers are wrapped as they are; async-generator handlers
+    become coroutines that write each item (the same stream, one shape to
+    wrap); synchronous handlers, which grpc.aio runs in its thread pool, are
+    left as they are (``on_sync`` may replace them, e.g. to refuse the call).
+
     Args:
         wrap: Makes the wrapped behavior of one method from its name, its
-            kind (``unary`` or ``server_stream``) and its behavior.
+            kind (``unary``, ``server_stream``, ``client_stream``,
+            ``bidi_stream``) and its behavior.
+        on_sync: What a synchronous handler's behavior becomes (None: left
+            unwrapped).
     """
 
-    def __init__(self, wrap: Callable[[str, str, Behavior], Behavior]) -> None:
+    def __init__(
+        self,
+        wrap: Callable[[str, str, Behavior], Behavior],
+        on_sync: Behavior | None = None,
+    ) -> None:
         self._wrap = wrap
+        self._on_sync = on_sync
         self._made: dict[str, tuple[Any, Any]] = {}
 
     def get(self, method: str, handler: Any) -> Any:
@@ -37,30 +63,35 @@ class HandlerWraps:
         made = self._made.get(method)
         if made is not None and made[0] is handler:
             return made[1]
-        wrapped = _wrapped(handler, lambda kind, behavior: self._wrap(method, kind, behavior))
-        self._made[method] = (handler, wrapped)
+        wrapped = self._wrapped(method, handler)
+        if len(self._made) < MAX_CACHED or method in self._made:
+            self._made[method] = (handler, wrapped)
         return wrapped
 
-
-def _wrapped(handler: Any, wrap: Callable[[str, Behavior], Behavior]) -> Any:
-    """``handler`` (a ``grpc.RpcMethodHandler``) with its behavior wrapped.
-
-    The A2A service's RPCs, health and reflection are unary-unary,
-    unary-stream or stream-stream; any other shape is left as it is.
-    """
-    make: Any
-    if handler.unary_unary is not None:
-        make, kind, behavior = grpc.unary_unary_rpc_method_handler, "unary", handler.unary_unary
-    elif handler.unary_stream is not None:
-        make, kind, behavior = (
-            grpc.unary_stream_rpc_method_handler,
-            "server_stream",
-            handler.unary_stream,
-        )
-    else:
+    def _wrapped(self, method: str, handler: Any) -> Any:
+        for attribute, make, kind in SHAPES:
+            behavior = getattr(handler, attribute)
+            if behavior is None:
+                continue
+            if inspect.isasyncgenfunction(behavior):
+                behavior = _writing(behavior)
+            elif not (inspect.iscoroutinefunction(behavior) or inspect.isawaitable(behavior)):
+                if self._on_sync is None:
+                    return handler
+                behavior = self._on_sync
+            return make(  # type: ignore[no-untyped-call]
+                self._wrap(method, kind, behavior),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
         return handler
-    return make(
-        wrap(kind, behavior),
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+
+
+def _writing(generator: Callable[..., Any]) -> Behavior:
+    """An async-generator handler as a coroutine that writes what it yields."""
+
+    async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        async for item in generator(request, context):
+            await context.write(item)
+
+    return run

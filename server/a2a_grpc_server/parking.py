@@ -23,6 +23,7 @@ task, and ``make_room`` before it creates a task.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections import Counter, OrderedDict
@@ -185,7 +186,10 @@ class ParkingLot:
     def _schedule(self) -> None:
         if self._timer is None and self._parked:
             period = max(self._timeout / 4, 0.05)
-            self._timer = asyncio.get_running_loop().call_later(period, self._tick)
+            # (In a context of its own: not the call or run that happened to arm it.)
+            self._timer = asyncio.get_running_loop().call_later(
+                period, self._tick, context=contextvars.Context()
+            )
 
     def _tick(self) -> None:
         self._timer = None

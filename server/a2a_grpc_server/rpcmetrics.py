@@ -92,29 +92,30 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         metrics = self.metrics
         histogram = metrics.seconds.setdefault(labels, Histogram(RPC_BUCKETS))
         handled = {code: (*labels, code.name) for code in grpc.StatusCode}
-        ok, cancelled, unknown = (
+        ok, cancelled, unknown, deadline = (
             handled[grpc.StatusCode.OK],
             handled[grpc.StatusCode.CANCELLED],
             handled[grpc.StatusCode.UNKNOWN],
+            handled[grpc.StatusCode.DEADLINE_EXCEEDED],
         )
 
         async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             metrics.started[labels] += 1
             start = time.perf_counter()
-            outcome = ok
+            outcome = unknown
             try:
-                return await behavior(request, context)
+                result = await behavior(request, context)
+                code = status_code(context.code())  # set_code, or none: OK
+                outcome = handled[code] if code is not None else ok
+                return result
             except grpc.aio.AbortError:
-                code = context.code()
-                outcome = (
-                    handled.get(code, unknown) if isinstance(code, grpc.StatusCode) else unknown
-                )
+                code = status_code(context.code())
+                outcome = handled[code] if code is not None else unknown
                 raise
             except asyncio.CancelledError:
-                outcome = cancelled  # the client left, or its deadline passed
-                raise
-            except BaseException:
-                outcome = unknown
+                left = context.time_remaining()
+                # The client left, or its deadline passed (grpc.aio cancels the handler).
+                outcome = deadline if left is not None and left <= 0 else cancelled
                 raise
             finally:
                 metrics.handled[outcome] += 1
@@ -126,7 +127,7 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 _BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
-def _status(code: object) -> grpc.StatusCode | None:
+def status_code(code: object) -> grpc.StatusCode | None:
     """``context.code()`` as a ``StatusCode`` (grpc.aio may give the number)."""
     if isinstance(code, grpc.StatusCode):
         return code

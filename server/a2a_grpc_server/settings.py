@@ -306,6 +306,13 @@ def resolve(
             a key that is not a setting (each saying which, and where).
     """
     in_file = _read(path) if path is not None else {}
+    known = {s.env for s in SETTINGS} | {CONFIG_ENV}
+    unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known)
+    if unknown:
+        raise SettingError(
+            f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not settings "
+            "(see `a2a-grpc-server serve --help`)"
+        )
     values: dict[str, tuple[Any, str]] = {}
     for s in SETTINGS:
         if s.name in given:
@@ -467,8 +474,10 @@ def _toml(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, Iterable) and not isinstance(value, str):
-        return json.dumps(list(value))
-    return json.dumps(value)
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    # A TOML basic string: JSON's escapes, but characters beyond the BMP as they are
+    # (TOML has no surrogate pairs) and DEL escaped (TOML forbids it raw).
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 if __name__ == "__main__":  # the README's table: python -m a2a_grpc_server.settings

@@ -33,6 +33,7 @@ they end.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import weakref
 from dataclasses import dataclass
@@ -159,6 +160,7 @@ class ExecutionSupervisor:
         "_executor",
         "_group",
         "_queue",
+        "_run_context",
         "_start_seq",
         "finished",
         "live",
@@ -187,6 +189,9 @@ class ExecutionSupervisor:
         self._execute = execute
         self._cancel_timeout = cancel_timeout
         self._group: asyncio.TaskGroup | None = None
+        self._run_context: contextvars.Context | None = None
+        """The run's context (its task ids for logs, its span), for the coroutines it starts:
+        the canceller and the consumer are started from other calls' tasks too."""
         self._cancel_requested = cancel
         self.sources: list[asyncio.Task[None]] = []
         """The producer and canceller tasks still running (a list: at most two)."""
@@ -214,13 +219,14 @@ class ExecutionSupervisor:
             logger.exception("run of task %s failed", self.live.task_id)
             await self.live.finalize(TaskState.TASK_STATE_FAILED, "internal server error")
         finally:
-            self._group = None
+            self._group = self._run_context = None
             self.finished = True
             log.remove_on_close(self.stop)
             log.notify()
 
     async def _supervised(self) -> None:
         """The run itself: its TaskGroup, the executor inline as the group's body."""
+        self._run_context = contextvars.copy_context()
         async with asyncio.TaskGroup() as group:
             self._group = group
             if self._cancel_requested:
@@ -275,7 +281,9 @@ class ExecutionSupervisor:
     def _start_canceller(self) -> None:
         assert self._group is not None
         task = self._group.create_task(
-            self._cancel(), name=f"{TASK_PREFIX}:cancel:{self.live.task_id}"
+            self._cancel(),
+            name=f"{TASK_PREFIX}:cancel:{self.live.task_id}",
+            context=self._run_context,
         )
         self.sources.append(task)
         task.add_done_callback(self._source_ended)
@@ -317,7 +325,9 @@ class ExecutionSupervisor:
             return  # (a consumer cancelled before its first step never clears itself)
         try:
             self._consumer = self._group.create_task(
-                self._consume(), name=f"{TASK_PREFIX}:consume:{self.live.task_id}"
+                self._consume(),
+                name=f"{TASK_PREFIX}:consume:{self.live.task_id}",
+                context=self._run_context,
             )
         except RuntimeError:
             # The group is shutting down (the run is being stopped, or a fault

@@ -47,6 +47,7 @@ What is kept (sizes live in the log, not in readers):
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import logging
 import time
@@ -183,7 +184,10 @@ class LogPool:
     def _schedule(self) -> None:
         if self._timer is None and (self._retained or self._watched):
             period = max(self.limits.resume_window / 4, 0.05)
-            self._timer = asyncio.get_running_loop().call_later(period, self._sweep)
+            # (In a context of its own: not the call or run that happened to arm it.)
+            self._timer = asyncio.get_running_loop().call_later(
+                period, self._sweep, context=contextvars.Context()
+            )
 
     def _sweep(self) -> None:
         """Release what the resume window no longer covers (runs every quarter window)."""

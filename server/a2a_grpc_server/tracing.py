@@ -23,6 +23,7 @@ a2a-sdk's own instrumentation (a span per enqueued event) is off unless
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ from typing import Any
 import grpc
 
 from .intercept import Behavior, HandlerWraps
+from .rpcmetrics import status_code as _status
 
 try:
     from opentelemetry import propagate, trace
@@ -44,6 +46,18 @@ except ImportError:  # pragma: no cover - the API is not installed
     trace = None  # type: ignore[assignment]
 
 TRACER_NAME = "a2a_grpc_server"
+SERVER_ERRORS = frozenset(
+    {
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+"""The codes that mark a SERVER span as an error (OpenTelemetry's gRPC conventions; a
+NOT_FOUND or INVALID_ARGUMENT is the client's, not the server's)."""
 PROPAGATED = ("traceparent", "tracestate")
 """The W3C trace-context metadata keys."""
 
@@ -96,17 +110,29 @@ def _traced(method: str, kind: str, behavior: Behavior) -> Behavior:
         }
         parent = propagate.extract(carrier)
         with _tracer().start_as_current_span(
-            name, context=parent, kind=SpanKind.SERVER, attributes=attributes
+            name,
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
         ) as span:
+            code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
             try:
-                return await behavior(request, context)
+                result = await behavior(request, context)
+                code = _status(context.code()) or grpc.StatusCode.OK
+                return result
             except grpc.aio.AbortError:
-                code = context.code()
-                number = code.value[0] if isinstance(code, grpc.StatusCode) else code
-                span.set_attribute("rpc.grpc.status_code", int(number or 0))
-                text = context.details()  # type: ignore[no-untyped-call]
-                span.set_status(Status(StatusCode.ERROR, str(text or "")))
+                code = _status(context.code()) or grpc.StatusCode.UNKNOWN
                 raise
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            finally:
+                span.set_attribute("rpc.grpc.status_code", code.value[0])
+                if code in SERVER_ERRORS:
+                    text = context.details()  # type: ignore[no-untyped-call]
+                    span.set_status(Status(StatusCode.ERROR, str(text or code.name)))
 
     return run
 
@@ -139,6 +165,8 @@ def inject(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
         return kept + [pair for pair in headers if pair[0] in PROPAGATED]
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
+    if not carrier:  # no current span: the client's context still holds
+        return kept + [pair for pair in headers if pair[0] in PROPAGATED]
     return kept + list(carrier.items())
 
 

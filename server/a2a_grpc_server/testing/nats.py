@@ -83,7 +83,11 @@ class Node:
             args += [f"nats://127.0.0.1:{self.cluster_port}"]
             args += ["--routes", ",".join(f"nats://127.0.0.1:{p}" for p in self.routes)]
         self.proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # a terminal's Ctrl-C is for its owner, which stops it
         )
         ready = threading.Event()
         self._reader = threading.Thread(target=self._read_log, args=(ready,), daemon=True)
