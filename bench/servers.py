@@ -1,9 +1,9 @@
 """Start one server under test in this process: ``python -m bench.servers KIND``.
 
 KIND is ``ours`` (A2AService, in-memory, on a grpc.aio server made as
-``a2a-grpc-server serve`` makes it: ``grpc_options`` and the per-RPC metrics
-interceptor), ``ours-bare`` (the same without the interceptor: its cost is
-the difference), ``ours-nats`` (A2AService joined to
+``a2a-grpc-server serve`` makes it: ``grpc_options`` and the service's
+interceptors, per-RPC metrics and tracing), ``ours-bare`` (the same without
+the interceptors: their cost is the difference), ``ours-nats`` (A2AService joined to
 the NATS given by ``--nats``), ``sdk`` (a2a-sdk 1.3.0: ``GrpcHandler`` over
 ``DefaultRequestHandler`` and ``InMemoryTaskStore``, the same agent) or
 ``raw`` (``bench.raw``). Each binds 127.0.0.1 on a free port, prints
@@ -62,7 +62,7 @@ async def build(
         config = ServerConfig(push_allow_private=True) if push_to_loopback else None
         service = A2AService(Workload(), default_card(), cluster=cluster, config=config)
         await service.start()
-        interceptors = [] if kind == "ours-bare" else [service.metrics_interceptor()]
+        interceptors = [] if kind == "ours-bare" else service.interceptors()
         server = grpc.aio.server(
             options=[*grpc_options(service.config), ("grpc.so_reuseport", 0)],
             interceptors=interceptors,
