@@ -12,19 +12,17 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskUpdater
-from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import CancelTaskRequest
 
-from a2a_grpc_server import A2AServer
 from a2a_grpc_server.auth import TokenFile
 from a2a_grpc_server.logs import JsonFormatter
+from a2a_grpc_server.testing import running_server
 
-from .harness import V1, send_request
+from .harness import send_request
 from .serveproc import ROOT
 
 
@@ -82,20 +80,9 @@ async def test_a_line_logged_during_a_run_carries_the_task_and_the_caller(
 ) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("alice:a-secret\n")
-    server = A2AServer(
-        ChattyAgent(), host="127.0.0.1", port=0, http_port=None, auth=TokenFile(tokens)
-    )
-    await server.start()
-    try:
-        async with (
-            asyncio.timeout(20),
-            grpc.aio.insecure_channel(server.grpc_address) as channel,
-        ):
-            stub = a2a_pb2_grpc.A2AServiceStub(channel)
-            metadata = (*V1, ("authorization", "Bearer a-secret"))
-            task = (await stub.SendMessage(send_request("hi"), metadata=metadata)).task
-    finally:
-        await server.stop(grace=0)
+    async with asyncio.timeout(20), running_server(ChattyAgent(), auth=TokenFile(tokens)) as h:
+        metadata = (*h.metadata, ("authorization", "Bearer a-secret"))
+        task = (await h.stub.SendMessage(send_request("hi"), metadata=metadata)).task
     lines = [json.loads(line) for line in json_lines.getvalue().splitlines()]
     [said] = [line for line in lines if line["logger"] == "agent.chatty"]
     assert said["message"] == "working on it"
@@ -112,20 +99,11 @@ async def test_the_executors_cancel_logs_as_its_task_not_as_the_cancel_call(
     json_lines: io.StringIO,
 ) -> None:
     agent = PoliteAgent()
-    server = A2AServer(agent, host="127.0.0.1", port=0, http_port=None)
-    await server.start()
-    try:
-        async with (
-            asyncio.timeout(20),
-            grpc.aio.insecure_channel(server.grpc_address) as channel,
-        ):
-            stub = a2a_pb2_grpc.A2AServiceStub(channel)
-            request = send_request("go", immediately=True)
-            task = (await stub.SendMessage(request, metadata=V1)).task
-            await agent.working.wait()
-            await stub.CancelTask(CancelTaskRequest(id=task.id), metadata=V1)
-    finally:
-        await server.stop(grace=0)
+    async with asyncio.timeout(20), running_server(agent) as h:
+        request = send_request("go", immediately=True)
+        task = (await h.stub.SendMessage(request, metadata=h.metadata)).task
+        await agent.working.wait()
+        await h.stub.CancelTask(CancelTaskRequest(id=task.id), metadata=h.metadata)
     lines = [json.loads(line) for line in json_lines.getvalue().splitlines()]
     [said] = [line for line in lines if line["logger"] == "agent.polite"]
     assert (said["task_id"], said["context_id"]) == (task.id, task.context_id)

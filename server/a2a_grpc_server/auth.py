@@ -29,7 +29,7 @@ import contextvars
 import hmac
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,7 +40,7 @@ from a2a.types.a2a_pb2 import HTTPAuthSecurityScheme, MutualTlsSecurityScheme, S
 
 from . import errors
 from .errors import ServerError
-from .intercept import Behavior, HandlerWraps
+from .intercept import Behavior, WrappingInterceptor
 
 logger = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ class TrustedHeader:
         return "mesh", SecurityScheme(mtls_security_scheme=mesh)
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class AuthInterceptor(WrappingInterceptor):
     """Authenticates every call to the A2A service (see the module docstring).
 
     Args:
@@ -280,21 +280,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, authenticator: Authenticator, also: tuple[str, ...] = ()) -> None:
         self._authenticator = authenticator
         self._guarded = tuple(f"/{service}/" for service in (SERVICE, *also))
-        self._wraps = HandlerWraps(
+        super().__init__(
             lambda method, kind, behavior: self._authenticated(behavior), on_sync=_unguardable
         )
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-        details: grpc.HandlerCallDetails,
-    ) -> Any:
-        """The call's handler, run as its principal, or one that refuses it."""
-        handler = await continuation(details)
-        method: str = details.method  # type: ignore[attr-defined]
-        if handler is None or not method.startswith(self._guarded):
-            return handler
-        return self._wraps.get(method, handler)
+    def covers(self, method: str) -> bool:
+        """The guarded services' methods (health and reflection stay open)."""
+        return method.startswith(self._guarded)
 
     def _authenticated(self, behavior: Behavior) -> Behavior:
         """``behavior``, run as the caller's principal once the authenticator named it."""

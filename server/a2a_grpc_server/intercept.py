@@ -87,6 +87,38 @@ class HandlerWraps:
         return handler
 
 
+class WrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """A server interceptor that wraps the handler of each method it ``covers``.
+
+    Args:
+        wrap: As for ``HandlerWraps``.
+        on_sync: As for ``HandlerWraps``.
+    """
+
+    def __init__(
+        self,
+        wrap: Callable[[str, str, Behavior], Behavior],
+        on_sync: Behavior | None = None,
+    ) -> None:
+        self._wraps = HandlerWraps(wrap, on_sync)
+
+    def covers(self, method: str) -> bool:
+        """Whether calls of ``method`` (``/service/Method``) are wrapped (all, by default)."""
+        return True
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        details: grpc.HandlerCallDetails,
+    ) -> Any:
+        """The call's handler, wrapped if this interceptor covers its method."""
+        handler = await continuation(details)
+        method: str = details.method  # type: ignore[attr-defined]
+        if handler is None or not self.covers(method):
+            return handler
+        return self._wraps.get(method, handler)
+
+
 def _writing(generator: Callable[..., Any]) -> Behavior:
     """An async-generator handler as a coroutine that writes what it yields."""
 

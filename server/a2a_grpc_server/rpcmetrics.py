@@ -17,13 +17,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
-from .intercept import Behavior, HandlerWraps
+from .intercept import Behavior, WrappingInterceptor
 from .metrics import Histogram
 
 RPC_BUCKETS = (
@@ -61,7 +60,7 @@ class RpcMetrics:
     seconds: dict[Labels, Histogram] = field(default_factory=dict)
 
 
-class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class MetricsInterceptor(WrappingInterceptor):
     """Counts every call of every service this server serves (see the module docstring).
 
     Put it first among the server's interceptors, so calls another
@@ -73,18 +72,7 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self, metrics: RpcMetrics) -> None:
         self.metrics = metrics
-        self._wraps = HandlerWraps(self._timed)
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-        details: grpc.HandlerCallDetails,
-    ) -> Any:
-        """The call's handler, counted."""
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        return self._wraps.get(details.method, handler)  # type: ignore[attr-defined]
+        super().__init__(self._timed)
 
     def _timed(self, method: str, kind: str, behavior: Behavior) -> Behavior:
         service, _, name = method.lstrip("/").rpartition("/")

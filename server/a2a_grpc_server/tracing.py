@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grpc
 
-from .intercept import Behavior, HandlerWraps
+from .intercept import Behavior, WrappingInterceptor
 from .rpcmetrics import status_code as _status
 
 try:
@@ -73,7 +73,7 @@ def _tracer() -> Any:
     return trace.get_tracer(TRACER_NAME)
 
 
-class TracingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class TracingInterceptor(WrappingInterceptor):
     """One SERVER span per RPC, child of the client's ``traceparent`` (see the module docstring).
 
     Put it after the metrics interceptor and before authentication (a
@@ -81,18 +81,7 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """
 
     def __init__(self) -> None:
-        self._wraps = HandlerWraps(_traced)
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-        details: grpc.HandlerCallDetails,
-    ) -> Any:
-        """The call's handler, traced when tracing is active."""
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        return self._wraps.get(details.method, handler)  # type: ignore[attr-defined]
+        super().__init__(_traced)
 
 
 def _traced(method: str, kind: str, behavior: Behavior) -> Behavior:
