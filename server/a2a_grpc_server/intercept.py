@@ -127,3 +127,13 @@ def _writing(generator: Callable[..., Any]) -> Behavior:
             await context.write(item)
 
     return run
+
+
+_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def status_code(code: object) -> grpc.StatusCode | None:
+    """``context.code()`` as a ``StatusCode`` (grpc.aio may give the number)."""
+    if isinstance(code, grpc.StatusCode):
+        return code
+    return _BY_NUMBER.get(code) if isinstance(code, int) else None

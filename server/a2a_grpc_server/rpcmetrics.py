@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from .intercept import Behavior, WrappingInterceptor
+from .intercept import Behavior, WrappingInterceptor, status_code
 from .metrics import Histogram
 
 RPC_BUCKETS = (
@@ -110,13 +110,3 @@ class MetricsInterceptor(WrappingInterceptor):
                 histogram.observe(time.perf_counter() - start)
 
         return run
-
-
-_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
-
-
-def status_code(code: object) -> grpc.StatusCode | None:
-    """``context.code()`` as a ``StatusCode`` (grpc.aio may give the number)."""
-    if isinstance(code, grpc.StatusCode):
-        return code
-    return _BY_NUMBER.get(code) if isinstance(code, int) else None

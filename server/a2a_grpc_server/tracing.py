@@ -31,7 +31,7 @@ from typing import Any
 import grpc
 
 from .intercept import Behavior, WrappingInterceptor
-from .rpcmetrics import status_code as _status
+from .intercept import status_code as _status
 
 try:
     from opentelemetry import propagate, trace
