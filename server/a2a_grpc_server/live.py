@@ -31,7 +31,17 @@ from a2a.utils.errors import InvalidAgentResponseError
 from . import taskops, tracing
 from .config import DEFAULT_MAX_TASK_BYTES
 from .errors import quote
-from .journal import Change, FinalTaskError, StoreError, TaskJournal
+from .journal import (
+    Change,
+    FinalTaskError,
+    PartialWriteError,
+    RecordedTask,
+    StoreError,
+    TaskExistsError,
+    TaskJournal,
+    UnknownTaskError,
+    VersionConflictError,
+)
 from .sizing import TaskSize, TaskTooLargeError
 from .tasklog import LogReader, TaskLog
 from .taskops import Event
@@ -63,6 +73,7 @@ class LiveTask:
         "_first_message",
         "_index",
         "_journal",
+        "_landed",
         "_size",
         "_task",
         "_unconfirmed",
@@ -108,6 +119,8 @@ class LiveTask:
         self._first_message = first_message
         self._dirty = False
         self._unconfirmed: list[Change] = []
+        self._landed = 0
+        """How many of ``_unconfirmed`` may have landed (see ``_reconcile``)."""
         self.run: ExecutionSupervisor | None = None
         """The execution currently feeding this task, if any."""
         self.admitting = False
@@ -265,7 +278,9 @@ class LiveTask:
                     async with asyncio.timeout_at(deadline):
                         self._version = await self._journal.update(updated, self._version, [change])
                     recorded = True
-                except FinalTaskError:
+                except REFUSED:
+                    # Someone else wrote the task (a survivor that took this
+                    # instance for lost): its outcome is the task's.
                     if await self._close_as_recorded():
                         return
                 except (StoreError, TimeoutError):
@@ -318,29 +333,60 @@ class LiveTask:
     async def _reconcile(self) -> None:
         """Start again from what the journal holds, after a write of ours failed.
 
-        A write that failed may have landed, whole or in part (a retry gave up
-        on an attempt that had been stored; a write of several messages
-        stopped): the frames of the changes that landed are appended, so the
-        log and the journal number the same changes; the task becomes the
-        journal's.
+        Which of our unconfirmed changes landed depends on how the write
+        failed (``_failed``): none when the journal refused it (a compare-and-set
+        lost to another instance's write, e.g. a survivor that ended the task),
+        the first ``recorded`` of a partial write, and for a write whose outcome
+        is unknown (a timeout, a cancellation) those the record's numbers
+        leave room for, but never one in the place of a foreign final change.
+        Their frames are appended, so the log and the journal number the same
+        changes; the task becomes the journal's. If the record is final and the
+        log is not, the log is sealed with the recorded outcome, numbered as
+        recorded: every reader ends with the task's outcome, whoever wrote it.
 
         Raises:
             StoreError: The journal could not be read (the task stays dirty).
         """
         recorded = await self._journal.get(self.task_id)
-        landed = 0 if recorded is None else recorded.seq - self.log.last_seq
-        landed = max(0, min(landed, len(self._unconfirmed)))
+        unconfirmed, self._unconfirmed = self._unconfirmed, []
+        ahead = 0 if recorded is None else recorded.seq - self.log.last_seq
+        # (Final only with a change beyond this log's: a journal that keeps the
+        # object it was given may show a refused write's in-place changes.)
+        final = recorded is not None and ahead > 0 and taskops.is_final(recorded.task)
+        landed = max(0, min(ahead, len(unconfirmed), self._landed))
+        if final and landed and landed == ahead:
+            ours = unconfirmed[landed - 1].state
+            if not taskops.is_final_state(ours):  # type: ignore[arg-type]
+                landed -= 1  # the record's last change is a final one, and not ours
         if recorded is not None:
             self._task = self.log.snapshot = recorded.task
             self._version = recorded.version
             self._index = taskops.index_artifacts(recorded.task)
             self._size.measure(recorded.task)
             self._first_message = None
-        final = recorded is not None and taskops.is_final(recorded.task)
-        for i, change in enumerate(self._unconfirmed[:landed]):
-            self.log.append(change.frame, change.state, final=final and i == landed - 1)
-        self._unconfirmed = []
+        for i, change in enumerate(unconfirmed[:landed]):
+            last = final and i == ahead - 1
+            self.log.append(change.frame, change.state, final=last)
+        if recorded is not None and final and not self.log.closed:
+            self._seal_as_recorded(recorded)
+        elif recorded is not None and not final:
+            while self.log.last_seq < recorded.seq:  # changes of another writer's
+                self.log.append(b"")
         self._dirty = False
+
+    def _seal_as_recorded(self, recorded: RecordedTask) -> None:
+        """Seal the log with ``recorded``'s final status, numbered as the record numbers it."""
+        task = recorded.task
+        logger.warning(
+            "task %s was ended %s by another instance",
+            self.task_id,
+            taskops.state_name(task.status.state),
+        )
+        update = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id)
+        update.status.CopyFrom(task.status)
+        self._task = self.log.snapshot = task
+        frame = StreamResponse(status_update=update).SerializeToString()
+        self.log.seal(frame, task.status.state, at=recorded.seq)
 
     async def close_if_ended_elsewhere(self) -> bool:
         """End the log with the recorded outcome if another instance ended the task.
@@ -370,16 +416,9 @@ class LiveTask:
             return False
         if recorded is None or not taskops.is_final(recorded.task):
             return False
-        task = recorded.task
-        logger.warning(
-            "task %s was ended %s by another instance",
-            self.task_id,
-            taskops.state_name(task.status.state),
-        )
-        update = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id)
-        update.status.CopyFrom(task.status)
-        self._task = self.log.snapshot = task
-        self.log.seal(StreamResponse(status_update=update).SerializeToString(), task.status.state)
+        if recorded.seq <= self.log.last_seq:
+            return False  # no change beyond this log's: not ended elsewhere (see _reconcile)
+        self._seal_as_recorded(recorded)
         return True
 
     async def _create(self, given: Task | None) -> None:
@@ -438,11 +477,12 @@ class LiveTask:
                 )
             else:
                 self._version = await self._journal.update(task, self._version, changes)
-        except StoreError:
+        except StoreError as exc:
             # Nothing is appended yet, and the task changed in place is not what
             # the journal holds: dirty until reconciled (here if the journal can
             # be read, else by the next reader of the task or by finalize).
             self._dirty, self._unconfirmed = True, changes
+            self._landed = _landed(exc, len(changes))
             with contextlib.suppress(StoreError):
                 await self._reconcile()
             raise
@@ -450,7 +490,7 @@ class LiveTask:
             # The caller gave up (its deadline passed) mid-write: the write may
             # have landed. Dirty: the next reader of the task, or finalize, reads
             # the journal back first.
-            self._dirty, self._unconfirmed = True, changes
+            self._dirty, self._unconfirmed, self._landed = True, changes, len(changes)
             raise
         if creating:
             self._first_message = None  # in the task's history now
@@ -468,7 +508,7 @@ class LiveTask:
         if size > self._size.limit:
             raise TaskTooLargeError(self.task_id, 0, size, self._size.limit, "the agent's answer")
         self.answer = message
-        self.log.append(StreamResponse(message=message).SerializeToString(), final=True)
+        self.log.answer(StreamResponse(message=message).SerializeToString())
 
     def drop(self, event: Event, why: str) -> None:
         """Count and log an event that is not applied."""
@@ -480,3 +520,16 @@ class LiveTask:
             taskops.state_name(self.state),
             why,
         )
+
+
+REFUSED = (VersionConflictError, FinalTaskError, UnknownTaskError, TaskExistsError)
+"""Write errors after which none of the write's changes is recorded (the journal refused it)."""
+
+
+def _landed(error: StoreError, written: int) -> int:
+    """How many of ``written`` changes may be recorded after a write failed with ``error``."""
+    if isinstance(error, REFUSED):
+        return 0
+    if isinstance(error, PartialWriteError):
+        return error.recorded
+    return written  # unknown: as many as the record's numbers leave room for

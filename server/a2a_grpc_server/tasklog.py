@@ -13,10 +13,16 @@ the owner's frames with the owner's numbers. Each stream handler owns one
 Who closes what:
 
 * ``seal(final)`` ends the task's log, idempotently and always in this order:
-  (1) append the final frame unless a final frame was already appended (the
-  log is then sealed: nothing can follow it); (2) mark the log closed; (3) run
-  the close callbacks, which cancel the task's producer and consumer; (4) wake
-  every reader. Readers drain to the final frame, then see end-of-stream.
+  (1) append the final frame (the log is then sealed: nothing can follow it);
+  (2) mark the log closed; (3) run the close callbacks, which cancel the
+  task's producer and consumer; (4) wake every reader. Readers drain to the
+  final frame, then see end-of-stream.
+* A task's own log ends only that way, by construction: ``seal`` takes the
+  final frame (there is no bare close), ``append(final=True)`` refuses a
+  frame whose state is not terminal, ``answer`` ends it with the agent's
+  message-only answer, and ``sever`` refuses a log that is not a relay. A
+  writer that finds its task ended elsewhere seals with the recorded outcome
+  (``LiveTask``), numbered as recorded (``seal(..., at=seq)``).
 * The writer never waits for a reader, and a reader is never dropped for being
   behind. A reader ends early only when the frame it needs next has left the
   log (see "What is kept"): it then raises ``FrameNotKeptError``
@@ -77,6 +83,10 @@ TRIM_EVERY = 64
 
 class LogClosedError(Exception):
     """The log's task has ended; nothing can be appended or subscribed."""
+
+
+class NotFinalError(ValueError):
+    """A frame whose state is not terminal was offered as a log's final frame (a bug)."""
 
 
 class EndReason(enum.Enum):
@@ -483,7 +493,17 @@ class TaskLog:
 
         Raises:
             LogClosedError: The task has already ended.
+            NotFinalError: ``final`` with a state that is not terminal.
         """
+        if final and not taskops.is_final_state(state):  # type: ignore[arg-type]
+            raise NotFinalError(f"task {self.task_id}: a final frame must carry a final state")
+        return self._append(frame, state, final)
+
+    def answer(self, frame: bytes) -> int:
+        """End the log with the agent's message-only answer (a task that never existed)."""
+        return self._append(frame, 0, True)
+
+    def _append(self, frame: bytes, state: int, final: bool) -> int:
         if self._closed:
             raise LogClosedError(self.task_id)
         self._last_seq += 1
@@ -498,26 +518,37 @@ class TaskLog:
             self._wake()
         return self._last_seq
 
-    def seal(self, final: bytes | None = None, state: int = 0) -> None:
-        """End the log; idempotent. See the module docstring for the order.
+    def seal(self, final: bytes, state: int, *, at: int = 0) -> None:
+        """End the log with ``final``; idempotent. See the module docstring for the order.
 
         Args:
-            final: The final frame, appended unless a final frame already was.
-            state: The state it carries.
+            final: The final frame (a serialized ``StreamResponse``).
+            state: The terminal state it carries.
+            at: The number the record gave the final change (0: the next one).
+                Changes in between that this log never had (another instance
+                wrote them) are numbered without a frame, so a resumed stream's
+                numbers stay those of the record.
+
+        Raises:
+            NotFinalError: ``state`` is not terminal.
         """
         if self._closed:
             return
-        if final is not None and not self._final_seq:
-            self.append(final, state, final=True)
-        else:
-            self._close()
+        while at and self._last_seq < at - 1:
+            self._append(b"", 0, False)
+        self.append(final, state, final=True)
 
     def sever(self, error: Exception) -> None:
         """Stop carrying a task this log only relays; idempotent, no final frame.
 
         Readers drain what is kept, then raise ``error``. Close callbacks run as
         for ``seal``.
+
+        Raises:
+            ValueError: The log is the task's own (it ends only by ``seal``).
         """
+        if not self._relayed:
+            raise ValueError(f"task {self.task_id}: its own log ends only with a final frame")
         if self._closed:
             return
         self._severed = error

@@ -1,0 +1,181 @@
+"""Ownership under faults, with an agent that keeps emitting through them (issue 19).
+
+Each case is what broke before: an owner paused past its lease whose agent's
+next event met the survivor's write; a NATS-wide outage (nats-server SIGKILLed
+and restarted, or paused) after which one instance reaped the other's work.
+Every stream must end with the task's recorded outcome, and an outage every
+instance saw must not end anyone's tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from a2a.types import a2a_pb2_grpc
+from a2a.types.a2a_pb2 import (
+    GetTaskRequest,
+    StreamResponse,
+    SubscribeToTaskRequest,
+    Task,
+    TaskState,
+)
+
+from . import natsserver
+from .agents_for_cli import Ticking
+from .clusterharness import Instance, instances
+from .harness import V1, send_request
+from .serveproc import owner_process
+
+S = TaskState
+LEASE = 2.0
+TICKING = "tests.agents_for_cli:Ticking"
+
+
+async def record(call: Any) -> tuple[list[StreamResponse], grpc.StatusCode]:
+    """Every frame of a stream and the status it ended with."""
+    frames: list[StreamResponse] = []
+    try:
+        async for frame in call:
+            frames.append(frame)
+    except grpc.aio.AioRpcError as err:
+        return frames, err.code()
+    return frames, grpc.StatusCode.OK
+
+
+def final_status(frames: Sequence[StreamResponse]) -> TaskState | None:
+    """The state of a stream's last frame, if that frame is a final status."""
+    if not frames:
+        return None
+    last = frames[-1]
+    kind = last.WhichOneof("payload")
+    state = (
+        last.status_update.status.state
+        if kind == "status_update"
+        else last.task.status.state
+        if kind == "task"
+        else None
+    )
+    final = (S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED, S.TASK_STATE_CANCELED)
+    return state if state in final else None
+
+
+async def stored(stub: a2a_pb2_grpc.A2AServiceStub, task_id: str) -> Task:
+    result: Task = await stub.GetTask(GetTaskRequest(id=task_id), metadata=V1, timeout=10)
+    return result
+
+
+async def start_streams(
+    stubs: Sequence[a2a_pb2_grpc.A2AServiceStub],
+    count: int,
+    text: str,
+    followers: Sequence[a2a_pb2_grpc.A2AServiceStub] | None = None,
+) -> tuple[list[str], list[asyncio.Task[tuple[list[StreamResponse], grpc.StatusCode]]]]:
+    """``count`` streaming tasks sent through ``stubs`` in turn; each also followed through
+    every one of ``followers`` (default: ``stubs``)."""
+    ids: list[str] = []
+    tails: list[asyncio.Task[tuple[list[StreamResponse], grpc.StatusCode]]] = []
+    for i in range(count):
+        stub = stubs[i % len(stubs)]
+        call = stub.SendStreamingMessage(send_request(text), metadata=V1)
+        first: StreamResponse = await anext(aiter(call))
+        ids.append(first.task.id)
+        tails.append(asyncio.ensure_future(record(call)))
+        for other in followers or stubs:
+            sub = other.SubscribeToTask(SubscribeToTaskRequest(id=first.task.id), metadata=V1)
+            await anext(aiter(sub))
+            tails.append(asyncio.ensure_future(record(sub)))
+    return ids, tails
+
+
+def assert_outcomes(
+    results: Sequence[tuple[list[StreamResponse], grpc.StatusCode]],
+    recorded: dict[str, Task],
+    ids_of: Sequence[str],
+) -> None:
+    """Every stream ended OK with a final frame equal to its task's recorded final state."""
+    for (frames, code), task_id in zip(results, ids_of, strict=True):
+        assert code == grpc.StatusCode.OK, (task_id, code)
+        state = final_status(frames)
+        assert state is not None, f"stream of {task_id} ended OK without a final frame"
+        assert state == recorded[task_id].status.state, (task_id, state)
+
+
+async def test_an_owner_paused_past_its_lease_while_its_agent_emits_ends_every_stream_failed(
+    nats_url: str,
+) -> None:
+    async with (
+        owner_process(nats_url, LEASE, agent=TICKING) as (owner, _),
+        asyncio.timeout(45),
+        instances(Ticking(), [nats_url], names=("B",), lease=LEASE) as (b,),
+    ):
+        channel = grpc.aio.insecure_channel(owner.grpc_addr)
+        try:
+            stub = a2a_pb2_grpc.A2AServiceStub(channel)
+            ids, tails = await start_streams([stub], 10, "400 0.05", [stub, b.stub])
+            owner.proc.send_signal(signal.SIGSTOP)
+            try:
+                # The survivor ends them FAILED and its relayed streams get that frame.
+                async with asyncio.timeout(3 * LEASE + 5):
+                    relayed = await asyncio.gather(*tails[2::3])
+                for frames, code in relayed:
+                    assert code == grpc.StatusCode.OK
+                    assert final_status(frames) == S.TASK_STATE_FAILED
+            finally:
+                owner.proc.send_signal(signal.SIGCONT)
+            results = await asyncio.gather(*tails)
+            recorded = {i: await stored(b.stub, i) for i in ids}
+            assert all(t.status.state == S.TASK_STATE_FAILED for t in recorded.values())
+            assert_outcomes(results, recorded, [i for i in ids for _ in range(3)])
+            # The owner answers the same outcome, and has stopped the agents.
+            for task_id in ids:
+                assert (await stored(stub, task_id)).status == recorded[task_id].status
+        finally:
+            await channel.close()
+        owner.proc.send_signal(signal.SIGTERM)
+        assert await owner.proc.wait() == 0
+
+
+async def nats_outage_keeps_every_task(
+    instances_: Sequence[Instance], cause: str, outage: float, node: natsserver.Node
+) -> None:
+    """Tasks streaming on both instances; NATS goes away for ``outage``; nothing is reaped."""
+    stubs = [i.stub for i in instances_]
+    ids, tails = await start_streams(stubs, 10, "60 0.1")
+    if cause == "kill":
+        node.kill()
+        await asyncio.sleep(outage)  # sync-ok: the outage's length is what is tested
+        node.start()
+    else:
+        node.pause()
+        await asyncio.sleep(outage)  # sync-ok: the outage's length is what is tested
+        node.resume()
+    results = await asyncio.gather(*tails)
+    recorded = {i: await stored(stubs[0], i) for i in ids}
+    reaped = sum(i.service.metrics.tasks_reaped for i in instances_)
+    assert reaped == 0, "an outage every instance saw ended tasks"
+    assert all(t.status.state == S.TASK_STATE_COMPLETED for t in recorded.values()), {
+        i: S.Name(t.status.state) for i, t in recorded.items()
+    }
+    assert_outcomes(results, recorded, [i for i in ids for _ in range(3)])
+
+
+async def test_nats_killed_and_restarted_past_the_lease_reaps_nothing() -> None:
+    with natsserver.running(1) as cluster:
+        async with (
+            asyncio.timeout(60),
+            instances(Ticking(), cluster.urls, lease=LEASE) as pair,
+        ):
+            await nats_outage_keeps_every_task(pair, "kill", LEASE + 1.1, cluster.nodes[0])
+
+
+async def test_nats_paused_past_the_lease_reaps_nothing() -> None:
+    with natsserver.running(1) as cluster:
+        async with (
+            asyncio.timeout(60),
+            instances(Ticking(), cluster.urls, lease=LEASE) as pair,
+        ):
+            await nats_outage_keeps_every_task(pair, "pause", LEASE + 1.0, cluster.nodes[0])
