@@ -377,6 +377,12 @@ class ExecutionSupervisor:
                 TaskState.TASK_STATE_FAILED, f"agent sent an invalid event: {exc.message}"
             )
         except StoreError:
+            if self.live.log.closed:  # it ended elsewhere: its streams got that outcome
+                logger.warning(
+                    "task %s: the journal refused an event: the task had ended elsewhere",
+                    self.live.task_id,
+                )
+                return
             logger.exception("task %s: the journal refused an event", self.live.task_id)
             await self.live.finalize(
                 TaskState.TASK_STATE_FAILED, "server could not record the agent's progress"

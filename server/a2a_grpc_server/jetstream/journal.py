@@ -589,10 +589,10 @@ class JetStreamJournal:
         try:
             return await self._retry(attempt, f"record a change of task {task_id}")
         except WrongLastSequenceError:
+            if attempts > 1 and (landed := await self._landed(task_id, expected, headers)):
+                return landed  # the attempt that timed out had landed (others wrote after it)
             last = await self._last_message(task_id)
             found = (last.headers or {}) if last is not None else {}
-            if attempts > 1 and found.get(MSG_ID) == headers[MSG_ID]:
-                return int(found[STREAM_SEQ])  # the attempt that timed out had landed
             if last is None and expected and await self.snapshot(task_id) is not None:
                 # The task's messages left the stream (a task parked past
                 # events_ttl); its snapshot holds it. Extending an empty subject
@@ -603,6 +603,21 @@ class JetStreamJournal:
             if taskops.is_final_state(int(found.get(STATE, "0"))):  # type: ignore[arg-type]
                 raise FinalTaskError(task_id) from None
             raise VersionConflictError(f"{task_id}: not at version {expected}") from None
+
+    async def _landed(self, task_id: str, expected: int, headers: dict[str, str]) -> int:
+        """The position of the message with ``headers``' id if it is the one after ``expected``.
+
+        A retried publish whose first attempt was stored meets its own message
+        there, whatever was written after it (a survivor may have ended the task
+        on top of it while this instance was paused); 0 if another message is.
+        """
+        request: dict[str, object] = {"seq": expected + 1, "next_by_subj": subject(task_id)}
+        msgs = await self._retry(
+            lambda: self._requests.direct_get(EVENTS_STREAM, request, self._retry.timeout),
+            f"read the change after {expected} of task {task_id}",
+        )
+        found = (msgs[0].headers or {}) if msgs else {}
+        return int(found[STREAM_SEQ]) if found.get(MSG_ID) == headers[MSG_ID] else 0
 
     async def _maybe_snapshot(self, task: Task, seq: int, pos: int, *, force: bool = False) -> None:
         """Write the task's snapshot if one is due (see the module docstring)."""
