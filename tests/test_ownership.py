@@ -10,11 +10,13 @@ instance saw must not end anyone's tasks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
+import pytest
 from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import (
     GetTaskRequest,
@@ -27,8 +29,9 @@ from a2a.types.a2a_pb2 import (
 from . import natsserver
 from .agents_for_cli import Ticking
 from .clusterharness import Instance, instances
+from .faultsuite import Partition
 from .harness import V1, send_request
-from .serveproc import owner_process
+from .serveproc import Process, owner_process
 
 S = TaskState
 LEASE = 2.0
@@ -172,10 +175,103 @@ async def test_nats_killed_and_restarted_past_the_lease_reaps_nothing() -> None:
             await nats_outage_keeps_every_task(pair, "kill", LEASE + 1.1, cluster.nodes[0])
 
 
-async def test_nats_paused_past_the_lease_reaps_nothing() -> None:
+@pytest.mark.parametrize("leases", [0.8, 1.0, 3.0], ids=["under", "at", "well-past"])
+async def test_nats_paused_around_the_lease_reaps_nothing(leases: float) -> None:
     with natsserver.running(1) as cluster:
         async with (
             asyncio.timeout(60),
             instances(Ticking(), cluster.urls, lease=LEASE) as pair,
         ):
-            await nats_outage_keeps_every_task(pair, "pause", LEASE + 1.0, cluster.nodes[0])
+            await nats_outage_keeps_every_task(pair, "pause", leases * LEASE, cluster.nodes[0])
+
+
+@contextlib.asynccontextmanager
+async def owner_and_survivor(
+    nats_url: str, *, partitioned: bool
+) -> AsyncIterator[tuple[Process, a2a_pb2_grpc.A2AServiceStub, Instance, Partition | None]]:
+    """An owner process running Ticking (through a cuttable proxy to NATS, if
+    ``partitioned``), a stub of it, and a survivor instance in this process."""
+    proxy = None
+    url = nats_url
+    if partitioned:
+        proxy = Partition(int(nats_url.rsplit(":", 1)[1]))
+        await proxy.start()
+        url = f"nats://127.0.0.1:{proxy.port}"
+    try:
+        async with (
+            owner_process(url, LEASE, agent=TICKING) as (owner, _),
+            instances(Ticking(), [nats_url], names=("B",), lease=LEASE) as (b,),
+        ):
+            channel = grpc.aio.insecure_channel(owner.grpc_addr)
+            try:
+                yield owner, a2a_pb2_grpc.A2AServiceStub(channel), b, proxy
+            finally:
+                await channel.close()
+    finally:
+        if proxy is not None:
+            await proxy.close()
+
+
+@pytest.mark.parametrize("fault", ["sigstop", "partition"])
+async def test_an_owner_out_of_touch_for_part_of_its_lease_keeps_its_tasks(
+    nats_url: str, fault: str
+) -> None:
+    async with (
+        asyncio.timeout(45),
+        owner_and_survivor(nats_url, partitioned=fault == "partition") as (owner, stub, b, cut),
+    ):
+        ids, tails = await start_streams([stub], 4, "30 0.05", [stub, b.stub])
+        await out_of_touch(owner, cut, 0.5 * LEASE)
+        results = await asyncio.gather(*tails)
+        recorded = {i: await stored(b.stub, i) for i in ids}
+        assert b.service.metrics.tasks_reaped == 0
+        assert all(t.status.state == S.TASK_STATE_COMPLETED for t in recorded.values())
+        assert_outcomes(results, recorded, [i for i in ids for _ in range(3)])
+
+
+@pytest.mark.parametrize("fault", ["sigstop", "partition"])
+async def test_an_owner_out_of_touch_for_about_its_lease_ends_each_task_one_way_everywhere(
+    nats_url: str, fault: str
+) -> None:
+    async with (
+        asyncio.timeout(45),
+        owner_and_survivor(nats_url, partitioned=fault == "partition") as (owner, stub, b, cut),
+    ):
+        ids, tails = await start_streams([stub], 4, "30 0.05", [stub, b.stub])
+        await out_of_touch(owner, cut, LEASE)
+        results = await asyncio.gather(*tails)
+        recorded = {i: await stored(b.stub, i) for i in ids}
+        for task_id, task in recorded.items():  # either outcome, but the same everywhere
+            assert (await stored(stub, task_id)).status == task.status
+        assert_outcomes(results, recorded, [i for i in ids for _ in range(3)])
+
+
+async def test_an_owner_partitioned_past_its_lease_while_serving_ends_every_stream_failed(
+    nats_url: str,
+) -> None:
+    async with (
+        asyncio.timeout(45),
+        owner_and_survivor(nats_url, partitioned=True) as (owner, stub, b, cut),
+    ):
+        ids, tails = await start_streams([stub], 4, "400 0.05", [stub, b.stub])
+        await out_of_touch(owner, cut, 2.5 * LEASE)
+        results = await asyncio.gather(*tails)
+        recorded = {i: await stored(b.stub, i) for i in ids}
+        assert all(t.status.state == S.TASK_STATE_FAILED for t in recorded.values())
+        assert b.service.metrics.tasks_reaped == len(ids)
+        assert_outcomes(results, recorded, [i for i in ids for _ in range(3)])
+        for task_id in ids:
+            assert (await stored(stub, task_id)).status == recorded[task_id].status
+
+
+async def out_of_touch(owner: Process, cut: Partition | None, seconds: float) -> None:
+    """Take the owner out of touch for ``seconds``: SIGSTOP, or a cut between it and NATS."""
+    if cut is not None:
+        cut.open.clear()
+    else:
+        owner.proc.send_signal(signal.SIGSTOP)
+    await asyncio.sleep(seconds)  # sync-ok: the fault's length is what is tested
+    if cut is not None:
+        cut.open.set()
+    else:
+        owner.proc.send_signal(signal.SIGCONT)
