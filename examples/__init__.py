@@ -1,1 +1,1 @@
-"""Runnable example agents (see README)."""
+"""Runnable example agents (see docs/examples.md)."""

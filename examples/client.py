@@ -11,7 +11,7 @@ Generate the stubs once (what ``generate()`` does when they are missing)::
 site-packages directory holding googleapis-common-protos' ``google/api``).
 
 ``ask`` sends one message and waits for the task's outcome, and shows how a
-client handles each status the server answers (the README's "Errors"):
+client handles each status the server answers (docs/errors.md):
 
 * OK: the task (or the agent's message);
 * UNAVAILABLE (the instance is draining, or the task's owner is out of

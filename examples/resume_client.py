@@ -22,7 +22,7 @@ from a2a.types.a2a_pb2 import StreamResponse, SubscribeToTaskRequest
 from a2a.types.a2a_pb2_grpc import A2AServiceStub
 
 RESUME = "urn:a2a-grpc-server:extension:resume:v1"
-"""The resume extension's URI (see the server's README)."""
+"""The resume extension's URI (see the server's docs/resume.md)."""
 
 
 def seq_of(frame: StreamResponse) -> int:

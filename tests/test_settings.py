@@ -1,6 +1,6 @@
 """Every setting from a flag, the environment or a TOML file, in that order of precedence;
-``check-config`` prints the effective configuration or names the bad value; the README's
-table is the declaration's."""
+``check-config`` prints the effective configuration or names the bad value; the table of
+docs/configuration.md is the declaration's."""
 
 from __future__ import annotations
 
@@ -137,12 +137,12 @@ def test_check_config_prints_a_file_that_reads_back_the_same(tmp_path: Path) -> 
     assert {k: v for k, (v, _) in again.items()} == {k: v for k, (v, _) in flags.items()}
 
 
-def test_the_readme_table_is_the_declaration() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_configuration_page_table_is_the_declaration() -> None:
+    readme = (ROOT / "docs" / "configuration.md").read_text()
     begin, end = "<!-- settings:begin -->\n", "<!-- settings:end -->"
     table = readme[readme.index(begin) + len(begin) : readme.index(end)]
     assert table.strip() == settings.markdown().strip(), (
-        "README's settings table is stale: run scripts/settings_table"
+        "docs/configuration.md's settings table is stale: run scripts/settings_table"
     )
 
 

@@ -6,7 +6,7 @@ description in their docstrings); the settings of the process itself
 (addresses, TLS, authentication, logging) are listed in ``SERVE``. From each
 setting come its flag (``--cancel-timeout``), its environment variable
 (``A2A_GRPC_SERVER_CANCEL_TIMEOUT``), its key in the TOML file
-(``cancel_timeout``) and its row in the README's table (``markdown()``).
+(``cancel_timeout``) and its row in the table of docs/configuration.md (``markdown()``).
 
 Precedence: a flag, else the environment, else the file (``--config FILE``
 or ``A2A_GRPC_SERVER_CONFIG``), else the default. A value that does not
@@ -369,7 +369,7 @@ def render(values: Mapping[str, tuple[Any, str]]) -> str:
 
 
 def markdown() -> str:
-    """The README's table of every setting."""
+    """The table of every setting (docs/configuration.md)."""
     rows = [
         "| setting (TOML key) | flag | environment variable | default | what it does |",
         "|---|---|---|---|---|",
@@ -480,5 +480,5 @@ def _toml(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
-if __name__ == "__main__":  # the README's table: python -m a2a_grpc_server.settings
+if __name__ == "__main__":  # the settings table: python -m a2a_grpc_server.settings
     print(markdown(), end="")

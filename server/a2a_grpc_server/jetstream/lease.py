@@ -9,7 +9,7 @@ asyncio task of its own (one at a time; one asked for meanwhile runs next),
 so a long sweep never delays a heartbeat; it claims at most
 ``CLAIM_CONCURRENCY`` tasks at once.
 
-The ownership rule (README, "Cluster mode"): an instance not heard from
+The ownership rule (docs/cluster.md): an instance not heard from
 for ``lease`` seconds, or whose key was deleted (graceful shutdown), is
 lost, but only on evidence that survives an outage:
 

@@ -1,6 +1,6 @@
 """WebhookSender: one POST of one frame to one webhook, and what came of it.
 
-The request (documented in the README, "Push notifications"):
+The request (documented in docs/push.md):
 
 * body: the frame, a ``StreamResponse`` in ProtoJSON;
 * ``Content-Type: application/a2a+json``, ``A2A-Version: 1.0``;
