@@ -32,7 +32,7 @@ from a2a.server.tasks import (
 from a2a.types import a2a_pb2_grpc
 
 from a2a_grpc_server import A2AService, ServerConfig, grpc_options
-from a2a_grpc_server.card import default_card
+from a2a_grpc_server.app.card import default_card
 
 from .agents import Workload
 from .raw import RawServicer

@@ -23,9 +23,9 @@ from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import Part, StreamResponse, TaskState
 
 from a2a_grpc_server import A2AService, ServerConfig
-from a2a_grpc_server.auth import Authenticator
 from a2a_grpc_server.jetstream.conn import NatsConfig
 from a2a_grpc_server.jetstream.node import NatsCluster
+from a2a_grpc_server.rpc.auth import Authenticator
 
 from .harness import expose, our_tasks
 

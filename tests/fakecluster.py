@@ -69,9 +69,16 @@ from a2a.utils.errors import (
     TaskNotFoundError,
 )
 
-from a2a_grpc_server import A2AService, ServerConfig, taskops
-from a2a_grpc_server.callmeta import Caller
-from a2a_grpc_server.engine import TaskEngine, ended
+from a2a_grpc_server import A2AService, ServerConfig
+from a2a_grpc_server.cluster.routed import (
+    ANSWER_MARGIN,
+    decode_caller,
+    decode_error,
+    default_wait,
+    encode_caller,
+    encode_error,
+)
+from a2a_grpc_server.engine.engine import TaskEngine, ended
 from a2a_grpc_server.errors import (
     FrameNotKeptError,
     OwnerTimeoutError,
@@ -82,17 +89,12 @@ from a2a_grpc_server.errors import (
 )
 from a2a_grpc_server.journal import Change, RecordedTask, StoreUnavailableError, TaskPage, TaskQuery
 from a2a_grpc_server.journal.memory import MemoryJournal
+from a2a_grpc_server.log.tasklog import LogReader, TaskLog
+from a2a_grpc_server.model import taskops
+from a2a_grpc_server.model.caller import Caller
+from a2a_grpc_server.model.names import TASK_PREFIX
 from a2a_grpc_server.push.configs import MemoryPushConfigs
-from a2a_grpc_server.routed import (
-    ANSWER_MARGIN,
-    decode_caller,
-    decode_error,
-    default_wait,
-    encode_caller,
-    encode_error,
-)
-from a2a_grpc_server.supervisor import TASK_PREFIX
-from a2a_grpc_server.tasklog import LogReader, TaskLog
+from a2a_grpc_server.push.service import push_of
 
 from .clusterharness import assert_idle
 from .harness import Harness, expose
@@ -424,8 +426,9 @@ class FakeCluster:
         task_id = recorded.task.id
 
         async def serve(engine: TaskEngine, routed: Caller) -> bytes:
-            if engine.push is not None:
-                await engine.push.follow_stored(task_id, config_id)
+            push = push_of(engine)
+            if push is not None:
+                await push.follow_stored(task_id, config_id)
             return b""
 
         await self._request(recorded.owner, "push", serve, call)

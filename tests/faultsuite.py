@@ -54,11 +54,12 @@ from a2a.types.a2a_pb2 import (
     Task,
     TaskState,
 )
+from google.rpc import error_details_pb2, status_pb2
 
-from a2a_grpc_server import taskops
 from a2a_grpc_server.jetstream.conn import EVENTS_STREAM
 from a2a_grpc_server.jetstream.journal import Entry, subject
-from a2a_grpc_server.resume import RESUME_AFTER_KEY, URI
+from a2a_grpc_server.model import taskops
+from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY, URI
 
 from . import natsserver
 from .harness import RESUME, V1, user_message
@@ -77,7 +78,8 @@ class Fault:
 
     kind: str
     """``pause`` (SIGSTOP, SIGCONT after ``length``), ``kill`` (SIGKILL, restart after
-    ``length``), ``term`` (SIGTERM, restart after ``length``), each of an instance or,
+    ``length``), ``term`` (SIGTERM, restart after ``length``), ``crash`` (SIGKILL, no
+    restart: the survivors must end its tasks), each of an instance or,
     with the ``nats-`` prefix, of a nats-server node; ``partition`` (an instance cut off
     from NATS, still serving its clients, healed after ``length``; one NATS node only)."""
     target: int
@@ -108,13 +110,15 @@ def schedule(seed: int, *, nats_nodes: int = 1, lease: float = 2.0, instances: i
     rng = random.Random(seed)
     targets = [("i", n) for n in range(instances)] + [("n", n) for n in range(nats_nodes)]
     rng.shuffle(targets)
-    faults = []
+    faults: list[Fault] = []
     for kind_of, n in targets[: rng.randint(1, 3)]:
         at = round(rng.uniform(0.5, 3.5), 2)
         if kind_of == "i":
             kinds = ("pause", "pause", "kill", "term") + (("partition",) * 2 * (nats_nodes == 1))
+            if not any(f.kind == "crash" for f in faults):  # (one instance stays)
+                kinds += ("crash",)
             kind = rng.choice(kinds)
-            gone = kind in ("kill", "term")
+            gone = kind in ("kill", "term", "crash")
             lengths = (0.5, 2 * lease) if gone else (0.5 * lease, lease, 2.5 * lease)
         else:
             kind = "nats-" + rng.choice(("pause", "kill"))
@@ -190,6 +194,8 @@ class Member:
     channel: grpc.aio.Channel | None = None
     stub: a2a_pb2_grpc.A2AServiceStub | None = None
     paused: bool = False
+    crashed: bool = False
+    """Killed for good (a ``crash`` fault): the survivors must end its tasks."""
     partition: Partition | None = None
     """Its way to NATS (one NATS node only), which a ``partition`` fault cuts."""
     logs: list[str] = field(default_factory=list)
@@ -257,6 +263,8 @@ class StreamRecord:
     seqs: list[int] = field(default_factory=list)
     ends: list[str] = field(default_factory=list)
     """How each leg ended: ``OK`` or a status code's name (a resumption starts a leg)."""
+    legs: list[tuple[int, str]] = field(default_factory=list)
+    """Each leg's instance, and the ErrorInfo reason it ended with ("" for none)."""
     done: bool = False
 
 
@@ -294,15 +302,12 @@ def _seq(frame: StreamResponse) -> int:
 
 
 def state_of(frame: StreamResponse) -> TaskState | None:
-    kind = frame.WhichOneof("payload")
-    if kind == "status_update":
-        return frame.status_update.status.state
-    if kind == "task":
-        return frame.task.status.state
-    return None
+    """The state a frame carries (None for a frame without one)."""
+    return taskops.frame_state(frame) or None
 
 
-async def _read(call: Any, record: StreamRecord) -> None:
+async def _read(call: Any, record: StreamRecord, via: int) -> None:
+    reason = ""
     try:
         async for frame in call:
             record.frames.append(frame)
@@ -311,16 +316,30 @@ async def _read(call: Any, record: StreamRecord) -> None:
         record.ends.append("OK")
     except grpc.aio.AioRpcError as err:
         record.ends.append(err.code().name)
+        reason = _reason(err)
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise  # (this reader itself is being cancelled)
         record.ends.append("CANCELLED")  # its channel was closed: its instance went away
+    record.legs.append((via, reason))
+
+
+def _reason(err: grpc.aio.AioRpcError) -> str:
+    """The ErrorInfo reason of a failed call ("" when it carries none, e.g. a lost connection)."""
+    for key, value in err.trailing_metadata() or ():
+        if key == "grpc-status-details-bin" and isinstance(value, bytes):
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    return str(info.reason)
+    return ""
 
 
 async def follow(run: Run, record: StreamRecord, call: Any, rng: random.Random) -> None:
     """Read a stream to its end; a numbered one cut by a fault resumes elsewhere."""
-    await _read(call, record)
+    await _read(call, record, record.via)
     tries = 0
     while record.numbered and record.ends[-1] in ("UNAVAILABLE", "CANCELLED") and tries < 40:
         last = state_of(record.frames[-1]) if record.frames else None
@@ -336,7 +355,7 @@ async def follow(run: Run, record: StreamRecord, call: Any, rng: random.Random) 
         call = member.stub.SubscribeToTask(
             SubscribeToTaskRequest(id=record.task_id), metadata=metadata
         )
-        await _read(call, record)
+        await _read(call, record, member.index)
         if record.ends[-1] == "UNAVAILABLE":
             await asyncio.sleep(0.25)  # sync-ok: a back-off before the next resumption
     record.done = True
@@ -479,8 +498,12 @@ async def inject(run: Run, fault: Fault, nodes: Sequence[natsserver.Node]) -> No
         member.paused = False
         return
     member.paused = True  # (no new calls to it while it goes)
-    member.signal(signal.SIGKILL if fault.kind == "kill" else signal.SIGTERM)
+    member.signal(signal.SIGTERM if fault.kind == "term" else signal.SIGKILL)
+    if fault.kind == "crash":
+        member.crashed = True
     await member.stopped()
+    if fault.kind == "crash":
+        return  # for good
     await asyncio.sleep(fault.length)  # sync-ok: the downtime's length
     await member.start()
     member.paused = False
@@ -566,6 +589,8 @@ async def settle_and_read(run: Run, urls: Sequence[str], deadline: float) -> Non
 async def _stored_everywhere(run: Run, task_id: str) -> list[Task]:
     answers = []
     for member in run.members:
+        if member.crashed:
+            continue  # (down for good: the others answer)
         if member.stub is None:
             return []
         try:
@@ -593,6 +618,8 @@ def check(run: Run) -> None:
     bad = run.violations.append
     lease = run.schedule.lease
     disturbed = _disturbed(run, lease)
+    gone = {f.target for f in run.schedule.faults if f.kind in ("kill", "term", "crash")}
+    """Instances whose process went away: streams through them may be cut."""
     for task_id, answers in run.stored.items():
         states = {(t.status.state, _text(t)) for t in answers}
         if len(states) != 1:
@@ -621,16 +648,31 @@ def check(run: Run) -> None:
             if owner not in disturbed:
                 bad(f"{task_id}: reaped from {owner}, which kept heartbeating ({_text(final)!r})")
         for stream in (s for s in run.streams if s.task_id == task_id):
-            _check_stream(stream, final, entries, bad)
+            _check_stream(stream, final, entries, bad, gone)
 
 
 def _check_stream(
-    stream: StreamRecord, final: Task, entries: list[Entry], bad: Callable[[str], None]
+    stream: StreamRecord,
+    final: Task,
+    entries: list[Entry],
+    bad: Callable[[str], None],
+    gone: set[int],
 ) -> None:
     name = f"{stream.kind} of {stream.task_id} via instance {stream.via} (ends {stream.ends})"
     last = state_of(stream.frames[-1]) if stream.frames else None
     cut = stream.ends[-1] if stream.ends else "none"
-    interrupted = stream.kind != "subscribe" and last in taskops.INTERRUPTED
+    # (An interrupted end counts when the stream got a status after its snapshot.)
+    interrupted = (
+        stream.kind != "subscribe" and last in taskops.INTERRUPTED and len(stream.frames) > 1
+    )
+    for (via, reason), end in zip(stream.legs, stream.ends, strict=True):
+        if end in ("UNAVAILABLE", "CANCELLED") and reason != "RELAY_LOST" and via not in gone:
+            bad(f"{name}: cut ({end} {reason!r}) on instance {via}, which never went away")
+            return
+    resumable_cut = stream.numbered and cut in ("UNAVAILABLE", "CANCELLED")
+    if resumable_cut and last not in FINAL and not interrupted:
+        bad(f"{name}: cut, and never resumed to its end")
+        return
     if cut == "OK":
         if last not in FINAL and not interrupted:
             bad(f"{name}: ended OK without a final frame (last: {last and S.Name(last)})")

@@ -26,11 +26,12 @@ from a2a.types.a2a_pb2 import (
 )
 from google.rpc import error_details_pb2, status_pb2
 
-from a2a_grpc_server import A2AService, ServerConfig, taskops
-from a2a_grpc_server.app import grpc_options
-from a2a_grpc_server.auth import Authenticator, AuthInterceptor
+from a2a_grpc_server import A2AService, ServerConfig
+from a2a_grpc_server.app.service import grpc_options
 from a2a_grpc_server.journal import TaskJournal
-from a2a_grpc_server.resume import RESUME_AFTER_KEY, URI
+from a2a_grpc_server.model import taskops
+from a2a_grpc_server.rpc.auth import Authenticator, AuthInterceptor
+from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY, URI
 
 if TYPE_CHECKING:
     from .agents import BurstAgent, ChunkAgent

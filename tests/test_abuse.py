@@ -17,7 +17,7 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.rpc import SERVICE
+from a2a_grpc_server.rpc.servicer import SERVICE
 
 from .agents import BurstAgent, GatedAgent
 from .harness import V1, Harness, rich_status, send_request, serve, user_message, varint

@@ -19,8 +19,8 @@ from a2a.types.a2a_pb2 import AgentCard, GetExtendedAgentCardRequest, GetTaskReq
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from a2a_grpc_server import A2AServer, A2AService
-from a2a_grpc_server.auth import ClientCertificate, TokenFile, TrustedHeader
-from a2a_grpc_server.tls import TlsFiles
+from a2a_grpc_server.app.tls import TlsFiles
+from a2a_grpc_server.rpc.auth import ClientCertificate, TokenFile, TrustedHeader
 
 from .certs import Issued, issue
 from .harness import V1, expose, rich_status, send_request
@@ -198,8 +198,8 @@ def test_serve_refuses_an_extended_card_without_authentication_or_unreadable(
 
 
 def test_quota_and_transport_flags_reach_the_settings() -> None:
-    from a2a_grpc_server import settings
-    from a2a_grpc_server.cli import build_parser, resolve
+    from a2a_grpc_server.app import settings
+    from a2a_grpc_server.app.cli import build_parser, resolve
 
     args = build_parser().parse_args(
         ["serve", "--quota-streams", "7", "--grpc-max-connection-age", "1800"]

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from a2a_grpc_server.agents.echo import EchoAgent
-from a2a_grpc_server.cli import AgentLoadError, load_agent
+from a2a_grpc_server.app.cli import AgentLoadError, load_agent
 
 from .harness import send_request
 from .serveproc import ROOT, Process, start

@@ -17,9 +17,9 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 
-from a2a_grpc_server import taskops
 from a2a_grpc_server.jetstream.conn import EVENTS_STREAM
 from a2a_grpc_server.jetstream.journal import subject
+from a2a_grpc_server.model import taskops
 
 from . import natsserver
 from .agents import BurstAgent, CallerAgent, ChunkAgent, FloodAgent, InputAgent, StepAgent

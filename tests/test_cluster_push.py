@@ -57,7 +57,7 @@ async def test_a_config_made_through_another_instance_is_delivered_by_the_owner(
                 ListTaskPushNotificationConfigsRequest(task_id=task_id), metadata=V1
             )
             assert [c.id for c in listed.configs] == ["hook"]
-            a_push = a.service.engine.push
+            a_push = a.service.push
             assert a_push is not None and a_push.dispatcher.following(task_id) == 1, (
                 "the owner delivers it"
             )
@@ -76,7 +76,7 @@ async def test_a_config_made_through_another_instance_is_delivered_by_the_owner(
                     GetTaskPushNotificationConfigRequest(task_id=task_id, id="hook"), metadata=V1
                 )
             assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-            b_push = b.service.engine.push
+            b_push = b.service.push
             assert b_push is not None and b_push.dispatcher.count == 0, "only the owner delivers"
 
 

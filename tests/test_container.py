@@ -10,7 +10,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from a2a_grpc_server.healthcheck import check
+from a2a_grpc_server.app.healthcheck import check
 from a2a_grpc_server.testing.nats import free_port
 
 from .serveproc import ROOT, start

@@ -39,6 +39,8 @@ async def run_all(seeds: list[int], nodes: int) -> None:
     runs = []
     for seed in seeds:
         runs.append(await run_schedule(schedule(seed, nats_nodes=nodes)))
+        done = report(runs[-1:]).split("\n")[:-1]
+        print("\n".join(done), flush=True)  # (as it goes: a long run may be cut short)
     print(report(runs))
     assert not any(r.violations for r in runs), report([r for r in runs if r.violations])
 

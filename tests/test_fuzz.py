@@ -68,10 +68,11 @@ from google.rpc import error_details_pb2, status_pb2
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from a2a_grpc_server import A2AService, ServerConfig, taskops
-from a2a_grpc_server.auth import Credentials, Principal
-from a2a_grpc_server.resume import RESUME_AFTER_KEY, URI
-from a2a_grpc_server.rpc import SERVICE
+from a2a_grpc_server import A2AService, ServerConfig
+from a2a_grpc_server.model import taskops
+from a2a_grpc_server.rpc.auth import Credentials, Principal
+from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY, URI
+from a2a_grpc_server.rpc.servicer import SERVICE
 
 from .harness import V1, Harness, expose, varint
 

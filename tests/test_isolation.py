@@ -24,8 +24,8 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 
-from a2a_grpc_server.auth import TokenFile
-from a2a_grpc_server.resume import RESUME_AFTER_KEY, URI
+from a2a_grpc_server.rpc.auth import TokenFile
+from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY, URI
 
 from .agents import InputAgent
 from .clusterharness import instances

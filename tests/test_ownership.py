@@ -26,6 +26,8 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 
+from a2a_grpc_server.journal import StoreUnavailableError
+
 from . import natsserver
 from .agents_for_cli import Ticking
 from .clusterharness import Instance, instances
@@ -275,3 +277,36 @@ async def out_of_touch(owner: Process, cut: Partition | None, seconds: float) ->
         cut.open.set()
     else:
         owner.proc.send_signal(signal.SIGCONT)
+
+
+async def test_a_sweep_whose_claim_fails_is_run_again_until_the_lost_owners_task_ends(
+    nats_url: str,
+) -> None:
+    async with (
+        owner_process(nats_url, LEASE) as (owner, client),
+        asyncio.timeout(30),
+        instances(Ticking(), [nats_url], names=("B",), lease=LEASE) as (b,),
+    ):
+        sender = client.send_message_streaming(send_request("go"))
+        task_id = (await anext(sender)).task.id
+        await anext(sender)  # WORKING: recorded
+        relayed = b.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=V1)
+        await anext(aiter(relayed))
+        lease = b.cluster.lease
+        assert lease is not None
+        real_claim, failed = lease._claim, asyncio.Event()
+
+        async def claim_failing_once(task_id: str, text: str) -> int:
+            if not failed.is_set():
+                failed.set()
+                raise StoreUnavailableError("NATS did not answer (a stand-in)")
+            return await real_claim(task_id, text)
+
+        lease._claim = claim_failing_once  # type: ignore[method-assign]
+        owner.proc.kill()
+        await owner.proc.wait()
+        frames, code = await record(relayed)
+        assert failed.is_set(), "the first claim failed"
+        assert code == grpc.StatusCode.OK
+        assert final_status(frames) == S.TASK_STATE_FAILED
+        assert (await stored(b.stub, task_id)).status.state == S.TASK_STATE_FAILED

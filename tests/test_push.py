@@ -31,7 +31,7 @@ from a2a_grpc_server import A2AService, ServerConfig
 from a2a_grpc_server.push.configs import MemoryPushConfigs
 from a2a_grpc_server.push.screen import RefusedTargetError, Screen, refused_address
 from a2a_grpc_server.push.sender import Outcome, WebhookSender, retry_after
-from a2a_grpc_server.push.service import PushService
+from a2a_grpc_server.push.service import PushService, push_of
 
 from .agents import BurstAgent, CancelMode, EndingAgent, GatedAgent, InputAgent, MessageAgent
 from .certs import issue
@@ -360,7 +360,8 @@ async def test_a_receiver_that_never_answers_does_not_hold_up_the_task_or_its_st
             assert len(receiver.attempts) == 1 and not receiver.posts
             assert h.service.metrics.push_in_flight == 1
             engine = h.service.engine
-            assert engine.push is not None and engine.push.dispatcher.count == 1
+            push = push_of(engine)
+            assert push is not None and push.dispatcher.count == 1
             receiver.release.set()  # now it answers: the rest follows, in order
             task_id = first.task.id
             await receiver.wait_for(
@@ -434,7 +435,8 @@ async def test_a_parked_task_with_a_webhook_leaves_memory_and_its_webhook_goes_o
             horizon = engine.pool.clock() + h.service.config.parked_timeout
             assert engine.parking.evict_idle(now=horizon) == 1, "a webhook keeps no task in memory"
             assert engine.live_count == 0
-            assert engine.push is not None and not engine.push.dispatcher.following(task.id)
+            push = push_of(engine)
+            assert push is not None and not push.dispatcher.following(task.id)
             answer = await h.stub.SendMessage(
                 send_request("bob", task_id=task.id, context_id=task.context_id), metadata=V1
             )
@@ -449,7 +451,7 @@ async def test_a_parked_task_with_a_webhook_leaves_memory_and_its_webhook_goes_o
 async def test_configs_go_when_the_journal_drops_their_task() -> None:
     config = ServerConfig(cancel_timeout=1.0, max_final_tasks=1, push_retry_for=0)
     async with asyncio.timeout(20), serve(InputAgent(), config) as h:
-        push = h.service.engine.push
+        push = h.service.push
         assert push is not None
         first = (await h.stub.SendMessage(send_request("a"), metadata=V1)).task
         await h.stub.CreateTaskPushNotificationConfig(
@@ -600,6 +602,6 @@ async def test_configs_of_a_message_only_answer_do_not_stay() -> None:
                 answer = await h.stub.SendMessage(request, metadata=V1)
                 assert answer.HasField("message")
             await h.settle(within=10)
-            push = h.service.engine.push
+            push = h.service.push
             assert isinstance(push, PushService) and isinstance(push.store, MemoryPushConfigs)
             assert len(push.store) == 0

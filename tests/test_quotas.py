@@ -18,10 +18,10 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.app import grpc_options
-from a2a_grpc_server.auth import TokenFile
+from a2a_grpc_server.app.service import grpc_options
 from a2a_grpc_server.journal import StoreUnavailableError
-from a2a_grpc_server.resume import RESUME_AFTER_KEY
+from a2a_grpc_server.rpc.auth import TokenFile
+from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY
 
 from .agents import InputAgent, StepAgent
 from .harness import RESUME, Harness, rich_status, send_request, seq_of, serve
@@ -183,7 +183,7 @@ async def test_a_new_task_that_fails_before_its_run_gives_its_slot_back(
 ) -> None:
     config = ServerConfig(cancel_timeout=1.0, quota_live_tasks=1, push_allow_private=True)
     async with asyncio.timeout(20), serve(InputAgent(), config, auth=tokens(tmp_path)) as h:
-        push = h.service.engine.push
+        push = h.service.push
         assert push is not None
 
         async def unavailable(*args: object, **kwargs: object) -> None:

@@ -15,7 +15,7 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.resume import RESUME_AFTER_KEY, URI
+from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY, URI
 
 from .agents import InputAgent, StepAgent
 from .harness import (

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from a2a_grpc_server import ServerConfig, settings
-from a2a_grpc_server.cli import build_parser, resolve
-from a2a_grpc_server.settings import SETTINGS, SettingError
+from a2a_grpc_server import ServerConfig
+from a2a_grpc_server.app import settings
+from a2a_grpc_server.app.cli import build_parser, resolve
+from a2a_grpc_server.app.settings import SETTINGS, SettingError
 
 from .serveproc import ROOT
 

@@ -69,7 +69,8 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 
-from a2a_grpc_server import A2AService, ServerConfig, taskops
+from a2a_grpc_server import A2AService, ServerConfig
+from a2a_grpc_server.model import taskops
 
 from .clusterharness import instances
 from .harness import V1, last_state, our_tasks, read_all, rebuilt, rich_status, send_request, serve

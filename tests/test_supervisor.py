@@ -14,10 +14,11 @@ from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskUpdater
 from a2a.types.a2a_pb2 import Part, StreamResponse, TaskState
 
-from a2a_grpc_server import ServerConfig, taskops
-from a2a_grpc_server.callmeta import Caller
-from a2a_grpc_server.engine import Started, TaskEngine
+from a2a_grpc_server import ServerConfig
+from a2a_grpc_server.engine.engine import Started, TaskEngine
 from a2a_grpc_server.journal.memory import MemoryJournal
+from a2a_grpc_server.model import taskops
+from a2a_grpc_server.model.caller import Caller
 
 from .harness import our_tasks, send_request
 

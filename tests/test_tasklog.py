@@ -7,10 +7,8 @@ import asyncio
 import pytest
 from a2a.types.a2a_pb2 import TaskState
 
-from a2a_grpc_server import taskops
 from a2a_grpc_server.errors import FrameNotKeptError, RelayLostError
-from a2a_grpc_server.metrics import Metrics
-from a2a_grpc_server.tasklog import (
+from a2a_grpc_server.log.tasklog import (
     ENTRY_OVERHEAD,
     TRIM_EVERY,
     LogClosedError,
@@ -19,6 +17,8 @@ from a2a_grpc_server.tasklog import (
     LogReader,
     TaskLog,
 )
+from a2a_grpc_server.model import taskops
+from a2a_grpc_server.obs.metrics import Metrics
 
 S = TaskState
 FINAL = S.TASK_STATE_COMPLETED

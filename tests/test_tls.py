@@ -17,7 +17,7 @@ from a2a.types.a2a_pb2 import TaskState
 
 from a2a_grpc_server import A2AServer
 from a2a_grpc_server.agents.echo import EchoAgent
-from a2a_grpc_server.tls import TlsFiles
+from a2a_grpc_server.app.tls import TlsFiles
 
 from .certs import Issued, issue
 from .harness import V1, send_request

@@ -15,7 +15,7 @@ import os
 # keeps what it had.)
 os.environ.setdefault("OTEL_INSTRUMENTATION_A2A_SDK_ENABLED", "false")
 
-from .app import A2AServer, A2AService, grpc_options
+from .app.service import A2AServer, A2AService, grpc_options
 from .config import ServerConfig
 
 __all__ = ["A2AServer", "A2AService", "ServerConfig", "grpc_options"]

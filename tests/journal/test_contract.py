@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from a2a.types.a2a_pb2 import Part, Role, StreamResponse, Task, TaskState
 
-from a2a_grpc_server import taskops
 from a2a_grpc_server.jetstream.conn import EVENTS_STREAM, TASKS_BUCKET, NatsConfig, connect
 from a2a_grpc_server.jetstream.journal import JetStreamJournal, Snapshot, encode
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
@@ -22,7 +21,8 @@ from a2a_grpc_server.journal import (
     VersionConflictError,
 )
 from a2a_grpc_server.journal.memory import MemoryJournal
-from a2a_grpc_server.scope import scope_key
+from a2a_grpc_server.model import taskops
+from a2a_grpc_server.model.scope import scope_key
 from tests import natsserver
 
 S = TaskState

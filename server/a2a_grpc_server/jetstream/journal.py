@@ -75,7 +75,6 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
-from .. import taskops
 from ..journal import (
     Change,
     FinalTaskError,
@@ -90,6 +89,7 @@ from ..journal import (
     paginate,
     status_ns,
 )
+from ..model import taskops
 from .conn import EVENTS_STREAM, EVENTS_SUBJECT, TASKS_BUCKET
 from .requests import JetStreamRequests, WrongLastSequenceError
 from .retry import Retry

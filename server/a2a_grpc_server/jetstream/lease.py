@@ -15,17 +15,20 @@ lost, but only on evidence that survives an outage:
 
 * this instance judges nobody until it has been *in touch* with the cluster
   for a whole lease. It is out of touch from any failed heartbeat, any
-  heartbeat that took longer than a heartbeat period (a write that waited
-  out an outage in the client's reconnect buffer), any disconnect or
-  reconnect of its NATS connection, and any stall of its own event loop
-  longer than a period (the process was paused); in touch again from the
-  first prompt heartbeat after that. A NATS outage every instance saw thus
-  ends nobody's tasks, however long it lasted: after it, every instance
-  hears the others' heartbeats for a lease before it could judge them;
+  heartbeat that took longer than half a lease (a write that waited out an
+  outage in the client's reconnect buffer), any disconnect or reconnect of
+  its NATS connection, and any stall of its own event loop longer than half
+  a lease (the process was paused); in touch again from the first prompt
+  heartbeat after that. A NATS outage every instance saw thus ends nobody's
+  tasks, however long it lasted, when they come back within a lease of each
+  other: after it, every instance hears the others' heartbeats for a lease
+  before it could judge them;
 * an instance whose last heartbeat is older than the lease is read once
   more, directly from the bucket, before it is judged: a revision newer
   than the last one heard means it is alive (the watch fell behind), and
-  it keeps its tasks.
+  it keeps its tasks; a read that does not answer judges nobody that round;
+* a sweep that could not claim a task runs again at the next heartbeat, and
+  checks before each claim that the owner is still unheard of.
 
 Every survivor then sweeps the snapshots: each
 task that is not final and whose owner is not live gets a FAILED change
@@ -52,17 +55,12 @@ import nats.js.errors
 from a2a.types.a2a_pb2 import TaskState
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
+from nats.js.kv import KeyValue
 
-from .. import taskops
-from ..journal import (
-    Change,
-    FinalTaskError,
-    StoreError,
-    UnknownTaskError,
-    VersionConflictError,
-)
-from ..metrics import Metrics
-from ..supervisor import TASK_PREFIX
+from ..journal import Change, FinalTaskError, StoreError, UnknownTaskError, VersionConflictError
+from ..model import taskops
+from ..model.names import TASK_PREFIX
+from ..obs.metrics import Metrics
 from .conn import INSTANCES_BUCKET, NatsConnection
 from .journal import JetStreamJournal, Snapshot
 
@@ -125,6 +123,8 @@ class Lease:
         self._on_gap = on_gap
         self._on_swept = on_swept
         self._last_beat: float | None = None
+        self._recheck_due = False
+        """A recheck after a gap failed: it runs again after the next heartbeat."""
         self._rechecking: asyncio.Task[None] | None = None
         self._healthy_since: float | None = None
         """Since when this instance has been in touch (None: out of touch now)."""
@@ -191,9 +191,10 @@ class Lease:
     async def _heartbeat(self) -> None:
         loop = asyncio.get_running_loop()
         period = self._lease / 4
+        slow = self._lease / 2  # (a heartbeat or a stall longer than this: out of touch)
         while not self._stopping.is_set():
             began = loop.time()
-            if self._last_tick is not None and began - self._last_tick > 2 * period:
+            if self._last_tick is not None and began - self._last_tick > slow:
                 # This loop did not run for a while (the process was paused, or the
                 # event loop stalled): whatever it saw before is stale.
                 self._lose_touch(f"this instance did not run for {began - self._last_tick:.1f} s")
@@ -205,14 +206,14 @@ class Lease:
             else:
                 now = loop.time()
                 reconnects = self._connection_changes()
-                if now - began > period:
+                if now - began > slow:
                     self._lose_touch(f"a heartbeat took {now - began:.1f} s")
                 elif reconnects != self._reconnects:
                     self._lose_touch("the NATS connection was re-established")
                 elif self._healthy_since is None:
                     self._healthy_since = now
                 self._reconnects = reconnects
-                self._after_beat(now)
+                self._after_beat(began, now)
             lost = await self._judge()
             due = self._judging() and not self._swept_at_start
             if (lost or due or self._sweep_requested) and not self._sweep_running():
@@ -255,44 +256,59 @@ class Lease:
         if not self._judging():
             return []
         loop = asyncio.get_running_loop()
+        suspects = {
+            i: seen for i, seen in self._seen.items() if loop.time() - seen[0] > self._lease
+        }
+        if not suspects:
+            return []
+        try:
+            async with asyncio.timeout(self._lease / 4):  # never holds up a heartbeat long
+                entries = await asyncio.gather(*(self._key(i) for i in suspects))
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+            logger.warning(
+                "could not read the heartbeats of %s: %s", ", ".join(suspects), type(exc).__name__
+            )
+            return []  # judged at a later beat (not lost on a read that did not answer)
         lost: list[str] = []
-        for instance, (heard, rev) in list(self._seen.items()):
-            if loop.time() - heard <= self._lease:
-                continue
-            try:
-                async with asyncio.timeout(self._lease / 4):  # never holds up a heartbeat long
-                    entry = await self._kv.get(instance)
-            except nats.js.errors.KeyNotFoundError:
-                entry = None
-            except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
-                logger.warning(
-                    "could not read instance %s's heartbeat: %s", instance, type(exc).__name__
-                )
-                self._lose_touch(None)
-                return lost
-            if instance not in self._seen:
-                continue  # (it released its lease meanwhile: that sweep is requested)
+        for (instance, (heard, rev)), entry in zip(suspects.items(), entries, strict=True):
+            if self._seen.get(instance, (None, 0))[0] != heard:
+                continue  # heard from meanwhile, or it released its lease (that sweep is asked)
             if entry is not None and (entry.revision or 0) > rev:
-                self._seen[instance] = (loop.time(), entry.revision or 0)
+                self._seen[instance] = (asyncio.get_running_loop().time(), entry.revision or 0)
                 continue  # alive: the watch had not delivered its heartbeats yet
             del self._seen[instance]
             lost.append(instance)
             logger.warning("instance %s lost (no heartbeat for %.1f s)", instance, self._lease)
         return lost
 
-    def _after_beat(self, now: float) -> None:
-        """Note a heartbeat; after a gap longer than the lease, recheck this instance's tasks."""
-        last, self._last_beat = self._last_beat, now
-        if last is not None and now - last > self._lease / 2:
+    async def _key(self, instance: str) -> KeyValue.Entry | None:
+        try:
+            return await self._kv.get(instance)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+
+    def _after_beat(self, began: float, now: float) -> None:
+        """Note a heartbeat; after a gap longer than the lease, recheck this instance's tasks.
+
+        The gap is from the start of the last heartbeat that succeeded to the end
+        of this one: at least the gap between the two writes NATS received,
+        which is what others judge by (an acknowledgement read late cannot hide
+        a gap).
+        """
+        last, self._last_beat = self._last_beat, began
+        gap = now - last if last is not None else 0.0
+        if gap > self._lease / 2:
             # (Others judge by this gap: past the lease they may take this instance
             # for lost. The fault suite reads this line.)
-            logger.warning("heartbeats of %s were %.1f s apart", self._id, now - last)
-        if last is None or now - last <= self._lease or self._on_gap is None:
+            logger.warning("heartbeats of %s were %.1f s apart", self._id, gap)
+        if gap <= self._lease and not self._recheck_due:
+            return
+        if self._on_gap is None:
             return
         logger.warning(
             "no heartbeat for %.1f s (lease %.1f s): checking whether other instances "
             "ended this instance's tasks meanwhile",
-            now - last,
+            gap,
             self._lease,
         )
         if self._rechecking is None or self._rechecking.done():
@@ -300,10 +316,12 @@ class Lease:
 
     async def _recheck(self) -> None:
         assert self._on_gap is not None
+        self._recheck_due = False
         try:
             await self._on_gap()
         except StoreError as exc:
-            logger.warning("could not recheck this instance's tasks: %s", exc)
+            self._recheck_due = True  # again after the next heartbeat
+            logger.warning("could not recheck this instance's tasks (again soon): %s", exc)
 
     def _sweep_running(self) -> bool:
         return self._sweeping is not None and not self._sweeping.done()
@@ -329,7 +347,8 @@ class Lease:
         try:
             await self.sweep()
         except StoreError as exc:
-            logger.warning("lease sweep failed: %s", exc)
+            self._sweep_requested = True  # again at the next heartbeat
+            logger.warning("lease sweep failed (again soon): %s", exc)
 
     async def sweep(self) -> int:
         """End FAILED every live-looking task whose owner is lost; return how many this won.
@@ -337,23 +356,31 @@ class Lease:
         Raises:
             StoreError: The journal could not be read.
         """
-        live = self.live()
-        lost = [
-            (snap, task_id)
-            for snap, task_id in await self._unfinished()
-            if snap.owner and snap.owner not in live
-        ]
+        unfinished = await self._unfinished()
+        live = self.live()  # (after the scan: an instance heard from meanwhile keeps its tasks)
+        lost = [(s, task_id) for s, task_id in unfinished if s.owner and s.owner not in live]
         gate = asyncio.Semaphore(CLAIM_CONCURRENCY)
+        failed = False
 
         async def claim(owner: str, task_id: str) -> int:
+            nonlocal failed
             async with gate:
-                return await self._claim(task_id, f"owner instance {owner} was lost")
+                if owner in self._seen or not self._judging():
+                    return 0  # it came back, or this instance lost touch: not now
+                try:
+                    return await self._claim(task_id, f"owner instance {owner} was lost")
+                except StoreError as exc:
+                    failed = True
+                    logger.warning("could not end task %s of lost %s: %s", task_id, owner, exc)
+                    return 0
 
         async with asyncio.TaskGroup() as group:
             claims = [
                 group.create_task(claim(snap.owner, task_id), name=f"{TASK_PREFIX}:lease-claim")
                 for snap, task_id in lost
             ]
+        if failed:
+            self._sweep_requested = True  # what could not be claimed is tried again
         if self._on_swept is not None:  # what the lost instances were still delivering
             await self._on_swept(live)
         return sum(done.result() for done in claims)

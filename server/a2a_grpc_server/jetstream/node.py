@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING
 from a2a.types.a2a_pb2 import SendMessageRequest, Task
 from a2a.utils.errors import TaskNotFoundError
 
-from .. import taskops
-from ..callmeta import Caller
 from ..journal import RecordedTask
-from ..tasklog import LogReader
+from ..log.tasklog import LogReader
+from ..model import taskops
+from ..model.caller import Caller
+from ..push.service import push_of
 from .conn import NatsConfig, NatsConnection, connect
 from .journal import JetStreamJournal
 from .lease import Lease
@@ -30,7 +31,7 @@ from .retry import Retry
 from .routing import Router
 
 if TYPE_CHECKING:
-    from ..engine import TaskEngine
+    from ..engine.engine import TaskEngine
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +168,8 @@ class NatsCluster:
         it. Configs of tasks still running wait for the next sweep.
         """
         engine = self._engine
-        if engine is None or engine.push is None:
+        push = push_of(engine) if engine is not None else None
+        if engine is None or push is None:
             return
         for orphan in await self.push_store.orphans(alive):
             try:
@@ -185,7 +187,7 @@ class NatsCluster:
                 orphan.deliverer,
                 orphan.cursor + 1,
             )
-            await engine.push.deliver_ended(recorded, orphan.config, orphan.cursor)
+            await push.deliver_ended(recorded, orphan.config, orphan.cursor)
 
     async def push(self, recorded: RecordedTask, config_id: str, call: Caller) -> None:
         """Have the owner deliver a push config stored for its task (see ``Cluster.push``)."""

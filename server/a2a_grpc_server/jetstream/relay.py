@@ -31,13 +31,13 @@ from a2a.utils.errors import TaskNotFoundError
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from .. import taskops
-from ..engine import ended
+from ..engine.engine import ended
 from ..errors import FrameNotKeptError, RelayLostError, quote
 from ..journal import RecordedTask
-from ..metrics import Metrics
-from ..supervisor import TASK_PREFIX
-from ..tasklog import LogClosedError, LogPool, LogReader, TaskLog
+from ..log.tasklog import LogClosedError, LogPool, LogReader, TaskLog
+from ..model import taskops
+from ..model.names import TASK_PREFIX
+from ..obs.metrics import Metrics
 from .journal import Entry, JetStreamJournal
 
 logger = logging.getLogger(__name__)

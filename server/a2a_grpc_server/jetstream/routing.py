@@ -28,10 +28,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
-from .. import tracing
-from ..callmeta import Caller
-from ..errors import OwnerTimeoutError, OwnerUnavailableError, ServerError
-from ..routed import (
+from ..cluster.routed import (
     ANSWER_MARGIN,
     ERROR,
     decode_caller,
@@ -40,11 +37,15 @@ from ..routed import (
     encode_caller,
     encode_error,
 )
-from ..supervisor import TASK_PREFIX
+from ..errors import OwnerTimeoutError, OwnerUnavailableError, ServerError
+from ..model.caller import Caller
+from ..model.names import TASK_PREFIX
+from ..obs import tracing
+from ..push.service import push_of
 from .conn import CONTROL_SUBJECT
 
 if TYPE_CHECKING:
-    from ..engine import TaskEngine
+    from ..engine.engine import TaskEngine
 
 logger = logging.getLogger(__name__)
 
@@ -194,8 +195,9 @@ class Router:
     async def _serve_push(self, msg: Msg, call: Caller) -> bytes:
         assert self._engine is not None
         task_id, config_id = json.loads(msg.data)
-        if self._engine.push is not None:
-            await self._engine.push.follow_stored(str(task_id), str(config_id))
+        push = push_of(self._engine)
+        if push is not None:
+            await push.follow_stored(str(task_id), str(config_id))
         return b""
 
     async def _serve_send(self, msg: Msg, call: Caller) -> bytes:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from a2a.types.a2a_pb2 import Task, TaskState
 
-from .. import taskops
-from ..taskops import TERMINAL
+from ..model import taskops
+from ..model.taskops import TERMINAL
 from . import (
     Change,
     FinalTaskError,

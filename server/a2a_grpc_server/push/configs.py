@@ -20,7 +20,7 @@ import grpc
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
 
 from ..errors import InvalidFieldError, ServerError, quote
-from ..validation import MAX_ID_CHARS, MAX_TOKEN_CHARS
+from ..model.names import MAX_ID_CHARS, MAX_TOKEN_CHARS
 from .screen import RefusedTargetError, Screen
 
 MAX_SECRET_CHARS = 4096

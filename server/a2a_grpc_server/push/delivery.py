@@ -38,17 +38,17 @@ from typing import TYPE_CHECKING, Protocol
 from a2a.types.a2a_pb2 import StreamResponse, Task, TaskPushNotificationConfig
 from google.protobuf import json_format
 
-from .. import taskops
 from ..errors import FrameNotKeptError, RelayLostError
 from ..journal import StoreError
-from ..metrics import Metrics
-from ..supervisor import TASK_PREFIX
-from ..tasklog import LogReader
+from ..log.tasklog import LogReader
+from ..model import taskops
+from ..model.names import TASK_PREFIX
+from ..obs.metrics import Metrics
 from .configs import PushConfigStore
 from .sender import Outcome, WebhookSender
 
 if TYPE_CHECKING:
-    from ..live import LiveTask
+    from ..execution.live import LiveTask
 
 logger = logging.getLogger(__name__)
 

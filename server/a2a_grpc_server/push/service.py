@@ -16,28 +16,23 @@ from typing import TYPE_CHECKING
 
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
 
-from .. import taskops
-from ..callmeta import Caller
 from ..config import ServerConfig
 from ..errors import FrameNotKeptError, OwnerTimeoutError, OwnerUnavailableError
 from ..journal import RecordedTask, StoreError
-from ..metrics import Metrics
-from ..supervisor import TASK_PREFIX
-from ..tasklog import LogReader
-from .configs import (
-    ConfigPage,
-    MemoryPushConfigs,
-    PushConfigNotFoundError,
-    PushConfigStore,
-    new_id,
-)
+from ..log.tasklog import LogReader
+from ..model import taskops
+from ..model.caller import Caller
+from ..model.names import TASK_PREFIX
+from ..obs.metrics import Metrics
+from .configs import ConfigPage, MemoryPushConfigs, PushConfigNotFoundError, PushConfigStore, new_id
 from .delivery import EndedSource, PushDispatcher
 from .screen import Screen
 from .sender import WebhookSender
 
 if TYPE_CHECKING:
-    from ..engine import TaskEngine
-    from ..live import LiveTask
+    from ..cluster import Cluster
+    from ..engine.engine import TaskEngine
+    from ..execution.live import LiveTask
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +43,12 @@ ALL_CONFIGS = 1_000
 def screen_of(config: ServerConfig) -> Screen:
     """The push target policy ``config`` asks for."""
     return Screen(config.push_allow_private, config.push_allow_hosts)
+
+
+def push_of(engine: TaskEngine) -> PushService | None:
+    """The push notifications of ``engine``'s service (None: push is off)."""
+    push = engine.push
+    return push if isinstance(push, PushService) else None
 
 
 class PushService:
@@ -66,8 +67,10 @@ class PushService:
         config: ServerConfig,
         metrics: Metrics,
         store: PushConfigStore | None = None,
+        cluster: Cluster | None = None,
     ) -> None:
         self._engine = engine
+        self._cluster = cluster
         self._metrics = metrics
         self._most = config.push_max_configs
         self.screen = screen_of(config)
@@ -111,9 +114,9 @@ class PushService:
         # another instance, which is asked to deliver it.
         await self.store.put(config, self._most, recorded.seq, recorded.owner)
         if engine.owned_elsewhere(recorded) and not taskops.is_final(recorded.task):
-            assert engine.cluster is not None
+            assert self._cluster is not None
             try:
-                await engine.cluster.push(recorded, config.id, Caller((), None))
+                await self._cluster.push(recorded, config.id, Caller((), None))
             except (OwnerUnavailableError, OwnerTimeoutError) as exc:
                 # Kept: if the owner is gone, the survivor that ends the task delivers it.
                 logger.warning(
@@ -150,7 +153,7 @@ class PushService:
         if cursor >= final.seq:
             return
         reader: LogReader | None = None
-        cluster = self._engine.cluster
+        cluster = self._cluster
         if cluster is not None:
             try:
                 reader = await cluster.replay(final, cursor)
@@ -168,7 +171,7 @@ class PushService:
             config.id = new_id()
         config.task_id = live.task_id
         after = live.log.last_seq
-        cluster = self._engine.cluster
+        cluster = self._cluster
         await self.store.put(config, self._most, after, cluster.instance_id if cluster else "")
         self.dispatcher.follow(live, config, after)
 
@@ -248,6 +251,10 @@ class PushService:
         if failing:
             for key in [key for key in failing if key[0] == task_id]:
                 failing.discard(key)
+
+    async def wait_ended(self) -> None:
+        """Wait until every delivery that was asked to end has ended."""
+        await self.dispatcher.wait_ended()
 
     async def close(self, deadline: float | None) -> None:
         """Give deliveries until ``deadline`` (loop time) to deliver what they have."""

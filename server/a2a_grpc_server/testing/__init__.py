@@ -26,10 +26,10 @@ from a2a.server.agent_execution import AgentExecutor
 from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import AgentCard
 
-from ..app import A2AServer
-from ..auth import Authenticator
+from ..app.service import A2AServer
 from ..config import ServerConfig
 from ..jetstream.natsconfig import NatsConfig
+from ..rpc.auth import Authenticator
 from .nats import running as nats_server
 
 __all__ = ["RunningServer", "nats_server", "running_server"]

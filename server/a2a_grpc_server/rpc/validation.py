@@ -16,15 +16,12 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import ContentTypeNotSupportedError
 from google.protobuf.message import Message as ProtoMessage
 
-from .config import ServerConfig
-from .errors import InvalidFieldError, quote
+from ..config import ServerConfig
+from ..errors import InvalidFieldError, quote
+from ..model.names import MAX_ID_CHARS, MAX_TOKEN_CHARS
 
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 50
-MAX_ID_CHARS = 256
-"""Longest id (task, context, message) a request may carry; the server's own are 36."""
-MAX_TOKEN_CHARS = 1024
-"""Longest page token; the server's own are far shorter."""
 
 
 def check_size(request: ProtoMessage, config: ServerConfig) -> None:

@@ -22,10 +22,23 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from .auth import current_principal
-
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+_principal: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "a2a_grpc_server_log_principal", default=None
+)
+
+
+def bind_principal(name: str) -> contextvars.Token[str | None]:
+    """Name ``name`` as the principal on the log lines of what runs from here on."""
+    return _principal.set(name)
+
+
+def unbind_principal(token: contextvars.Token[str | None]) -> None:
+    """Undo a ``bind_principal``."""
+    _principal.reset(token)
+
 
 _task: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
     "a2a_grpc_server_log_task", default=None
@@ -59,9 +72,9 @@ class JsonFormatter(logging.Formatter):
         task = _task.get()
         if task is not None:
             line["task_id"], line["context_id"] = task
-        principal = current_principal()
+        principal = _principal.get()
         if principal is not None:
-            line["principal"] = principal.name
+            line["principal"] = principal
         if self.instance:
             line["instance"] = self.instance
         trace_id = _trace_id()

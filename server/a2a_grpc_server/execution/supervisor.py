@@ -46,19 +46,18 @@ from a2a.types.a2a_pb2 import (
 )
 from a2a.utils.errors import InvalidAgentResponseError
 
-from . import taskops, tracing
-from .journal import StoreError
+from ..journal import StoreError
+from ..model import taskops
+from ..model.names import TASK_PREFIX
+from ..model.taskops import Event
+from ..obs import tracing
+from ..obs.logs import task_fields
 from .live import LiveTask
-from .logs import task_fields
 from .mailbox import Mailbox
 from .pacing import Pacer
-from .taskops import Event
 
 logger = logging.getLogger(__name__)
 
-
-TASK_PREFIX = "a2a-grpc-server"
-"""Every asyncio task this package creates is named with this prefix."""
 
 COMMIT_BATCH = 256
 """Most events the consumer commits in one journal write."""

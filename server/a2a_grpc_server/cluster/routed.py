@@ -30,16 +30,16 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 
-from . import tracing
-from .auth import Principal
-from .callmeta import Caller
-from .errors import (
+from ..errors import (
     InvalidFieldError,
     OwnerTimeoutError,
     OwnerUnavailableError,
     ServerError,
     ServerShuttingDownError,
 )
+from ..model.caller import Caller
+from ..model.principal import Principal
+from ..obs import tracing
 
 CANCEL_SLACK = 1.0
 """Seconds an owner's cancel may take beyond its ``cancel_timeout``."""

@@ -19,7 +19,7 @@ import json
 
 from a2a.utils.errors import TaskNotFoundError
 
-from .errors import quote
+from ..errors import quote
 
 ANONYMOUS = ""
 """The scope of a call without tenant and without authentication."""

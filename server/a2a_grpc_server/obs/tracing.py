@@ -3,8 +3,9 @@
 When ``opentelemetry-api`` is importable *and* the application configured a
 tracer provider (the SDK, e.g. under ``opentelemetry-instrument``), then:
 
-* ``TracingInterceptor`` makes one SERVER span per RPC, whose parent is the
-  W3C ``traceparent`` (and ``tracestate``) the client sent in its metadata;
+* ``rpc.tracing.TracingInterceptor`` makes one SERVER span per RPC, whose
+  parent is the W3C ``traceparent`` (and ``tracestate``) the client sent in
+  its metadata;
 * ``execution`` makes one span per run of a task's executor, current while
   the executor runs, so an agent's own spans (its LLM and tool calls) join
   the caller's trace; the task's state changes are events on it
@@ -23,15 +24,11 @@ a2a-sdk's own instrumentation (a span per enqueued event) is off unless
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grpc
-
-from .intercept import Behavior, WrappingInterceptor
-from .intercept import status_code as _status
 
 try:
     from opentelemetry import propagate, trace
@@ -39,8 +36,6 @@ try:
         NoOpTracerProvider,
         ProxyTracerProvider,
         SpanKind,
-        Status,
-        StatusCode,
     )
 except ImportError:  # pragma: no cover - the API is not installed
     trace = None  # type: ignore[assignment]
@@ -69,61 +64,9 @@ def active() -> bool:
     return not isinstance(trace.get_tracer_provider(), ProxyTracerProvider | NoOpTracerProvider)
 
 
-def _tracer() -> Any:
+def tracer() -> Any:
+    """This package's tracer (only when ``active()``)."""
     return trace.get_tracer(TRACER_NAME)
-
-
-class TracingInterceptor(WrappingInterceptor):
-    """One SERVER span per RPC, child of the client's ``traceparent`` (see the module docstring).
-
-    Put it after the metrics interceptor and before authentication (a
-    refused call is traced too).
-    """
-
-    def __init__(self) -> None:
-        super().__init__(_traced)
-
-
-def _traced(method: str, kind: str, behavior: Behavior) -> Behavior:
-    name = method.lstrip("/")
-    service, _, rpc = name.rpartition("/")
-    attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc}
-
-    async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        if not active():
-            return await behavior(request, context)
-        carrier = {
-            key: value
-            for key, value in context.invocation_metadata() or ()
-            if key in PROPAGATED and isinstance(value, str)
-        }
-        parent = propagate.extract(carrier)
-        with _tracer().start_as_current_span(
-            name,
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes=attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
-            try:
-                result = await behavior(request, context)
-                code = _status(context.code()) or grpc.StatusCode.OK
-                return result
-            except grpc.aio.AbortError:
-                code = _status(context.code()) or grpc.StatusCode.UNKNOWN
-                raise
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            finally:
-                span.set_attribute("rpc.grpc.status_code", code.value[0])
-                if code in SERVER_ERRORS:
-                    text = context.details()  # type: ignore[no-untyped-call]
-                    span.set_status(Status(StatusCode.ERROR, str(text or code.name)))
-
-    return run
 
 
 @contextlib.contextmanager
@@ -134,7 +77,7 @@ def execution(task_id: str, context_id: str, *, cancel: bool = False) -> Iterato
         return
     name = "a2a.task.cancel" if cancel else "a2a.task.execute"
     attributes = {"a2a.task.id": task_id, "a2a.context.id": context_id}
-    with _tracer().start_as_current_span(name, attributes=attributes):
+    with tracer().start_as_current_span(name, attributes=attributes):
         yield
 
 
@@ -166,5 +109,5 @@ def routed(op: str, headers: Sequence[tuple[str, str]]) -> Iterator[None]:
         yield
         return
     parent = propagate.extract({k: v for k, v in headers if k in PROPAGATED})
-    with _tracer().start_as_current_span(f"a2a.routed/{op}", context=parent, kind=SpanKind.SERVER):
+    with tracer().start_as_current_span(f"a2a.routed/{op}", context=parent, kind=SpanKind.SERVER):
         yield

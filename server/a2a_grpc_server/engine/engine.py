@@ -38,24 +38,24 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 
-from . import taskops
-from .callmeta import Caller, request_context
-from .config import ServerConfig
-from .errors import FrameNotKeptError, InvalidFieldError, ServerShuttingDownError, quote
-from .journal import FinalTaskError, RecordedTask, StoreError, TaskJournal
-from .live import LiveTask
-from .metrics import Metrics
-from .pacing import Pacer
-from .parking import ParkingLot
-from .quotas import Quotas
-from .scope import not_found, principal_of
-from .sizing import TaskTooLargeError
-from .supervisor import TASK_PREFIX, ExecutionSupervisor
-from .tasklog import LogClosedError, LogLimits, LogPool, LogReader, TaskLog
+from ..config import ServerConfig
+from ..errors import FrameNotKeptError, InvalidFieldError, ServerShuttingDownError, quote
+from ..execution.live import LiveTask
+from ..execution.pacing import Pacer
+from ..execution.parking import ParkingLot
+from ..execution.quotas import Quotas
+from ..execution.supervisor import ExecutionSupervisor
+from ..journal import FinalTaskError, RecordedTask, StoreError, TaskJournal
+from ..log.tasklog import LogClosedError, LogLimits, LogPool, LogReader, TaskLog
+from ..model import taskops
+from ..model.caller import Caller, request_context
+from ..model.names import TASK_PREFIX
+from ..model.scope import not_found, principal_of
+from ..model.sizing import TaskTooLargeError
+from ..obs.metrics import Metrics
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
-    from .push.service import PushService
+    from .ports import Peers, PushHooks
 
 logger = logging.getLogger(__name__)
 
@@ -178,20 +178,21 @@ class TaskEngine:
         config: ServerConfig,
         metrics: Metrics | None = None,
         *,
-        cluster: Cluster | None = None,
+        cluster: Peers | None = None,
     ) -> None:
         self.metrics = metrics or Metrics()
         self.config = config
         limits = LogLimits(config.log_max_frames, config.log_max_bytes, config.resume_window)
         self.pool = LogPool(config.log_total_bytes, limits, self.metrics)
         """Every task log of this instance (relays included)."""
-        self.metrics.pool = self.pool
         self._executor = executor
         self._journal = journal
         self._config = config
         self._cluster = cluster
         self._live: dict[str, LiveTask] = {}
         self._runs: dict[asyncio.Task[None], ExecutionSupervisor] = {}
+        self._current: dict[str, ExecutionSupervisor] = {}
+        """The run currently feeding each task (see ``current``)."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._accepting = True
@@ -212,13 +213,17 @@ class TaskEngine:
         """What each principal holds here (see ``quotas``)."""
         self.pacer = Pacer(config.loop_slice)
         """Shares the event loop between bursts and everything else (see ``pacing``)."""
-        self.push: PushService | None = None
+        self.push: PushHooks | None = None
         """Push notifications (set by ``A2AService``; None: push is off)."""
 
     @property
     def journal(self) -> TaskJournal:
         """The task journal."""
         return self._journal
+
+    def run_of(self, task_id: str) -> ExecutionSupervisor | None:
+        """The execution currently feeding ``task_id`` here, if any."""
+        return self._current.get(task_id)
 
     @property
     def live_count(self) -> int:
@@ -399,7 +404,7 @@ class TaskEngine:
         return found
 
     @property
-    def cluster(self) -> Cluster | None:
+    def cluster(self) -> Peers | None:
         """The other instances (None: this instance is alone)."""
         return self._cluster
 
@@ -444,7 +449,7 @@ class TaskEngine:
                     f"task {quote(task_id)} is {taskops.state_name(recorded.status.state)} "
                     "and cannot be canceled"
                 )
-        run = live.run
+        run = self.run_of(task_id)
         if run is None or not run.request_cancel():
             context = request_context(
                 call,
@@ -623,7 +628,7 @@ class TaskEngine:
         """
         await self._wait_runs_idle()
         if self.push is not None:
-            await self.push.dispatcher.wait_ended()
+            await self.push.wait_ended()
 
     async def _wait_runs_idle(self) -> None:
         await self._idle.wait()
@@ -647,7 +652,8 @@ class TaskEngine:
         live = self._live.get(recorded.id) or self._revive(found)
         if live is None or live.log.closed:
             raise _no_more_messages(recorded)
-        if live.admitting or (live.run is not None and not live.run.finished):
+        run = self.run_of(recorded.id)
+        if live.admitting or (run is not None and not run.finished):
             raise UnsupportedOperationError(
                 f"task {quote(recorded.id)} is still {taskops.state_name(recorded.status.state)}; "
                 "send follow-ups only when it asks for input, or cancel it"
@@ -785,7 +791,7 @@ class TaskEngine:
             execute=execute,
             cancel=cancel,
         )
-        live.run = run
+        self._current[live.task_id] = run
         self.parking.unpark(live.task_id)
         task = asyncio.create_task(run.run(), name=f"{TASK_PREFIX}:run:{live.task_id}")
         self._runs[task] = run
@@ -796,8 +802,8 @@ class TaskEngine:
     def _run_done(self, task: asyncio.Task[None]) -> None:
         run = self._runs.pop(task)
         live = run.live
-        if live.run is run:
-            live.run = None
+        if self._current.get(live.task_id) is run:
+            del self._current[live.task_id]
             if not live.log.closed and live.state in taskops.INTERRUPTED and not live.admitting:
                 self.parking.park(live)
         if not task.cancelled() and task.exception() is not None:

@@ -64,9 +64,9 @@ from dataclasses import dataclass
 
 from a2a.types.a2a_pb2 import Task
 
-from . import taskops
-from .errors import FrameNotKeptError
-from .metrics import Metrics
+from ..errors import FrameNotKeptError
+from ..model import taskops
+from ..obs.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +115,21 @@ class LogLimits:
     resume_window: float = 60.0
 
 
+@dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    """What a ``LogPool`` holds now (``LogPool.statistics``).
+
+    Attributes:
+        used: Bytes all its logs keep.
+        peak: The most bytes they kept at once.
+        retained: Ended logs kept for resumption.
+    """
+
+    used: int
+    peak: int
+    retained: int
+
+
 class LogPool:
     """Every log of one server instance: their common budget, and ended logs kept for resuming.
 
@@ -148,6 +163,10 @@ class LogPool:
     def retained_count(self) -> int:
         """Ended logs kept for resumption."""
         return len(self._retained)
+
+    def statistics(self) -> PoolStatistics:
+        """What the pool holds now (read by the metrics collector)."""
+        return PoolStatistics(self.used, self.peak, len(self._retained))
 
     def retained(self, task_id: str) -> TaskLog | None:
         """The ended, still readable log of ``task_id``, if it is kept."""

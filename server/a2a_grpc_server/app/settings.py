@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ServerConfig
-from .jetstream.natsconfig import NatsConfig
+from ..config import ServerConfig
+from ..jetstream.natsconfig import NatsConfig
 
 ENV_PREFIX = "A2A_GRPC_SERVER_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
@@ -480,5 +480,5 @@ def _toml(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
-if __name__ == "__main__":  # the settings table: python -m a2a_grpc_server.settings
+if __name__ == "__main__":  # the settings table: python -m a2a_grpc_server.app.settings
     print(markdown(), end="")

@@ -23,8 +23,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from .metrics import Histogram, Metrics
-from .rpcmetrics import RpcMetrics
+from ..log.tasklog import LogPool
+from ..obs.metrics import Histogram, Metrics
+from ..rpc.metrics import RpcMetrics
 
 RPC_LABELS = ["grpc_service", "grpc_method", "grpc_type"]
 
@@ -35,10 +36,13 @@ class A2ACollector(Collector):
     Args:
         metrics: The server's counters.
         rpc: The per-RPC counters (None: no metrics interceptor).
+        pool: The server's task logs, read for their gauges (``LogPool.statistics``).
     """
 
-    def __init__(self, metrics: Metrics, rpc: RpcMetrics | None = None) -> None:
-        self._metrics, self._rpc = metrics, rpc
+    def __init__(
+        self, metrics: Metrics, rpc: RpcMetrics | None = None, pool: LogPool | None = None
+    ) -> None:
+        self._metrics, self._rpc, self._pool = metrics, rpc, pool
 
     def collect(self) -> Iterator[Metric]:
         """The current values."""
@@ -59,14 +63,13 @@ class A2ACollector(Collector):
             m.dropped_events,
         )
         yield _gauge("a2a_relays_open", "Tasks of other instances relayed here.", m.relays_open)
-        if m.pool is not None:
+        if self._pool is not None:
+            logs = self._pool.statistics()
             yield _gauge(
-                "a2a_log_bytes", "Bytes the task logs keep (frames plus 64 each).", m.pool.used
+                "a2a_log_bytes", "Bytes the task logs keep (frames plus 64 each).", logs.used
             )
             yield _gauge(
-                "a2a_logs_retained",
-                "Ended tasks whose log is kept for resuming.",
-                m.pool.retained_count,
+                "a2a_logs_retained", "Ended tasks whose log is kept for resuming.", logs.retained
             )
         yield _counter(
             "a2a_tasks_reaped",

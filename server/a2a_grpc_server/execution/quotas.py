@@ -26,8 +26,8 @@ from collections.abc import Iterator
 
 import grpc
 
-from .config import ServerConfig
-from .errors import ServerError
+from ..config import ServerConfig
+from ..errors import ServerError
 
 
 class QuotaExceededError(ServerError):

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from .errors import ServerError
-from .scope import principal_of
+from ..errors import ServerError
+from ..model.scope import principal_of
 
 if TYPE_CHECKING:
     from .live import LiveTask

@@ -22,8 +22,8 @@ from typing import Any
 
 import grpc
 
+from ..obs.metrics import Histogram
 from .intercept import Behavior, WrappingInterceptor, status_code
-from .metrics import Histogram
 
 RPC_BUCKETS = (
     0.0005,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 from a2a.server.agent_execution import AgentExecutor
@@ -30,8 +30,19 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from . import rpc
-from .auth import Authenticator, AuthInterceptor, declared_scheme
+from ..cluster import Cluster
+from ..config import ServerConfig
+from ..engine.engine import TaskEngine
+from ..journal import TaskJournal
+from ..journal.memory import MemoryJournal
+from ..obs.metrics import Metrics
+from ..push.service import PushService
+from ..rpc import servicer as rpc
+from ..rpc.auth import Authenticator, AuthInterceptor, declared_scheme
+from ..rpc.metrics import MetricsInterceptor, RpcMetrics
+from ..rpc.resume import extension as resume_extension
+from ..rpc.servicer import RpcServicer
+from ..rpc.tracing import TracingInterceptor
 from .card import (
     WELL_KNOWN_PATH,
     default_card,
@@ -42,22 +53,12 @@ from .card import (
     with_security,
 )
 from .collector import A2ACollector
-from .config import ServerConfig
-from .engine import TaskEngine
 from .http import Fixed, HttpServer, Live, Route
-from .journal import TaskJournal
-from .journal.memory import MemoryJournal
-from .metrics import Metrics
-from .push.service import PushService
-from .resume import extension as resume_extension
-from .rpc import RpcServicer
-from .rpcmetrics import MetricsInterceptor, RpcMetrics
 from .tls import CertificateWatch, TlsFiles, is_loopback
-from .tracing import TracingInterceptor
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
-    from .jetstream.conn import NatsConfig
+    from ..jetstream.conn import NatsConfig
+    from ..push.configs import PushConfigStore
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,15 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
+class ClusterMember(Cluster, Protocol):
+    """A cluster the service runs in: ``Cluster``, and the push config store it shares."""
+
+    @property
+    def push_store(self) -> PushConfigStore:
+        """Push configs and their cursors, shared by every instance."""
+        ...
+
+
 class A2AService:
     """The A2A service for an existing ``grpc.aio`` server.
 
@@ -126,7 +136,7 @@ class A2AService:
         config: ServerConfig | None = None,
         journal: TaskJournal | None = None,
         extended_card: AgentCard | None = None,
-        cluster: Cluster | None = None,
+        cluster: ClusterMember | None = None,
     ) -> None:
         wanted = config or ServerConfig()
         self.config = wanted.fitted(cluster.max_record_bytes if cluster is not None else None)
@@ -159,11 +169,14 @@ class A2AService:
         self.rpc_metrics = RpcMetrics()
         """Per-RPC counts, kept by ``metrics_interceptor()`` on the server it is added to."""
         self.engine = TaskEngine(executor, self.journal, self.config, self.metrics, cluster=cluster)
+        self.push: PushService | None = None
+        """Push notifications (None: push is off)."""
         if push:
             store = cluster.push_store if cluster is not None else None
-            self.engine.push = PushService(self.engine, self.config, self.metrics, store)
+            self.push = PushService(self.engine, self.config, self.metrics, store, cluster)
+            self.engine.push = self.push
             if isinstance(self.journal, MemoryJournal):
-                self.journal.on_forget = self.engine.push.forget
+                self.journal.on_forget = self.push.forget
         self.servicer = RpcServicer(self.engine, self.config, self.card, extended_card)
 
     async def start(self) -> None:
@@ -180,7 +193,7 @@ class A2AService:
 
     def collector(self) -> A2ACollector:
         """This service's metrics, for a ``prometheus_client`` registry (see ``collector``)."""
-        return A2ACollector(self.metrics, self.rpc_metrics)
+        return A2ACollector(self.metrics, self.rpc_metrics, self.engine.pool)
 
     def metrics_interceptor(self) -> MetricsInterceptor:
         """The interceptor that counts every call (first among the server's interceptors)."""
@@ -318,7 +331,7 @@ class A2AServer:
             OSError: A port could not be bound, or NATS could not be reached.
         """
         if self._nats is not None:
-            from .jetstream.node import NatsCluster
+            from ..jetstream.node import NatsCluster
 
             try:
                 cluster = await NatsCluster.connect(self._nats)

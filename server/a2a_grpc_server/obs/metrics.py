@@ -10,10 +10,6 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .tasklog import LogPool
 
 PUSH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0)
 CANCEL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -74,5 +70,3 @@ class Metrics:
     """(task, config) whose last frame was given up (until one is delivered)."""
     push_lag_seconds: Histogram = field(default_factory=lambda: Histogram(PUSH_BUCKETS))
     """First attempt to delivery, per frame delivered (retries included)."""
-    pool: LogPool | None = None
-    """The instance's task logs, read for their gauges when rendering."""

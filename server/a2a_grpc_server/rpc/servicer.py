@@ -50,18 +50,21 @@ from google.protobuf import message_factory
 from google.protobuf.empty_pb2 import Empty
 from google.protobuf.message import Message as ProtoMessage
 
-from . import errors, resume, taskops, validation
+from .. import errors
+from ..config import ServerConfig
+from ..engine.engine import TaskEngine
+from ..errors import AnswerTooLargeError, FrameNotKeptError, InvalidFieldError
+from ..journal import InvalidPageTokenError, TaskQuery
+from ..log.tasklog import LogReader
+from ..model import taskops
+from ..model.caller import EXTENSIONS_KEY, Caller, caller
+from ..push.configs import check_config
+from ..push.service import push_of
+from . import resume, validation
 from .auth import AuthenticationError
-from .callmeta import EXTENSIONS_KEY, Caller, caller
-from .config import ServerConfig
-from .engine import TaskEngine
-from .errors import AnswerTooLargeError, FrameNotKeptError, InvalidFieldError
-from .journal import InvalidPageTokenError, TaskQuery
-from .push.configs import check_config
-from .tasklog import LogReader
 
 if TYPE_CHECKING:
-    from .push.service import PushService
+    from ..push.service import PushService
 
 logger = logging.getLogger(__name__)
 
@@ -348,15 +351,16 @@ class RpcServicer:
 
     def _push(self, context: Context, method: str, tenant: str) -> tuple[PushService, Caller]:
         call = caller(context, method, tenant)
-        if self._engine.push is None:
+        push = push_of(self._engine)
+        if push is None:
             raise _push_off()
-        return self._engine.push, call
+        return push, call
 
     def _check_inline_push(self, request: SendMessageRequest) -> None:
         """Refuse a message's push config that is malformed, or any when push is off."""
         if not request.configuration.HasField("task_push_notification_config"):
             return
-        push = self._engine.push
+        push = push_of(self._engine)
         if push is None:
             raise _push_off()
         config = request.configuration.task_push_notification_config

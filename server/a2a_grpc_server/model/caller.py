@@ -22,8 +22,8 @@ from a2a.server.context import ServerCallContext
 from a2a.server.id_generator import UUIDGenerator
 from a2a.utils.errors import VersionNotSupportedError
 
-from .auth import Principal, PrincipalUser, current_principal
-from .errors import InvalidFieldError, quote
+from ..errors import InvalidFieldError, quote
+from .principal import Principal, PrincipalUser, current_principal
 from .scope import scope_key
 
 VERSION_KEY = "a2a-version"

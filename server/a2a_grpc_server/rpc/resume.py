@@ -27,8 +27,8 @@ from __future__ import annotations
 from a2a.types.a2a_pb2 import AgentExtension, StreamResponse, Task
 from google.protobuf.struct_pb2 import Struct
 
-from .callmeta import Caller
-from .errors import InvalidFieldError
+from ..errors import InvalidFieldError
+from ..model.caller import Caller
 
 URI = "urn:a2a-grpc-server:extension:resume:v1"
 """The extension's URI: what clients name in ``a2a-extensions`` and find in metadata."""

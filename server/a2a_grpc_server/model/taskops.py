@@ -24,7 +24,7 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import InvalidAgentResponseError
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from .errors import quote
+from ..errors import quote
 
 Event = Message | Task | TaskStatusUpdateEvent | TaskArtifactUpdateEvent
 EVENT_TYPES = (Message, Task, TaskStatusUpdateEvent, TaskArtifactUpdateEvent)

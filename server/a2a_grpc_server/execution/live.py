@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from a2a.types.a2a_pb2 import (
     Message,
@@ -28,10 +27,9 @@ from a2a.types.a2a_pb2 import (
 )
 from a2a.utils.errors import InvalidAgentResponseError
 
-from . import taskops, tracing
-from .config import DEFAULT_MAX_TASK_BYTES
-from .errors import quote
-from .journal import (
+from ..config import DEFAULT_MAX_TASK_BYTES
+from ..errors import quote
+from ..journal import (
     Change,
     FinalTaskError,
     PartialWriteError,
@@ -42,12 +40,11 @@ from .journal import (
     UnknownTaskError,
     VersionConflictError,
 )
-from .sizing import TaskSize, TaskTooLargeError
-from .tasklog import LogReader, TaskLog
-from .taskops import Event
-
-if TYPE_CHECKING:
-    from .supervisor import ExecutionSupervisor
+from ..log.tasklog import LogReader, TaskLog
+from ..model import taskops
+from ..model.sizing import TaskSize, TaskTooLargeError
+from ..model.taskops import Event
+from ..obs import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +81,6 @@ class LiveTask:
         "final_unrecorded",
         "lock",
         "log",
-        "run",
         "scope",
         "state_seq",
         "task_id",
@@ -121,8 +117,6 @@ class LiveTask:
         self._unconfirmed: list[Change] = []
         self._landed = 0
         """How many of ``_unconfirmed`` may have landed (see ``_reconcile``)."""
-        self.run: ExecutionSupervisor | None = None
-        """The execution currently feeding this task, if any."""
         self.admitting = False
         """A follow-up message is being admitted (its run is about to start)."""
         self.final_unrecorded = False
@@ -281,8 +275,12 @@ class LiveTask:
                 except REFUSED:
                     # Someone else wrote the task (a survivor that took this
                     # instance for lost): its outcome is the task's.
-                    if await self._close_as_recorded():
-                        return
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            if await self._close_as_recorded():
+                                return
+                    except TimeoutError:
+                        pass  # (the frame below goes out; the record is reconciled later)
                 except (StoreError, TimeoutError):
                     logger.exception("could not record the final state of task %s", self.task_id)
             # Readers get the frame now, recorded or not; what is not is retried.
@@ -336,13 +334,13 @@ class LiveTask:
         Which of our unconfirmed changes landed depends on how the write
         failed (``_failed``): none when the journal refused it (a compare-and-set
         lost to another instance's write, e.g. a survivor that ended the task),
-        the first ``recorded`` of a partial write, and for a write whose outcome
-        is unknown (a timeout, a cancellation) those the record's numbers
-        leave room for, but never one in the place of a foreign final change.
-        Their frames are appended, so the log and the journal number the same
-        changes; the task becomes the journal's. If the record is final and the
-        log is not, the log is sealed with the recorded outcome, numbered as
-        recorded: every reader ends with the task's outcome, whoever wrote it.
+        the first ``recorded`` of a partial write that the journal refused, and
+        for a write whose outcome is unknown (a timeout, a cancellation) those
+        the record's numbers leave room for. Their frames are appended, so the
+        log and the journal number the same changes; the task becomes the
+        journal's. If the record is final, the log is sealed with the recorded
+        status, numbered as recorded, whoever wrote it (the same status as ours
+        when ours landed): every reader ends with the task's recorded outcome.
 
         Raises:
             StoreError: The journal could not be read (the task stays dirty).
@@ -354,19 +352,18 @@ class LiveTask:
         # object it was given may show a refused write's in-place changes.)
         final = recorded is not None and ahead > 0 and taskops.is_final(recorded.task)
         landed = max(0, min(ahead, len(unconfirmed), self._landed))
-        if final and landed and landed == ahead:
-            ours = unconfirmed[landed - 1].state
-            if not taskops.is_final_state(ours):  # type: ignore[arg-type]
-                landed -= 1  # the record's last change is a final one, and not ours
+        if final:
+            # The record's last change is final: whoever wrote it, the log is sealed
+            # with the recorded status (the same as ours when ours landed).
+            landed = min(landed, ahead - 1)
         if recorded is not None:
             self._task = self.log.snapshot = recorded.task
             self._version = recorded.version
             self._index = taskops.index_artifacts(recorded.task)
             self._size.measure(recorded.task)
             self._first_message = None
-        for i, change in enumerate(unconfirmed[:landed]):
-            last = final and i == ahead - 1
-            self.log.append(change.frame, change.state, final=last)
+        for change in unconfirmed[:landed]:
+            self.log.append(change.frame, change.state)
         if recorded is not None and final and not self.log.closed:
             self._seal_as_recorded(recorded)
         elif recorded is not None and not final:
@@ -401,18 +398,24 @@ class LiveTask:
         async with self.lock:
             if self.log.closed:
                 return False
-            return await self._close_as_recorded()
+            return await self._close_as_recorded(strict=True)
 
-    async def _close_as_recorded(self) -> bool:
+    async def _close_as_recorded(self, *, strict: bool = False) -> bool:
         """End the log with the outcome another instance already recorded.
 
         In cluster mode a survivor that thought this instance lost may have
         ended the task (and logged its frame); local readers then get that
         same outcome, not one of ours.
+
+        Raises:
+            StoreError: With ``strict``, the journal could not be read (otherwise
+                that answers False).
         """
         try:
             recorded = await self._journal.get(self.task_id)
         except StoreError:
+            if strict:
+                raise
             return False
         if recorded is None or not taskops.is_final(recorded.task):
             return False
@@ -531,5 +534,7 @@ def _landed(error: StoreError, written: int) -> int:
     if isinstance(error, REFUSED):
         return 0
     if isinstance(error, PartialWriteError):
-        return error.recorded
+        if isinstance(error.__cause__, REFUSED):
+            return error.recorded
+        return written  # the one that failed may have landed too: as the record's numbers say
     return written  # unknown: as many as the record's numbers leave room for

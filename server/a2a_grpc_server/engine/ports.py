@@ -1,0 +1,101 @@
+"""What the engine asks of the collaborators an upper layer gives it.
+
+The engine is below push and cluster: it names here, as small protocols,
+the little it needs of them, and they implement it (``cluster.Cluster`` is a
+``Peers``; ``push.service.PushService`` is a ``PushHooks``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from a2a.types.a2a_pb2 import SendMessageRequest, Task, TaskPushNotificationConfig
+
+if TYPE_CHECKING:
+    from ..execution.live import LiveTask
+    from ..journal import RecordedTask
+    from ..log.tasklog import LogReader
+    from ..model.caller import Caller
+
+
+class Peers(Protocol):
+    """The other instances sharing this instance's tasks (cluster mode).
+
+    A task another instance owns is read through this instance's relay of it,
+    resumed from the shared record, and canceled or continued by its owner.
+    """
+
+    @property
+    def instance_id(self) -> str:
+        """This instance's id (the owner recorded with the tasks it runs)."""
+        ...
+
+    async def subscribe(self, recorded: RecordedTask) -> tuple[Task, LogReader]:
+        """Join a task another instance owns, through this instance's relay of it.
+
+        Returns:
+            The task as of the relay's log and a reader of every frame after it.
+
+        Raises:
+            UnsupportedOperationError: The task has ended.
+            TaskNotFoundError: The task is gone.
+            RelayLostError: This instance is leaving the cluster.
+        """
+        ...
+
+    async def replay(self, recorded: RecordedTask, after: int) -> LogReader:
+        """A reader of the task's frames after ``after``, from the shared record.
+
+        It ends after the task's final frame (at once if ``after`` is it).
+
+        Raises:
+            FrameNotKeptError: The shared record no longer holds frame ``after + 1``.
+            StoreUnavailableError: The shared record could not be read.
+        """
+        ...
+
+    async def cancel(self, recorded: RecordedTask, call: Caller) -> Task:
+        """Have the owner cancel the task; returns the task once CANCELED.
+
+        Raises:
+            TaskNotCancelableError: The task ended before it could be canceled.
+            OwnerUnavailableError: The owner did not answer.
+        """
+        ...
+
+    async def send(self, recorded: RecordedTask, request: SendMessageRequest, call: Caller) -> None:
+        """Have the owner start a follow-up message on its interrupted task.
+
+        Raises:
+            UnsupportedOperationError: The task does not accept the message now.
+            OwnerUnavailableError: The owner did not answer.
+        """
+        ...
+
+
+class PushHooks(Protocol):
+    """What the engine tells push notifications of its tasks' lives."""
+
+    async def register(self, live: LiveTask, config: TaskPushNotificationConfig) -> None:
+        """Keep an inline config of a live task; its webhook follows the task from now on."""
+        ...
+
+    def resume(self, live: LiveTask) -> None:
+        """A task came back into memory: resume the deliveries it had."""
+        ...
+
+    def detach(self, task_id: str) -> None:
+        """The task left memory: its deliveries stop reading its log (they resume with it)."""
+        ...
+
+    def forget(self, task_id: str) -> None:
+        """The task is gone for good: drop its configs."""
+        ...
+
+    async def close(self, deadline: float | None) -> None:
+        """Shutdown: let deliveries send the final frames until ``deadline`` (loop time)."""
+        ...
+
+    async def wait_ended(self) -> None:
+        """Wait until every delivery that was asked to end has ended."""
+        ...
