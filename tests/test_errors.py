@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, cast
 
 import grpc
@@ -27,6 +28,7 @@ from a2a.types.a2a_pb2 import (
 from google.rpc import error_details_pb2
 
 from a2a_grpc_server import ServerConfig
+from a2a_grpc_server.app import errortable
 
 from .agents import GatedAgent
 from .harness import V1, Harness, rich_status, send_request, serve, user_message
@@ -267,3 +269,12 @@ async def test_part_with_a_media_type_the_card_does_not_accept_is_refused() -> N
         text = message(parts=[Part(text="hi", media_type="Text/Plain; charset=utf-8")])
         accepted = await h.stub.SendMessage(text, metadata=V1)
         assert accepted.task.status.state == S.TASK_STATE_COMPLETED
+
+
+def test_the_errors_page_lists_every_error_of_the_tree() -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "errors.md").read_text()
+    begin, end = "<!-- errors:begin -->\n", "<!-- errors:end -->"
+    table = page[page.index(begin) + len(begin) : page.index(end)]
+    assert table == errortable.markdown(), "docs/errors.md is stale: run scripts/errors_table"
+    for reason in ("FRAME_NOT_KEPT", "RELAY_LOST", "STREAMS_QUOTA", "TASK_NOT_FOUND"):
+        assert f"| {reason} |" in table

@@ -41,8 +41,11 @@ class QuotaExceededError(ServerError):
     """
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reasons = ("LIVE_TASKS_QUOTA", "PARKED_TASKS_QUOTA", "STREAMS_QUOTA", "SUBSCRIBERS_QUOTA")
+    """Every reason it may carry, one per quota."""
 
     def __init__(self, reason: str, setting: str, most: int, what: str) -> None:
+        assert reason in self.reasons, reason
         self.reason = reason
         self.setting, self.most = setting, most
         super().__init__(
