@@ -20,8 +20,19 @@ executor raising one of them is reported faithfully):
   ``RelayLostError`` (ours) -> UNAVAILABLE
 * ``OwnerTimeoutError`` (ours: a routed request's answer did not come in time;
   it may have taken effect) -> DEADLINE_EXCEEDED
-* ``StoreUnavailableError`` (ours, the journal's backend is down) -> UNAVAILABLE
+* ``StoreUnavailableError`` (ours, the journal's backend is down) -> UNAVAILABLE;
+  ``StoreRefusedError`` (it refused an operation) -> INTERNAL; both are
+  ``StoreError``, the base of what a journal raises
+* ``QuotaExceededError`` (a caller at one of its quotas), ``ParkedTasksLimitError``,
+  ``PushConfigLimitError`` -> RESOURCE_EXHAUSTED; ``PushConfigNotFoundError`` ->
+  NOT_FOUND
+* ``AuthenticationError`` -> UNAUTHENTICATED; ``UnguardableHandlerError`` (a
+  synchronous handler on a guarded service) -> FAILED_PRECONDITION
 * anything else -> INTERNAL with a generic message; the traceback is logged.
+
+Every one of them is defined here, and ``abort`` below is the only way a
+call is ended with an error status (the modules that raise them re-export the
+ones they own). ``docs/errors.md`` lists them all, generated from this tree.
 
 Every status carries a ``google.rpc.Status`` in ``grpc-status-details-bin``
 with a ``google.rpc.ErrorInfo`` (spec v1.0.1 §5.4): domain
@@ -163,6 +174,125 @@ class RelayLostError(ServerError):
 
     code = grpc.StatusCode.UNAVAILABLE
     reason = "RELAY_LOST"
+
+
+class StoreError(Exception):
+    """Base of the errors a task journal raises."""
+
+
+class StoreUnavailableError(StoreError, ServerError):
+    """The journal's backend did not answer in time (e.g. NATS is failing over)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "STORE_UNAVAILABLE"
+
+
+class StoreRefusedError(StoreError, ServerError):
+    """The journal's backend refused an operation (not a passing outage: no retry helps)."""
+
+    code = grpc.StatusCode.INTERNAL
+    reason = "STORE_REFUSED"
+
+
+class PushConfigLimitError(ServerError):
+    """A task already has as many push configs as the server keeps per task."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "PUSH_CONFIG_LIMIT"
+
+    def __init__(self, task_id: str, most: int) -> None:
+        self.most = most
+        super().__init__(
+            f"task {quote(task_id)} already has {most} push notification configs, the most "
+            "this server keeps per task; delete one first or reuse its id"
+        )
+
+    def details(self) -> dict[str, str]:
+        """The limit."""
+        return {"limit": str(self.most)}
+
+
+class PushConfigNotFoundError(ServerError):
+    """The task has no push config with this id."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "PUSH_CONFIG_NOT_FOUND"
+
+    def __init__(self, task_id: str, config_id: str) -> None:
+        super().__init__(
+            f"task {quote(task_id)} has no push notification config {quote(config_id)} "
+            "(ListTaskPushNotificationConfigs lists them)"
+        )
+
+
+class QuotaExceededError(ServerError):
+    """A principal (or a task) is at one of its quotas.
+
+    Args:
+        reason: The quota's reason (``LIVE_TASKS_QUOTA``, ...).
+        setting: The ``ServerConfig`` setting that sets it.
+        most: Its value.
+        what: What is counted, for the message.
+    """
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reasons = ("LIVE_TASKS_QUOTA", "PARKED_TASKS_QUOTA", "STREAMS_QUOTA", "SUBSCRIBERS_QUOTA")
+    """Every reason it may carry, one per quota."""
+
+    def __init__(self, reason: str, setting: str, most: int, what: str) -> None:
+        assert reason in self.reasons, reason
+        self.reason = reason
+        self.setting, self.most = setting, most
+        super().__init__(
+            f"{what}: at most {most} at once ({setting}); end or cancel some of them, "
+            "or retry later"
+        )
+
+    def details(self) -> dict[str, str]:
+        """The setting and its value."""
+        return {"quota": self.setting, "limit": str(self.most)}
+
+
+class ParkedTasksLimitError(ServerError):
+    """This instance holds ``max_parked_tasks`` tasks waiting for input; no new task now.
+
+    Args:
+        most: The limit.
+    """
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "PARKED_TASKS_LIMIT"
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        super().__init__(
+            f"this server holds {most} tasks waiting for input (max_parked_tasks); continue "
+            "or cancel some of them, or retry later"
+        )
+
+    def details(self) -> dict[str, str]:
+        """The limit."""
+        return {"limit": str(self.most)}
+
+
+class AuthenticationError(ServerError):
+    """Missing or invalid credentials: nothing is executed."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+    reason = "UNAUTHENTICATED"
+
+
+class UnguardableHandlerError(ServerError):
+    """A guarded service has a synchronous handler, which authentication cannot guard."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "UNGUARDABLE_HANDLER"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this method has a synchronous handler, which the authentication interceptor "
+            "cannot guard; serve it with an async handler"
+        )
 
 
 class InvalidFieldError(InvalidParamsError):

@@ -30,37 +30,15 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import grpc
-
-from ..errors import ServerError
+from ..errors import (  # re-exported: the error tree lives in errors
+    ParkedTasksLimitError as ParkedTasksLimitError,
+)
 from ..model.scope import principal_of
 
 if TYPE_CHECKING:
     from .live import LiveTask
 
 logger = logging.getLogger(__name__)
-
-
-class ParkedTasksLimitError(ServerError):
-    """This instance holds ``max_parked_tasks`` tasks waiting for input; no new task now.
-
-    Args:
-        most: The limit.
-    """
-
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    reason = "PARKED_TASKS_LIMIT"
-
-    def __init__(self, most: int) -> None:
-        self.most = most
-        super().__init__(
-            f"this server holds {most} tasks waiting for input (max_parked_tasks); continue "
-            "or cancel some of them, or retry later"
-        )
-
-    def details(self) -> dict[str, str]:
-        """The limit."""
-        return {"limit": str(self.most)}
 
 
 class ParkingLot:

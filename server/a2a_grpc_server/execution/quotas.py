@@ -24,38 +24,10 @@ import contextlib
 from collections import Counter
 from collections.abc import Iterator
 
-import grpc
-
 from ..config import ServerConfig
-from ..errors import ServerError
-
-
-class QuotaExceededError(ServerError):
-    """A principal (or a task) is at one of its quotas.
-
-    Args:
-        reason: The quota's reason (``LIVE_TASKS_QUOTA``, ...).
-        setting: The ``ServerConfig`` setting that sets it.
-        most: Its value.
-        what: What is counted, for the message.
-    """
-
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    reasons = ("LIVE_TASKS_QUOTA", "PARKED_TASKS_QUOTA", "STREAMS_QUOTA", "SUBSCRIBERS_QUOTA")
-    """Every reason it may carry, one per quota."""
-
-    def __init__(self, reason: str, setting: str, most: int, what: str) -> None:
-        assert reason in self.reasons, reason
-        self.reason = reason
-        self.setting, self.most = setting, most
-        super().__init__(
-            f"{what}: at most {most} at once ({setting}); end or cancel some of them, "
-            "or retry later"
-        )
-
-    def details(self) -> dict[str, str]:
-        """The setting and its value."""
-        return {"quota": self.setting, "limit": str(self.most)}
+from ..errors import (  # re-exported: the error tree lives in errors
+    QuotaExceededError as QuotaExceededError,
+)
 
 
 class Quotas:

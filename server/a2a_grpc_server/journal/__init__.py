@@ -15,28 +15,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, TypeVar
 
-import grpc
 from a2a.types.a2a_pb2 import Message, Task, TaskState
 
-from ..errors import ServerError, quote
-
-
-class StoreError(Exception):
-    """Base of the errors a task journal raises."""
-
-
-class StoreUnavailableError(StoreError, ServerError):
-    """The journal's backend did not answer in time (e.g. NATS is failing over)."""
-
-    code = grpc.StatusCode.UNAVAILABLE
-    reason = "STORE_UNAVAILABLE"
-
-
-class StoreRefusedError(StoreError, ServerError):
-    """The journal's backend refused an operation (not a passing outage: no retry helps)."""
-
-    code = grpc.StatusCode.INTERNAL
-    reason = "STORE_REFUSED"
+from ..errors import (  # re-exported: the error tree lives in errors
+    StoreError as StoreError,
+)
+from ..errors import (
+    StoreRefusedError as StoreRefusedError,
+)
+from ..errors import (
+    StoreUnavailableError as StoreUnavailableError,
+)
+from ..errors import quote
 
 
 class TaskExistsError(StoreError):

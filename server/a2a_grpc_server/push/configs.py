@@ -16,10 +16,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import grpc
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
 
-from ..errors import InvalidFieldError, ServerError, quote
+from ..errors import InvalidFieldError, quote
+from ..errors import (  # re-exported: the error tree lives in errors
+    PushConfigLimitError as PushConfigLimitError,
+)
+from ..errors import (
+    PushConfigNotFoundError as PushConfigNotFoundError,
+)
 from ..model.names import MAX_ID_CHARS, MAX_TOKEN_CHARS
 from .screen import RefusedTargetError, Screen
 
@@ -29,37 +34,6 @@ HEADER_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 """An HTTP token (RFC 9110 §5.6.2): what an authentication scheme must be."""
 UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 """Characters a header value may not carry (CR and LF above all: header injection)."""
-
-
-class PushConfigLimitError(ServerError):
-    """A task already has as many push configs as the server keeps per task."""
-
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    reason = "PUSH_CONFIG_LIMIT"
-
-    def __init__(self, task_id: str, most: int) -> None:
-        self.most = most
-        super().__init__(
-            f"task {quote(task_id)} already has {most} push notification configs, the most "
-            "this server keeps per task; delete one first or reuse its id"
-        )
-
-    def details(self) -> dict[str, str]:
-        """The limit."""
-        return {"limit": str(self.most)}
-
-
-class PushConfigNotFoundError(ServerError):
-    """The task has no push config with this id."""
-
-    code = grpc.StatusCode.NOT_FOUND
-    reason = "PUSH_CONFIG_NOT_FOUND"
-
-    def __init__(self, task_id: str, config_id: str) -> None:
-        super().__init__(
-            f"task {quote(task_id)} has no push notification config {quote(config_id)} "
-            "(ListTaskPushNotificationConfigs lists them)"
-        )
 
 
 def check_config(config: TaskPushNotificationConfig, screen: Screen, prefix: str = "") -> None:

@@ -37,7 +37,10 @@ import grpc
 from a2a.types.a2a_pb2 import HTTPAuthSecurityScheme, MutualTlsSecurityScheme, SecurityScheme
 
 from .. import errors
-from ..errors import ServerError
+from ..errors import (  # re-exported: the error tree lives in errors
+    AuthenticationError as AuthenticationError,
+)
+from ..errors import UnguardableHandlerError
 from ..model.principal import (
     MAX_PRINCIPAL_CHARS,
     Principal,
@@ -65,13 +68,6 @@ __all__ = [  # (Principal and its helpers live in model.principal; these are re-
 logger = logging.getLogger(__name__)
 
 SERVICE = "lf.a2a.v1.A2AService"
-
-
-class AuthenticationError(ServerError):
-    """Missing or invalid credentials: nothing is executed."""
-
-    code = grpc.StatusCode.UNAUTHENTICATED
-    reason = "UNAUTHENTICATED"
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,8 +292,4 @@ class AuthInterceptor(WrappingInterceptor):
 
 async def _unguardable(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
     """A synchronous handler of a guarded service: refused (authentication runs on the loop)."""
-    await context.abort(
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "this method has a synchronous handler, which the authentication interceptor cannot "
-        "guard; serve it with an async handler",
-    )
+    await errors.abort(context, UnguardableHandlerError())
