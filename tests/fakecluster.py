@@ -21,7 +21,7 @@ with a ``cluster.Cluster``) is under test and NATS itself is not the point.
     whose last reader left stops, ``leave`` severs them all
     (``RelayLostError``), a change missing from a relay severs it
     (``FrameNotKeptError``).
-  * ``cancel`` and ``send`` run the owner's engine with ``route=False`` in a
+  * ``cancel`` and ``send`` run the owner's engine (which serves its own tasks) in a
     serving task of the owner (it goes on if the asker gives up), bounded as
     ``jetstream.routing`` bounds a request; errors cross "the wire" as their
     class, message and field (``routed.encode_error`` / ``decode_error``, as over NATS);
@@ -397,21 +397,21 @@ class FakeCluster:
         return reader
 
     async def cancel(self, recorded: RecordedTask, call: Caller) -> Task:
-        """Have the owner cancel the task (its engine, ``route=False``)."""
+        """Have the owner cancel the task (its engine)."""
         task_id = recorded.task.id
 
         async def serve(engine: TaskEngine, routed: Caller) -> bytes:
-            return (await engine.cancel(task_id, routed, route=False)).SerializeToString()
+            return (await engine.cancel(task_id, routed)).SerializeToString()
 
         return Task.FromString(await self._request(recorded.owner, "cancel", serve, call))
 
     async def send(self, recorded: RecordedTask, request: SendMessageRequest, call: Caller) -> None:
-        """Have the owner start a follow-up message (its engine, ``route=False``)."""
+        """Have the owner start a follow-up message (its engine)."""
         payload = request.SerializeToString()
 
         async def serve(engine: TaskEngine, routed: Caller) -> bytes:
             request = SendMessageRequest.FromString(payload)
-            await engine.send(request, routed, subscribe=False, route=False)
+            await engine.send(request, routed, subscribe=False)
             return b""
 
         await self._request(recorded.owner, "send", serve, call)

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import re
 import signal
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -542,8 +543,8 @@ async def run_schedule(plan: Schedule, *, tasks: int = 6, settle: float = 60.0) 
         except TimeoutError:
             hung = [s for s in run.streams if not s.done]
             run.violations.append(
-                f"not settled within {settle:.0f} s: {len(hung)} stream(s) still open: "
-                + "; ".join(f"{s.kind} of {s.task_id} via {s.via}" for s in hung[:5])
+                f"the workload did not end within {settle:.0f} s: {len(hung)} stream(s) "
+                "still open: " + "; ".join(f"{s.kind} of {s.task_id} via {s.via}" for s in hung[:5])
             )
         finally:
             for member in members:
@@ -566,17 +567,30 @@ async def run_schedule(plan: Schedule, *, tasks: int = 6, settle: float = 60.0) 
 
 
 async def settle_and_read(run: Run, urls: Sequence[str], deadline: float) -> None:
-    """Wait until every task is final on every instance, then read what each holds."""
-    async with asyncio.timeout(deadline):
-        pending = set(run.tasks)
-        while pending:
-            for task_id in list(pending):
-                answers = await _stored_everywhere(run, task_id)
-                if answers and all(t.status.state in FINAL for t in answers):
-                    run.stored[task_id] = answers
-                    pending.discard(task_id)
-            if pending:
-                await asyncio.sleep(0.2)  # sync-ok: polling the record for the end
+    """Wait until every task is final on every instance, then read what each holds.
+
+    A task not final everywhere within ``deadline`` is a violation ("no task is
+    left non-final"), named with what each instance answered.
+    """
+    pending = set(run.tasks)
+    seen: dict[str, str] = {}
+    try:
+        async with asyncio.timeout(deadline):
+            while pending:
+                for task_id in list(pending):
+                    answers = await _stored_everywhere(run, task_id, seen)
+                    if answers and all(t.status.state in FINAL for t in answers):
+                        run.stored[task_id] = answers
+                        pending.discard(task_id)
+                if pending:
+                    await asyncio.sleep(0.2)  # sync-ok: polling the record for the end
+    except TimeoutError:
+        for task_id in sorted(pending):
+            run.violations.append(
+                f"{task_id} ({run.tasks[task_id]}) not final on every instance within "
+                f"{deadline:.0f} s: {seen.get(task_id, 'no answer')}"
+            )
+        return
     nc = await nats.connect(servers=list(urls))
     try:
         js = nc.jetstream()
@@ -586,18 +600,26 @@ async def settle_and_read(run: Run, urls: Sequence[str], deadline: float) -> Non
         await nc.close()
 
 
-async def _stored_everywhere(run: Run, task_id: str) -> list[Task]:
-    answers = []
+async def _stored_everywhere(run: Run, task_id: str, seen: dict[str, str]) -> list[Task]:
+    """What every instance still up answers for the task ([] if one does not answer yet);
+    ``seen`` keeps the latest answers, for a violation's message."""
+    answers, said = [], []
     for member in run.members:
         if member.crashed:
             continue  # (down for good: the others answer)
         if member.stub is None:
+            said.append(f"instance {member.index}: down")
+            seen[task_id] = ", ".join(said)
             return []
         try:
             task = await member.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1, timeout=5)
-        except grpc.aio.AioRpcError:
+        except grpc.aio.AioRpcError as err:
+            said.append(f"instance {member.index}: {err.code().name} {err.details()!r}")
+            seen[task_id] = ", ".join(said)
             return []
+        said.append(f"instance {member.index}: {S.Name(task.status.state)}")
         answers.append(task)
+    seen[task_id] = ", ".join(said)
     return answers
 
 
@@ -606,11 +628,32 @@ async def _entries(js: Any, task_id: str) -> list[Entry]:
     seq = 0
     while True:
         try:
-            msg = await js.get_msg(EVENTS_STREAM, seq=seq + 1, subject=subject(task_id), next=True)
+            msg = await _retrying(functools.partial(_next_entry, js, task_id, seq))
         except nats.js.errors.NotFoundError:
             return found
         seq = int(msg.seq)
         found.extend(Entry.unpack(msg, seq))
+
+
+async def _next_entry(js: Any, task_id: str, after: int) -> Any:
+    return await js.get_msg(EVENTS_STREAM, seq=after + 1, subject=subject(task_id), next=True)
+
+
+async def _retrying(read: Callable[[], Awaitable[Any]], within: float = 20.0) -> Any:
+    """``read()``, retried while JetStream is not ready (a node just restarted catches up)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        try:
+            return await read()
+        except (
+            nats.js.errors.ServiceUnavailableError,
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+        ):
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.25)  # sync-ok: a back-off while JetStream recovers
 
 
 def check(run: Run) -> None:

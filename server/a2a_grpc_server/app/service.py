@@ -31,8 +31,10 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from ..cluster import Cluster
+from ..cluster.front import ClusterFront
 from ..config import ServerConfig
 from ..engine.engine import TaskEngine
+from ..engine.ports import TaskOperations
 from ..journal import TaskJournal
 from ..journal.memory import MemoryJournal
 from ..obs.metrics import Metrics
@@ -168,7 +170,17 @@ class A2AService:
         self.metrics = Metrics()
         self.rpc_metrics = RpcMetrics()
         """Per-RPC counts, kept by ``metrics_interceptor()`` on the server it is added to."""
-        self.engine = TaskEngine(executor, self.journal, self.config, self.metrics, cluster=cluster)
+        self.engine = TaskEngine(
+            executor,
+            self.journal,
+            self.config,
+            self.metrics,
+            instance_id=cluster.instance_id if cluster is not None else None,
+        )
+        self.operations: TaskOperations = (
+            ClusterFront(self.engine, cluster) if cluster is not None else self.engine
+        )
+        """What the servicer asks of tasks (the engine alone, or the cluster front)."""
         self.push: PushService | None = None
         """Push notifications (None: push is off)."""
         if push:
@@ -177,7 +189,9 @@ class A2AService:
             self.engine.push = self.push
             if isinstance(self.journal, MemoryJournal):
                 self.journal.on_forget = self.push.forget
-        self.servicer = RpcServicer(self.engine, self.config, self.card, extended_card)
+        self.servicer = RpcServicer(
+            self.engine, self.config, self.card, extended_card, self.operations
+        )
 
     async def start(self) -> None:
         """Join the cluster (no-op for a single instance); call before serving."""

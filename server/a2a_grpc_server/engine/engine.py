@@ -7,11 +7,13 @@ keeps until it ends. A task is "live" from its first message until its log
 closes; interrupted tasks stay live without an execution, waiting for a
 follow-up. ``shutdown`` ends every live task with a final frame.
 
-In cluster mode a task is live only on its owner. For a task owned by
-another instance, ``subscribe`` joins this instance's relay of it, ``resume``
-reads the shared event log, and ``cancel`` and follow-up ``send`` are routed
-to the owner (see ``cluster``), which runs them through this same class with
-``route=False``.
+This is the local implementation of ``ports.TaskOperations``: it serves
+the tasks this instance runs, and knows of other instances only that a task
+another one owns is not to be revived here. In cluster mode
+``cluster.front.ClusterFront`` implements the same operations above it: it
+routes what concerns a task another instance owns (a relay, the shared
+record, a request to the owner, which serves it through this class) and
+hands the rest to this one.
 
 Every operation on an existing task is scoped (see ``scope``): the caller's
 scope is compared with the task's before anything else is done with it, and
@@ -27,6 +29,7 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -55,7 +58,7 @@ from ..model.sizing import TaskTooLargeError
 from ..obs.metrics import Metrics
 
 if TYPE_CHECKING:
-    from .ports import Peers, PushHooks
+    from .ports import PushHooks
 
 logger = logging.getLogger(__name__)
 
@@ -115,36 +118,6 @@ class Started:
         return task, seq
 
 
-@dataclass(slots=True)
-class Routed:
-    """A follow-up message this instance sent to the task's owner (cluster mode).
-
-    Attributes:
-        snapshot: The task as the message found it (the message included).
-        reader: This caller's reader of the task's relay.
-        journal: Where the task is read back from.
-    """
-
-    snapshot: Task
-    reader: LogReader
-    journal: TaskJournal
-
-    async def outcome(self, *, immediately: bool) -> tuple[Task | Message, int]:
-        """Wait for what a blocking SendMessage answers (see ``Started.outcome``)."""
-        reader = self.reader
-        try:
-            if not immediately:
-                async for _, _, state in reader:
-                    if taskops.is_final_state(state) or state in taskops.INTERRUPTED:  # type: ignore[arg-type]
-                        break
-        finally:
-            reader.close()
-        recorded = await self.journal.get(self.snapshot.id)
-        if recorded is None:
-            return self.snapshot, reader.next_seq - 1
-        return recorded.task, recorded.seq
-
-
 def _no_more_messages(task: Task) -> UnsupportedOperationError:
     return UnsupportedOperationError(
         f"task {quote(task.id)} is {taskops.state_name(task.status.state)} and accepts no more "
@@ -168,7 +141,7 @@ class TaskEngine:
         journal: Where tasks are recorded.
         config: Limits.
         metrics: Where this instance counts what it does.
-        cluster: The other instances (None: this instance is alone).
+        instance_id: The owner id this instance records (cluster mode; None: alone).
     """
 
     def __init__(
@@ -178,7 +151,7 @@ class TaskEngine:
         config: ServerConfig,
         metrics: Metrics | None = None,
         *,
-        cluster: Peers | None = None,
+        instance_id: str | None = None,
     ) -> None:
         self.metrics = metrics or Metrics()
         self.config = config
@@ -188,7 +161,7 @@ class TaskEngine:
         self._executor = executor
         self._journal = journal
         self._config = config
-        self._cluster = cluster
+        self._instance_id = instance_id
         self._live: dict[str, LiveTask] = {}
         self._runs: dict[asyncio.Task[None], ExecutionSupervisor] = {}
         self._current: dict[str, ExecutionSupervisor] = {}
@@ -204,7 +177,7 @@ class TaskEngine:
         self.parking = ParkingLot(
             config.parked_timeout,
             config.max_parked_tasks,
-            durable=cluster is not None,
+            durable=instance_id is not None,
             evict=self._evict,
             clock=self.pool.clock,
         )
@@ -236,19 +209,19 @@ class TaskEngine:
         call: Caller,
         *,
         subscribe: bool,
-        route: bool = True,
         resumable: bool = False,
-    ) -> Started | Routed:
+        found: RecordedTask | None = None,
+    ) -> Started:
         """Start executing a message: a new task, or a follow-up to an interrupted one.
 
         Args:
             request: The message and its configuration.
             call: The caller's context.
             subscribe: Give the caller a reader, made before the executor starts.
-            route: Send a follow-up for a task another instance owns to that
-                owner (False: this instance was routed to; serve it here).
             resumable: The caller activated the resume extension (the task's
                 frames are kept for the resume window).
+            found: The follow-up's task as ``check_follow_up`` found it (None:
+                look it up here).
 
         Raises:
             TaskNotFoundError: The message names a task the journal does not have.
@@ -256,16 +229,15 @@ class TaskEngine:
             InvalidParamsError: The message's context does not match the task's.
             ServerShuttingDownError: The server is draining.
             QuotaExceededError: A new task would exceed one of the caller's quotas.
-            OwnerUnavailableError: The task's owner did not answer (cluster mode).
         """
         if not self._accepting:
             raise ServerShuttingDownError("server is shutting down; retry on another instance")
         message = request.message
         follow_up = bool(message.task_id)
         if follow_up:
-            recorded = await self._check_follow_up(message.task_id, message.context_id, call.scope)
-            if route and self._owned_elsewhere(recorded):
-                return await self._route_send(recorded, request, call)
+            recorded = found or await self.check_follow_up(
+                message.task_id, message.context_id, call.scope
+            )
             live = self._admit(recorded)
             message.context_id = live.context_id
         else:
@@ -404,9 +376,9 @@ class TaskEngine:
         return found
 
     @property
-    def cluster(self) -> Peers | None:
-        """The other instances (None: this instance is alone)."""
-        return self._cluster
+    def accepting(self) -> bool:
+        """Whether new work is accepted (False once a shutdown began)."""
+        return self._accepting
 
     def owned_elsewhere(self, recorded: RecordedTask) -> bool:
         """Whether another instance runs the task (cluster mode)."""
@@ -414,35 +386,43 @@ class TaskEngine:
 
     def _owned_elsewhere(self, recorded: RecordedTask) -> bool:
         return (
-            self._cluster is not None
+            self._instance_id is not None
             and bool(recorded.owner)
-            and recorded.owner != self._cluster.instance_id
+            and recorded.owner != self._instance_id
         )
 
-    async def cancel(self, task_id: str, call: Caller, *, route: bool = True) -> Task:
+    def live_in(self, task_id: str, scope: str) -> LiveTask | None:
+        """The live task, if there is one here and it is of ``scope``."""
+        return self._live_in(task_id, scope)
+
+    def revivable(self, found: RecordedTask) -> LiveTask | None:
+        """The task live here, or brought back from its record (None: it is not here)."""
+        return self._live.get(found.task.id) or self._revive(found)
+
+    async def cancel(
+        self, task_id: str, call: Caller, *, found: RecordedTask | None = None
+    ) -> Task:
         """Cancel a task; every stream of it, on every instance, ends with CANCELED.
 
         The executor's ``cancel()`` gets ``cancel_timeout`` seconds to end the
         task; if it does not (no-op, raised, hung), the server ends it
-        CANCELED itself and cancels the executor. A task another instance
-        owns is canceled by that owner (unless ``route`` is False).
+        CANCELED itself and cancels the executor.
+
+        Args:
+            task_id: The task.
+            call: The caller's context.
+            found: The task as recorded, if the caller read it already.
 
         Raises:
             TaskNotFoundError: No such task.
             TaskNotCancelableError: The task already ended.
-            OwnerUnavailableError: The task's owner did not answer (cluster mode).
         """
         started = time.monotonic()
         live = self._live_in(task_id, call.scope)
         if live is None or live.task is None or taskops.is_final(live.task):
             # Not running here (or not yet created): the journal decides.
-            found = await self._get_recorded(task_id, call.scope)
+            found = found or await self._get_recorded(task_id, call.scope)
             recorded = found.task
-            if not taskops.is_final(recorded) and route and self._owned_elsewhere(found):
-                assert self._cluster is not None
-                final = await self._cluster.cancel(found, call)
-                self.metrics.cancel_seconds.observe(time.monotonic() - started)
-                return final
             live = self._live.get(task_id) or self._revive(found)
             if taskops.is_final(recorded) or live is None:
                 raise TaskNotCancelableError(
@@ -479,7 +459,12 @@ class TaskEngine:
         return final
 
     async def subscribe(
-        self, task_id: str, scope: str, *, resumable: bool = False
+        self,
+        task_id: str,
+        scope: str,
+        *,
+        resumable: bool = False,
+        found: RecordedTask | None = None,
     ) -> tuple[Task, LogReader]:
         """Join a live task's log at its current end.
 
@@ -491,16 +476,8 @@ class TaskEngine:
             UnsupportedOperationError: The task already ended.
             QuotaExceededError: The task has ``quota_subscribers`` subscribers here.
         """
-        found = await self._get_recorded(task_id, scope)
+        found = found or await self._get_recorded(task_id, scope)
         live = self._live.get(task_id) or self._revive(found)
-        if live is None and self._cluster is not None and not taskops.is_final(found.task):
-            relayed, reader = await self._cluster.subscribe(found)
-            try:
-                self.quotas.check_subscribers(reader.followers - 1)
-            except BaseException:
-                reader.close()
-                raise
-            return relayed, reader
         try:
             if live is None:
                 raise LogClosedError(task_id)
@@ -535,7 +512,13 @@ class TaskEngine:
         ended_elsewhere = await asyncio.gather(*(check(live) for live in list(self._live.values())))
         return sum(ended_elsewhere)
 
-    async def resume(self, task_id: str, after: int, scope: str) -> LogReader:
+    async def resume(
+        self,
+        task_id: str,
+        after: int,
+        scope: str,
+        replay: Callable[[RecordedTask, int], Awaitable[LogReader]] | None = None,
+    ) -> LogReader:
         """A reader of exactly the task's frames after ``after`` (the resume extension).
 
         Served from this instance's log of the task when it still keeps frame
@@ -563,8 +546,8 @@ class TaskEngine:
             raise FrameNotKeptError(task_id, after + 1, log.first_kept if log else last + 1, last)
         if after == last and taskops.is_final(recorded.task):
             return TaskLog.ended(task_id, self.pool, last).reader(after + 1)
-        if self._cluster is not None:
-            return await self._cluster.replay(recorded, after)
+        if replay is not None:  # (cluster mode: the shared record has it)
+            return await replay(recorded, after)
         first = log.first_kept if log is not None else last + 1
         raise FrameNotKeptError(task_id, after + 1, first, last)
 
@@ -635,7 +618,14 @@ class TaskEngine:
         while self._recorders:
             await asyncio.wait(list(self._recorders))
 
-    async def _check_follow_up(self, task_id: str, context_id: str, scope: str) -> RecordedTask:
+    async def check_follow_up(self, task_id: str, context_id: str, scope: str) -> RecordedTask:
+        """The task a follow-up message names, if it may take one (its scope checked first).
+
+        Raises:
+            TaskNotFoundError: No such task (or it is another scope's).
+            InvalidParamsError: The message's context is not the task's.
+            UnsupportedOperationError: The task has ended.
+        """
         found = await self._get_recorded(task_id, scope)
         recorded = found.task
         if context_id and context_id != recorded.context_id:
@@ -691,21 +681,6 @@ class TaskEngine:
         if self.push is not None:
             self.push.detach(live.task_id)
         live.log.release()
-
-    async def _route_send(
-        self, found: RecordedTask, request: SendMessageRequest, call: Caller
-    ) -> Routed:
-        assert self._cluster is not None
-        # Subscribed before the owner starts: no frame of this message is missed.
-        snapshot, reader = await self._cluster.subscribe(found)
-        try:
-            await self._cluster.send(found, request, call)
-        except BaseException:
-            reader.close()
-            raise
-        request.message.context_id = snapshot.context_id
-        taskops.add_user_message(snapshot, request.message)
-        return Routed(snapshot, reader, self._journal)
 
     def _register(self, live: LiveTask) -> None:
         self._live[live.task_id] = live

@@ -9,13 +9,69 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from a2a.types.a2a_pb2 import SendMessageRequest, Task, TaskPushNotificationConfig
+from a2a.types.a2a_pb2 import Message, SendMessageRequest, Task, TaskPushNotificationConfig
 
 if TYPE_CHECKING:
     from ..execution.live import LiveTask
     from ..journal import RecordedTask
     from ..log.tasklog import LogReader
     from ..model.caller import Caller
+
+
+class Outcome(Protocol):
+    """What ``send`` hands back: the caller's reader (if asked for) and the answer to wait for."""
+
+    @property
+    def snapshot(self) -> Task | None:
+        """The task before this message's events (None for a new task)."""
+        ...
+
+    @property
+    def reader(self) -> LogReader | None:
+        """The caller's reader of the task's frames (None when not asked for)."""
+        ...
+
+    async def outcome(self, *, immediately: bool) -> tuple[Task | Message, int]:
+        """Wait for what a blocking SendMessage answers, and the seq of its last change."""
+        ...
+
+
+class TaskOperations(Protocol):
+    """What the gRPC face asks of tasks.
+
+    ``TaskEngine`` implements it alone, ``cluster.front.ClusterFront`` in a
+    cluster. Each method raises what ``TaskEngine``'s does; the front also
+    OwnerUnavailableError, OwnerTimeoutError and RelayLostError.
+    """
+
+    async def send(
+        self,
+        request: SendMessageRequest,
+        call: Caller,
+        *,
+        subscribe: bool,
+        resumable: bool = False,
+    ) -> Outcome:
+        """Start a new task, or continue an interrupted one, with a message."""
+        ...
+
+    async def cancel(self, task_id: str, call: Caller) -> Task:
+        """Cancel a task; every stream of it ends CANCELED."""
+        ...
+
+    async def read(self, task_id: str, scope: str, *, resumable: bool = False) -> tuple[Task, int]:
+        """The task as recorded, and the number of the last change it includes."""
+        ...
+
+    async def subscribe(
+        self, task_id: str, scope: str, *, resumable: bool = False
+    ) -> tuple[Task, LogReader]:
+        """Join a live task: its snapshot, and a reader of every frame after it."""
+        ...
+
+    async def resume(self, task_id: str, after: int, scope: str) -> LogReader:
+        """A reader of exactly the task's frames after ``after`` (the resume extension)."""
+        ...
 
 
 class Peers(Protocol):

@@ -189,7 +189,7 @@ class Router:
 
     async def _serve_cancel(self, msg: Msg, call: Caller) -> bytes:
         assert self._engine is not None
-        task = await self._engine.cancel(msg.data.decode(), call, route=False)
+        task = await self._engine.cancel(msg.data.decode(), call)
         return task.SerializeToString()
 
     async def _serve_push(self, msg: Msg, call: Caller) -> bytes:
@@ -202,7 +202,5 @@ class Router:
 
     async def _serve_send(self, msg: Msg, call: Caller) -> bytes:
         assert self._engine is not None
-        await self._engine.send(
-            SendMessageRequest.FromString(msg.data), call, subscribe=False, route=False
-        )
+        await self._engine.send(SendMessageRequest.FromString(msg.data), call, subscribe=False)
         return b""

@@ -53,6 +53,7 @@ from google.protobuf.message import Message as ProtoMessage
 from .. import errors
 from ..config import ServerConfig
 from ..engine.engine import TaskEngine
+from ..engine.ports import TaskOperations
 from ..errors import AnswerTooLargeError, FrameNotKeptError, InvalidFieldError
 from ..journal import InvalidPageTokenError, TaskQuery
 from ..log.tasklog import LogReader
@@ -138,6 +139,8 @@ class RpcServicer:
         config: Limits.
         card: The public agent card (its input modes bound what clients may send).
         extended_card: The card for authenticated clients, if configured.
+        operations: What tasks are asked (default ``engine``; in a cluster the
+            ``ClusterFront`` above it).
     """
 
     def __init__(
@@ -146,8 +149,10 @@ class RpcServicer:
         config: ServerConfig,
         card: AgentCard,
         extended_card: AgentCard | None = None,
+        operations: TaskOperations | None = None,
     ) -> None:
         self._engine = engine
+        self._ops: TaskOperations = operations if operations is not None else engine
         self._input_modes = validation.input_modes(
             [*card.default_input_modes, *(m for s in card.skills for m in s.input_modes)]
         )
@@ -176,7 +181,7 @@ class RpcServicer:
         validation.check_send(request, self._config, self._input_modes)
         self._check_inline_push(request)
         numbered = await _activate_resume(call, context)
-        started = await self._engine.send(request, call, subscribe=False, resumable=numbered)
+        started = await self._ops.send(request, call, subscribe=False, resumable=numbered)
         answer, seq = await started.outcome(immediately=request.configuration.return_immediately)
         if isinstance(answer, Message):
             return SendMessageResponse(message=answer)
@@ -195,7 +200,7 @@ class RpcServicer:
         self._check_inline_push(request)
         async with self._stream_slot(call):
             numbered = await _activate_resume(call, context)
-            started = await self._engine.send(request, call, subscribe=True, resumable=numbered)
+            started = await self._ops.send(request, call, subscribe=True, resumable=numbered)
             assert started.reader is not None
             await self._pump(
                 started.reader,
@@ -219,11 +224,11 @@ class RpcServicer:
         async with self._stream_slot(call):
             numbered = await _activate_resume(call, context)
             if after is not None:
-                reader = await self._engine.resume(request.id, after, call.scope)
+                reader = await self._ops.resume(request.id, after, call.scope)
                 await self._pump(reader, None, context, numbered=True, stop_at_interrupt=False)
                 return
-            engine = self._engine
-            snapshot, reader = await engine.subscribe(request.id, call.scope, resumable=numbered)
+            ops = self._ops
+            snapshot, reader = await ops.subscribe(request.id, call.scope, resumable=numbered)
             await self._pump(reader, snapshot, context, numbered=numbered, stop_at_interrupt=False)
 
     @_handled
@@ -233,7 +238,7 @@ class RpcServicer:
         validation.check_task_id(request.id)
         validation.check_history_length(request.history_length, request.HasField("history_length"))
         numbered = await _activate_resume(call, context)
-        task, seq = await self._engine.read(request.id, call.scope, resumable=numbered)
+        task, seq = await self._ops.read(request.id, call.scope, resumable=numbered)
         _trim(task, request.history_length, request.HasField("history_length"))
         if task.ByteSize() > self._config.max_task_bytes:  # stored under a higher limit
             raise AnswerTooLargeError(task.id, task.ByteSize(), self._config.max_task_bytes)
@@ -286,7 +291,7 @@ class RpcServicer:
         """Cancel a task; returns it CANCELED once every stream has the frame."""
         call = caller(context, "CancelTask", request.tenant)
         validation.check_task_id(request.id)
-        return await self._engine.cancel(request.id, call)
+        return await self._ops.cancel(request.id, call)
 
     @_handled
     async def GetExtendedAgentCard(

@@ -1,0 +1,148 @@
+"""ClusterFront: the task operations in cluster mode, routing what another instance owns.
+
+Who runs what: the gRPC servicer calls it as it would call the engine (both
+are ``engine.ports.TaskOperations``). For each operation on an existing task
+it reads the task as recorded, checking the caller's scope first (another
+scope's task is answered exactly as a missing one, before anything else is
+done), then either hands the operation to this instance's engine, with what
+it read, or, for a task another instance owns, serves it through the peers:
+a subscription joins this instance's relay of the task, a resumption reads
+the shared record, and a cancel or follow-up message is sent to the owner,
+which runs it through its own engine, so every reader everywhere sees the
+same frames and outcome.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from a2a.types.a2a_pb2 import Message, SendMessageRequest, Task
+
+from ..engine.engine import Started, TaskEngine
+from ..engine.ports import Peers
+from ..journal import TaskJournal
+from ..log.tasklog import LogReader
+from ..model import taskops
+from ..model.caller import Caller
+
+
+@dataclass(slots=True)
+class Routed:
+    """A follow-up message this instance sent to the task's owner (cluster mode).
+
+    Attributes:
+        snapshot: The task as the message found it (the message included).
+        reader: This caller's reader of the task's relay.
+        journal: Where the task is read back from.
+    """
+
+    snapshot: Task
+    reader: LogReader
+    journal: TaskJournal
+
+    async def outcome(self, *, immediately: bool) -> tuple[Task | Message, int]:
+        """Wait for what a blocking SendMessage answers (see ``Started.outcome``)."""
+        reader = self.reader
+        try:
+            if not immediately:
+                async for _, _, state in reader:
+                    if taskops.is_final_state(state) or state in taskops.INTERRUPTED:  # type: ignore[arg-type]
+                        break
+        finally:
+            reader.close()
+        recorded = await self.journal.get(self.snapshot.id)
+        if recorded is None:
+            return self.snapshot, reader.next_seq - 1
+        return recorded.task, recorded.seq
+
+
+class ClusterFront:
+    """The task operations of an instance in a cluster (see the module docstring).
+
+    Args:
+        engine: This instance's engine (its own tasks).
+        peers: The other instances.
+    """
+
+    def __init__(self, engine: TaskEngine, peers: Peers) -> None:
+        self._engine = engine
+        self._peers = peers
+
+    async def send(
+        self,
+        request: SendMessageRequest,
+        call: Caller,
+        *,
+        subscribe: bool,
+        resumable: bool = False,
+    ) -> Started | Routed:
+        """``TaskEngine.send``; a follow-up for a task another instance owns goes to its owner.
+
+        Raises:
+            As ``TaskEngine.send``, and OwnerUnavailableError: the owner did not answer.
+        """
+        engine, message = self._engine, request.message
+        if not engine.accepting or not message.task_id:
+            return await engine.send(request, call, subscribe=subscribe, resumable=resumable)
+        found = await engine.check_follow_up(message.task_id, message.context_id, call.scope)
+        if not engine.owned_elsewhere(found):
+            return await engine.send(
+                request, call, subscribe=subscribe, resumable=resumable, found=found
+            )
+        # Subscribed before the owner starts: no frame of this message is missed.
+        snapshot, reader = await self._peers.subscribe(found)
+        try:
+            await self._peers.send(found, request, call)
+        except BaseException:
+            reader.close()
+            raise
+        message.context_id = snapshot.context_id
+        taskops.add_user_message(snapshot, message)
+        return Routed(snapshot, reader, engine.journal)
+
+    async def cancel(self, task_id: str, call: Caller) -> Task:
+        """``TaskEngine.cancel``; a task another instance runs is canceled by its owner.
+
+        Raises:
+            As ``TaskEngine.cancel``, and OwnerUnavailableError: the owner did not answer.
+        """
+        engine = self._engine
+        live = engine.live_in(task_id, call.scope)
+        if live is not None and live.task is not None and not taskops.is_final(live.task):
+            return await engine.cancel(task_id, call)
+        started = time.monotonic()
+        found = await engine.recorded(task_id, call.scope)
+        if taskops.is_final(found.task) or not engine.owned_elsewhere(found):
+            return await engine.cancel(task_id, call, found=found)
+        final = await self._peers.cancel(found, call)
+        engine.metrics.cancel_seconds.observe(time.monotonic() - started)
+        return final
+
+    async def read(self, task_id: str, scope: str, *, resumable: bool = False) -> tuple[Task, int]:
+        """``TaskEngine.read`` (the shared record answers for every instance)."""
+        return await self._engine.read(task_id, scope, resumable=resumable)
+
+    async def subscribe(
+        self, task_id: str, scope: str, *, resumable: bool = False
+    ) -> tuple[Task, LogReader]:
+        """``TaskEngine.subscribe``; a task another instance runs is joined through its relay.
+
+        Raises:
+            As ``TaskEngine.subscribe``, and RelayLostError: this instance is leaving.
+        """
+        engine = self._engine
+        found = await engine.recorded(task_id, scope)
+        if taskops.is_final(found.task) or engine.revivable(found) is not None:
+            return await engine.subscribe(task_id, scope, resumable=resumable, found=found)
+        relayed, reader = await self._peers.subscribe(found)
+        try:
+            engine.quotas.check_subscribers(reader.followers - 1)
+        except BaseException:
+            reader.close()
+            raise
+        return relayed, reader
+
+    async def resume(self, task_id: str, after: int, scope: str) -> LogReader:
+        """``TaskEngine.resume``, reading the shared record for what this instance does not keep."""
+        return await self._engine.resume(task_id, after, scope, replay=self._peers.replay)
