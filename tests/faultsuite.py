@@ -712,7 +712,8 @@ def _check_stream(
         if end in ("UNAVAILABLE", "CANCELLED") and reason != "RELAY_LOST" and via not in gone:
             bad(f"{name}: cut ({end} {reason!r}) on instance {via}, which never went away")
             return
-    resumable_cut = stream.numbered and cut in ("UNAVAILABLE", "CANCELLED")
+    # (A stream cut before its first frame has no cursor to resume from: never started.)
+    resumable_cut = stream.numbered and cut in ("UNAVAILABLE", "CANCELLED") and stream.seqs
     if resumable_cut and last not in FINAL and not interrupted:
         bad(f"{name}: cut, and never resumed to its end")
         return
@@ -759,7 +760,7 @@ def _disturbed(run: Run, lease: float) -> set[str]:
         run.members[f.target].instance_id
         for f in run.schedule.faults
         if not f.kind.startswith("nats-")
-        and (f.kind in ("kill", "term") or f.length >= 0.9 * lease)
+        and (f.kind in ("kill", "term", "crash") or f.length >= 0.9 * lease)
     }
     for member in run.members:
         for line in member.logs:

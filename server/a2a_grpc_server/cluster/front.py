@@ -114,7 +114,7 @@ class ClusterFront:
         started = time.monotonic()
         found = await engine.recorded(task_id, call.scope)
         if taskops.is_final(found.task) or not engine.owned_elsewhere(found):
-            return await engine.cancel(task_id, call, found=found)
+            return await engine.cancel(task_id, call, found=found, started=started)
         final = await self._peers.cancel(found, call)
         engine.metrics.cancel_seconds.observe(time.monotonic() - started)
         return final

@@ -165,7 +165,7 @@ class TaskEngine:
         self._live: dict[str, LiveTask] = {}
         self._runs: dict[asyncio.Task[None], ExecutionSupervisor] = {}
         self._current: dict[str, ExecutionSupervisor] = {}
-        """The run currently feeding each task (see ``current``)."""
+        """The run currently feeding each task (see ``run_of``)."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._accepting = True
@@ -230,7 +230,7 @@ class TaskEngine:
             ServerShuttingDownError: The server is draining.
             QuotaExceededError: A new task would exceed one of the caller's quotas.
         """
-        if not self._accepting:
+        if found is None and not self._accepting:  # (given ``found``, the caller checked)
             raise ServerShuttingDownError("server is shutting down; retry on another instance")
         message = request.message
         follow_up = bool(message.task_id)
@@ -400,7 +400,12 @@ class TaskEngine:
         return self._live.get(found.task.id) or self._revive(found)
 
     async def cancel(
-        self, task_id: str, call: Caller, *, found: RecordedTask | None = None
+        self,
+        task_id: str,
+        call: Caller,
+        *,
+        found: RecordedTask | None = None,
+        started: float | None = None,
     ) -> Task:
         """Cancel a task; every stream of it, on every instance, ends with CANCELED.
 
@@ -412,12 +417,13 @@ class TaskEngine:
             task_id: The task.
             call: The caller's context.
             found: The task as recorded, if the caller read it already.
+            started: When the caller began (``time.monotonic()``), for ``cancel_seconds``.
 
         Raises:
             TaskNotFoundError: No such task.
             TaskNotCancelableError: The task already ended.
         """
-        started = time.monotonic()
+        started = started if started is not None else time.monotonic()
         live = self._live_in(task_id, call.scope)
         if live is None or live.task is None or taskops.is_final(live.task):
             # Not running here (or not yet created): the journal decides.
