@@ -332,7 +332,7 @@ class LiveTask:
         """Start again from what the journal holds, after a write of ours failed.
 
         Which of our unconfirmed changes landed depends on how the write
-        failed (``_failed``): none when the journal refused it (a compare-and-set
+        failed (``_landed``): none when the journal refused it (a compare-and-set
         lost to another instance's write, e.g. a survivor that ended the task),
         the first ``recorded`` of a partial write that the journal refused, and
         for a write whose outcome is unknown (a timeout, a cancellation) those
