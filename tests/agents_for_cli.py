@@ -55,7 +55,7 @@ class Ticking(AgentExecutor):
         updater = TaskUpdater(event_queue, context.task_id, context.context_id)
         await updater.start_work()
         for i in range(count):
-            await asyncio.sleep(period)
+            await asyncio.sleep(period)  # sync-ok: the agent's pace is its work
             await updater.add_artifact([Part(text=f"tick {i}")], artifact_id=f"tick-{i}")
         if ask:
             await updater.requires_input()

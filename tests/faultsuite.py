@@ -55,7 +55,6 @@ from a2a.types.a2a_pb2 import (
     Task,
     TaskState,
 )
-from google.rpc import error_details_pb2, status_pb2
 
 from a2a_grpc_server.jetstream.conn import EVENTS_STREAM
 from a2a_grpc_server.jetstream.journal import Entry, subject
@@ -63,7 +62,7 @@ from a2a_grpc_server.model import taskops
 from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY, URI
 
 from . import natsserver
-from .harness import RESUME, V1, user_message
+from .harness import RESUME, V1, rich_status, user_message
 from .serveproc import Process, start
 
 S = TaskState
@@ -328,14 +327,10 @@ async def _read(call: Any, record: StreamRecord, via: int) -> None:
 
 def _reason(err: grpc.aio.AioRpcError) -> str:
     """The ErrorInfo reason of a failed call ("" when it carries none, e.g. a lost connection)."""
-    for key, value in err.trailing_metadata() or ():
-        if key == "grpc-status-details-bin" and isinstance(value, bytes):
-            status = status_pb2.Status.FromString(value)
-            for detail in status.details:
-                info = error_details_pb2.ErrorInfo()
-                if detail.Unpack(info):
-                    return str(info.reason)
-    return ""
+    try:
+        return str(rich_status(err)[1].reason)
+    except AssertionError:  # (rich_status's word for "no ErrorInfo")
+        return ""
 
 
 async def follow(run: Run, record: StreamRecord, call: Any, rng: random.Random) -> None:

@@ -325,7 +325,7 @@ class TaskEngine:
             TaskNotFoundError: The journal has no such task (never had it, or
                 it was dropped by retention), or it is another scope's.
         """
-        live = self._live_in(task_id, scope)
+        live = self.live_in(task_id, scope)
         if live is not None and live.task is not None:
             if resumable:
                 live.log.make_resumable()
@@ -351,7 +351,7 @@ class TaskEngine:
         """The task, if it is live (in memory) on this instance."""
         return self._live.get(task_id)
 
-    def _live_in(self, task_id: str, scope: str) -> LiveTask | None:
+    def live_in(self, task_id: str, scope: str) -> LiveTask | None:
         """The live task, if there is one and it is of ``scope``."""
         live = self._live.get(task_id)
         return live if live is not None and live.scope == scope else None
@@ -391,10 +391,6 @@ class TaskEngine:
             and recorded.owner != self._instance_id
         )
 
-    def live_in(self, task_id: str, scope: str) -> LiveTask | None:
-        """The live task, if there is one here and it is of ``scope``."""
-        return self._live_in(task_id, scope)
-
     def revivable(self, found: RecordedTask) -> LiveTask | None:
         """The task live here, or brought back from its record (None: it is not here)."""
         return self._live.get(found.task.id) or self._revive(found)
@@ -424,7 +420,7 @@ class TaskEngine:
             TaskNotCancelableError: The task already ended.
         """
         started = started if started is not None else time.monotonic()
-        live = self._live_in(task_id, call.scope)
+        live = self.live_in(task_id, call.scope)
         if live is None or live.task is None or taskops.is_final(live.task):
             # Not running here (or not yet created): the journal decides.
             found = found or await self._get_recorded(task_id, call.scope)

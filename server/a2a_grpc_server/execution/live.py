@@ -367,8 +367,7 @@ class LiveTask:
         if recorded is not None and final and not self.log.closed:
             self._seal_as_recorded(recorded)
         elif recorded is not None and not final:
-            while self.log.last_seq < recorded.seq:  # changes of another writer's
-                self.log.append(b"")
+            self.log.number_to(recorded.seq)  # (changes of another writer's)
         self._dirty = False
 
     def _seal_as_recorded(self, recorded: RecordedTask) -> None:

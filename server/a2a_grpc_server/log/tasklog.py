@@ -553,9 +553,21 @@ class TaskLog:
         """
         if self._closed:
             return
-        while at and self._last_seq < at - 1:
-            self._append(b"", 0, False)
+        if at:
+            self.number_to(at - 1)
         self.append(final, state, final=True)
+
+    def number_to(self, seq: int) -> None:
+        """Number the changes up to ``seq`` that this log never had (another writer's).
+
+        Each takes its number without a frame (readers skip it), so the log's
+        numbers stay those of the record.
+
+        Raises:
+            LogClosedError: The task has already ended.
+        """
+        while self._last_seq < seq:
+            self._append(b"", 0, False)
 
     def sever(self, error: Exception) -> None:
         """Stop carrying a task this log only relays; idempotent, no final frame.
