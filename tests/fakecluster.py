@@ -70,6 +70,7 @@ from a2a.utils.errors import (
 )
 
 from a2a_grpc_server import A2AService, ServerConfig
+from a2a_grpc_server.cluster import Local
 from a2a_grpc_server.cluster.routed import (
     ANSWER_MARGIN,
     decode_caller,
@@ -94,7 +95,6 @@ from a2a_grpc_server.model import taskops
 from a2a_grpc_server.model.caller import Caller
 from a2a_grpc_server.model.names import TASK_PREFIX
 from a2a_grpc_server.push.configs import MemoryPushConfigs
-from a2a_grpc_server.push.service import push_of
 
 from .clusterharness import assert_idle
 from .harness import Harness, expose
@@ -302,7 +302,7 @@ class FakeCluster:
         self._hub = hub
         self._id = instance_id
         self._journal = InstanceJournal(hub, instance_id)
-        self._engine: TaskEngine | None = None
+        self._local: Local | None = None
         self._shared: dict[str, TaskLog] = {}
         self._open: dict[TaskLog, None] = {}
         self._serving: set[asyncio.Task[bytes]] = set()
@@ -329,19 +329,19 @@ class FakeCluster:
         return None
 
     @property
-    def engine(self) -> TaskEngine:
-        """The engine this instance joined with."""
-        assert self._engine is not None, "join() first"
-        return self._engine
+    def local(self) -> Local:
+        """What this instance joined with."""
+        assert self._local is not None, "join() first"
+        return self._local
 
     @property
     def relays(self) -> int:
         """Relays open on this instance."""
         return len(self._open)
 
-    async def join(self, engine: TaskEngine) -> None:
-        """Serve routed requests with ``engine``."""
-        self._engine = engine
+    async def join(self, local: Local) -> None:
+        """Serve routed requests with ``local``."""
+        self._local = local
         self._hub._join(self)
 
     async def leave(self) -> None:
@@ -400,8 +400,8 @@ class FakeCluster:
         """Have the owner cancel the task (its engine)."""
         task_id = recorded.task.id
 
-        async def serve(engine: TaskEngine, routed: Caller) -> bytes:
-            return (await engine.cancel(task_id, routed)).SerializeToString()
+        async def serve(local: Local, routed: Caller) -> bytes:
+            return (await local.owner.cancel(task_id, routed)).SerializeToString()
 
         return Task.FromString(await self._request(recorded.owner, "cancel", serve, call))
 
@@ -409,9 +409,9 @@ class FakeCluster:
         """Have the owner start a follow-up message (its engine)."""
         payload = request.SerializeToString()
 
-        async def serve(engine: TaskEngine, routed: Caller) -> bytes:
+        async def serve(local: Local, routed: Caller) -> bytes:
             request = SendMessageRequest.FromString(payload)
-            await engine.send(request, routed, subscribe=False)
+            await local.owner.send(request, routed, subscribe=False)
             return b""
 
         await self._request(recorded.owner, "send", serve, call)
@@ -425,8 +425,8 @@ class FakeCluster:
         """Have the owner deliver a stored push config (its ``follow_stored``)."""
         task_id = recorded.task.id
 
-        async def serve(engine: TaskEngine, routed: Caller) -> bytes:
-            push = push_of(engine)
+        async def serve(local: Local, routed: Caller) -> bytes:
+            push = local.push
             if push is not None:
                 await push.follow_stored(task_id, config_id)
             return b""
@@ -449,11 +449,11 @@ class FakeCluster:
         return True
 
     def _open_relay(self, task_id: str, first_seq: int, *, shared: bool) -> TaskLog:
-        log = TaskLog(task_id, self.engine.pool, relayed=True, first_seq=first_seq)
+        log = TaskLog(task_id, self.local.tasks.pool, relayed=True, first_seq=first_seq)
         self._open[log] = None
         if shared:
             self._shared[task_id] = log
-        self.engine.metrics.relays_open += 1
+        self.local.tasks.metrics.relays_open += 1
         self._hub._follow(log, shared=shared)
         log.on_close(functools.partial(self._relay_ended, log))
         log.on_idle = functools.partial(log.sever, RelayLostError("no reader left"))
@@ -466,17 +466,17 @@ class FakeCluster:
         if self._shared.get(log.task_id) is log:
             del self._shared[log.task_id]
         self._hub._unfollow(log)
-        self.engine.metrics.relays_open -= 1
+        self.local.tasks.metrics.relays_open -= 1
 
     async def _request(
         self,
         owner: str,
         op: str,
-        serve: Callable[[TaskEngine, Caller], Awaitable[bytes]],
+        serve: Callable[[Local, Caller], Awaitable[bytes]],
         call: Caller,
     ) -> bytes:
         """Ask ``owner`` to ``serve``, as ``jetstream.routing.Router._request`` asks."""
-        bound = default_wait(self.engine.config.cancel_timeout)
+        bound = default_wait(self.local.tasks.config.cancel_timeout)
         timeout = bound if call.timeout is None else call.timeout - ANSWER_MARGIN
         if timeout <= 0:
             raise OwnerTimeoutError("too little of the call's deadline is left to ask the owner")
@@ -498,7 +498,7 @@ class FakeCluster:
         return serving.result()  # (what the owner raised, as it came over the wire)
 
     def _receive(
-        self, op: str, serve: Callable[[TaskEngine, Caller], Awaitable[bytes]], call: Caller
+        self, op: str, serve: Callable[[Local, Caller], Awaitable[bytes]], call: Caller
     ) -> asyncio.Task[bytes]:
         task = asyncio.create_task(self._serve(serve, call), name=f"{TASK_PREFIX}:fake-routed-{op}")
         self._serving.add(task)
@@ -511,7 +511,7 @@ class FakeCluster:
             task.exception()  # retrieved: an asker that gave up never reads it
 
     async def _serve(
-        self, serve: Callable[[TaskEngine, Caller], Awaitable[bytes]], call: Caller
+        self, serve: Callable[[Local, Caller], Awaitable[bytes]], call: Caller
     ) -> bytes:
         try:
             if call.timeout is not None and call.timeout < ANSWER_MARGIN:
@@ -519,7 +519,7 @@ class FakeCluster:
             hold = self._hub._holds.get(self._id)
             if hold is not None:
                 await hold.wait()
-            return await serve(self.engine, call)
+            return await serve(self.local, call)
         except (A2AError, ServerError) as exc:
             data, headers = encode_error(exc)
             error = decode_error(data, headers)

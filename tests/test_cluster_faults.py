@@ -310,7 +310,7 @@ async def test_a_relaying_instance_killed_leaves_the_task_and_its_other_streams_
             assert last_state(await collect(sender)) == S.TASK_STATE_COMPLETED
             stored = await a.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1)
             assert stored.status.state == S.TASK_STATE_COMPLETED
-            assert a.service.engine.live_count == 0
+            assert a.service.engine.tasks.count == 0
     finally:
         await relay_client.close()
         if relay.proc.returncode is None:

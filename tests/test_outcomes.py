@@ -174,7 +174,7 @@ async def test_executor_ignoring_cancellation_cannot_reopen_a_canceled_task() ->
         await agent.emitted_late.wait()
         stored = await h.client.get_task(GetTaskRequest(id=task_id))
         assert stored.status.state == S.TASK_STATE_CANCELED
-        assert h.service.engine.live_count == 0
+        assert h.service.engine.tasks.count == 0
         assert h.service.metrics.dropped_events == 4, "3 late WORKING + 1 late COMPLETED"
         await h.settle()
 

@@ -181,7 +181,7 @@ async def test_a_short_task_goes_on_at_once_and_only_bulk_work_waits() -> None:
     agent.release.set()
     async with asyncio.timeout(30), serve(agent) as h:
         engine = h.service.engine
-        engine.pacer = pacer = Pacer(SLICE, clock=Spent())
+        engine.runs.pacer = pacer = Pacer(SLICE, clock=Spent())
         for _ in range(3):  # a unary answer: no executor of it waits, however busy the loop
             reply = await h.stub.SendMessage(send_request("ping"), metadata=V1)
             assert reply.task.status.state == TaskState.TASK_STATE_COMPLETED
@@ -232,11 +232,11 @@ async def test_a_burst_to_streams_nobody_reads_leaves_other_calls_prompt() -> No
             assert (await call.read()).task.id
             assert (await call.read()).status_update.status.state == TaskState.TASK_STATE_WORKING
         engine = h.service.engine
-        assert engine.live_count == STREAMS
+        assert engine.tasks.count == STREAMS
         agent.release.set()
         # (loop CPU, wall) seconds per call, by method
         took: dict[str, list[tuple[float, float]]] = {"GetTask": [], "SendMessage": []}
-        while engine.live_count and len(took["GetTask"]) < 5_000:
+        while engine.tasks.count and len(took["GetTask"]) < 5_000:
             for method, took_by in took.items():
                 cpu, wall = time.thread_time(), time.perf_counter()
                 if method == "GetTask":
@@ -253,7 +253,7 @@ async def test_a_burst_to_streams_nobody_reads_leaves_other_calls_prompt() -> No
             assert max(c for c, _ in took_by) < LOOP_CPU_BOUND, (
                 f"{len(took_by)} {method} during the burst; slowest (loop CPU, wall) s: {slowest}"
             )
-        assert engine.pacer.waits > 0
+        assert engine.runs.pacer.waits > 0
         for call in calls:
             call.cancel()
         await h.settle(within=10)

@@ -39,16 +39,18 @@ def follow_up(task_id: str, text: str = "Ada") -> SendMessageRequest:
 def leave_memory(h: Harness) -> int:
     """Run the parked-task sweep as if ``parked_timeout`` had passed."""
     engine = h.service.engine
-    return engine.parking.evict_idle(now=engine.pool.clock() + h.service.config.parked_timeout)
+    return engine.tasks.parking.evict_idle(
+        now=engine.tasks.pool.clock() + h.service.config.parked_timeout
+    )
 
 
 async def test_an_idle_parked_task_leaves_memory_and_every_operation_brings_it_back() -> None:
     async with asyncio.timeout(10), serve(InputAgent()) as h:
         engine = h.service.engine
         continued, watched, canceled = [await park(h) for _ in range(3)]
-        assert engine.live_count == 3
+        assert engine.tasks.count == 3
         assert leave_memory(h) == 3
-        assert engine.live_count == 0 and engine.pool.used == 0
+        assert engine.tasks.count == 0 and engine.tasks.pool.used == 0
         # Its record stays: read as it was.
         task = await h.stub.GetTask(GetTaskRequest(id=continued), metadata=V1)
         assert task.status.state == S.TASK_STATE_INPUT_REQUIRED
@@ -68,7 +70,7 @@ async def test_an_idle_parked_task_leaves_memory_and_every_operation_brings_it_b
         # A cancel ends it.
         ended = await h.stub.CancelTask(CancelTaskRequest(id=canceled), metadata=V1)
         assert ended.status.state == S.TASK_STATE_CANCELED
-        assert engine.live_count == 0
+        assert engine.tasks.count == 0
 
 
 async def test_over_max_parked_tasks_a_new_task_is_refused_until_one_is_continued() -> None:
@@ -99,7 +101,7 @@ async def test_in_cluster_mode_the_longest_parked_task_leaves_memory_for_a_new_o
             for text in ("2", "3"):
                 answer = await a.stub.SendMessage(send_request(text), metadata=V1)
                 assert answer.task.status.state == S.TASK_STATE_INPUT_REQUIRED
-            parking = a.service.engine.parking
+            parking = a.service.engine.tasks.parking
             assert parking.count == 2 and parking.evicted == 1
             # Its owner brings it back when a follow-up reaches it through another instance.
             done = await b.stub.SendMessage(follow_up(oldest), metadata=V1)

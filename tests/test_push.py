@@ -179,7 +179,7 @@ async def test_refused_webhook_urls_answer_invalid_argument_naming_the_field() -
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await h.stub.SendMessage(inline, metadata=V1)
         assert "configuration.task_push_notification_config.url" in (caught.value.details() or "")
-        assert h.service.engine.live_count == 1  # the refused message started nothing
+        assert h.service.engine.tasks.count == 1  # the refused message started nothing
         await h.stub.CancelTask(CancelTaskRequest(id=task.id), metadata=V1)
         await h.settle(within=5)
 
@@ -237,7 +237,7 @@ async def test_the_address_is_checked_when_connecting_not_only_at_creation(
 async def test_a_name_resolving_to_loopback_is_never_posted_to() -> None:
     with receiving() as receiver:
         async with asyncio.timeout(20), serve(GatedAgent()) as h:
-            agent = h.service.engine._executor
+            agent = h.service.engine.runs.executor
             assert isinstance(agent, GatedAgent)
             agent.release.set()
             request = with_webhook(send_request("go"), f"https://localhost:{receiver.port}/")
@@ -399,7 +399,7 @@ async def test_with_push_off_an_inline_config_is_refused_not_ignored() -> None:
             grpc.StatusCode.FAILED_PRECONDITION,
             "PUSH_NOTIFICATION_NOT_SUPPORTED",
         )
-        assert h.service.engine.live_count == 0
+        assert h.service.engine.tasks.count == 0
 
 
 async def test_a_card_without_streaming_refuses_the_streaming_rpcs() -> None:
@@ -416,7 +416,7 @@ async def test_a_card_without_streaming_refuses_the_streaming_rpcs() -> None:
                     await read_all(call, [])
                 assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
                 assert rich_status(caught.value)[1].reason == "UNSUPPORTED_OPERATION"
-            assert service.engine.live_count == 0
+            assert service.engine.tasks.count == 0
     finally:
         await service.shutdown(grace=0)
         await h.client.close()
@@ -432,9 +432,11 @@ async def test_a_parked_task_with_a_webhook_leaves_memory_and_its_webhook_goes_o
             task = (await h.stub.SendMessage(request, metadata=V1)).task
             parked = S.TASK_STATE_INPUT_REQUIRED
             await receiver.wait_for(lambda: any(p.state == parked for p in receiver.posts))
-            horizon = engine.pool.clock() + h.service.config.parked_timeout
-            assert engine.parking.evict_idle(now=horizon) == 1, "a webhook keeps no task in memory"
-            assert engine.live_count == 0
+            horizon = engine.tasks.pool.clock() + h.service.config.parked_timeout
+            assert engine.tasks.parking.evict_idle(now=horizon) == 1, (
+                "a webhook keeps no task in memory"
+            )
+            assert engine.tasks.count == 0
             push = push_of(engine)
             assert push is not None and not push.dispatcher.following(task.id)
             answer = await h.stub.SendMessage(
@@ -511,7 +513,7 @@ async def test_a_stuck_webhook_keeps_no_more_than_the_log_keeps_then_gets_the_ou
             await receiver.wait_for(lambda: len(receiver.attempts) == 1)  # frame 1, held
             agent.release.set()
             engine = h.service.engine
-            live = engine.live_task(task_id)
+            live = engine.tasks.live_task(task_id)
             assert live is not None
             while not live.log.closed:
                 await live.log.wait_changed()

@@ -198,7 +198,7 @@ async def test_a_new_task_that_fails_before_its_run_gives_its_slot_back(
             failed = await error_of(h.stub.SendMessage(request, metadata=ALICE))
             assert failed.code() == grpc.StatusCode.UNAVAILABLE
         assert await count_tasks(h, ALICE) == 0
-        assert h.service.engine.live_count == 0, "nothing of the failed task is left"
+        assert h.service.engine.tasks.count == 0, "nothing of the failed task is left"
         await parked(h, ALICE)  # the quota's one slot is free
 
 

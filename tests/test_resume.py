@@ -120,7 +120,7 @@ async def test_an_ended_task_resumes_within_the_window_and_its_final_cursor_ends
         assert [seq_of(f) for f in after_two] == [3, 4, 5]
         assert after_two == frames
         assert await collected(resume_call(h.stub, task_id, final)) == []
-        assert h.service.engine.pool.retained_count == 1
+        assert h.service.engine.tasks.pool.retained_count == 1
         await h.settle()
 
 
@@ -192,8 +192,8 @@ async def test_an_ended_task_no_resuming_client_followed_keeps_nothing() -> None
         agent.finish()
         assert len([f async for f in sender]) == 5
         await h.settle()
-        assert h.service.engine.pool.retained_count == 0
-        assert h.service.engine.pool.used == 0
+        assert h.service.engine.tasks.pool.retained_count == 0
+        assert h.service.engine.tasks.pool.used == 0
         with pytest.raises(grpc.aio.AioRpcError) as gone:
             await collected(resume_call(h.stub, task_id, 1))
         assert gone.value.code() == grpc.StatusCode.OUT_OF_RANGE

@@ -161,8 +161,8 @@ async def state_on(instance: FakeInstance, task_id: str) -> TaskState:
 def leave_memory(instance: FakeInstance) -> int:
     """Run the instance's parked-task sweep as if ``parked_timeout`` had passed."""
     engine = instance.engine
-    later = engine.pool.clock() + instance.service.config.parked_timeout
-    return engine.parking.evict_idle(now=later)
+    later = engine.tasks.pool.clock() + instance.service.config.parked_timeout
+    return engine.tasks.parking.evict_idle(now=later)
 
 
 def bad_request_fields(err: grpc.aio.AioRpcError) -> list[str]:
@@ -194,7 +194,7 @@ async def test_blocking_follow_up_via_non_owner_runs_on_owner_and_answers_outcom
         assert user_texts(done.task) == ["hi", "Ada"]
         assert agents[0].runs == [task_id, task_id], "both runs on the owner"
         assert agents[1].runs == agents[2].runs == []
-        assert b.service.metrics.tasks_started == 0 and b.engine.live_count == 0
+        assert b.service.metrics.tasks_started == 0 and b.engine.tasks.count == 0
         from_c = await rest(on_c)
         assert last_state(from_c) == S.TASK_STATE_COMPLETED
         assert from_c[-1].status_update.status == done.task.status
@@ -479,7 +479,7 @@ async def test_parked_task_out_of_owners_memory_is_revived_by_routed_requests() 
     async with asyncio.timeout(10), fake_instances(agents) as (a, b):
         continued, watched, canceled = [await park(a) for _ in range(3)]
         assert leave_memory(a) == 3
-        assert a.engine.live_count == 0
+        assert a.engine.tasks.count == 0
         # A follow-up through B: the owner revives the task from its record and runs it.
         done = await b.stub.SendMessage(follow_up(continued), metadata=V1)
         assert done.task.status.message.parts[0].text == "hello Ada from A"
@@ -487,7 +487,7 @@ async def test_parked_task_out_of_owners_memory_is_revived_by_routed_requests() 
         # A subscriber on B reads the record; the owner keeps the task out of memory...
         snapshot, on_b = await attach(b, watched)
         assert snapshot.status.state == S.TASK_STATE_INPUT_REQUIRED
-        assert a.engine.live_count == 0
+        assert a.engine.tasks.count == 0
         # ...until the follow-up revives it there; the relayed stream sees it end.
         done = await b.stub.SendMessage(follow_up(watched, "Bo"), metadata=V1)
         assert done.task.status.message.parts[0].text == "hello Bo from A"
@@ -499,7 +499,7 @@ async def test_parked_task_out_of_owners_memory_is_revived_by_routed_requests() 
         assert ended.status.state == S.TASK_STATE_CANCELED
         assert agents[0].runs.count(continued) == agents[0].runs.count(watched) == 2
         assert agents[1].runs == []
-        assert a.engine.live_count == b.engine.live_count == 0
+        assert a.engine.tasks.count == b.engine.tasks.count == 0
 
 
 async def test_resumption_on_non_owner_reads_exactly_the_frames_after_its_cursor() -> None:

@@ -311,7 +311,7 @@ async def test_server_memory_stays_flat_over_many_tasks() -> None:
             await h.client.send_message(send_request(f"m{i}"))
         listed = await h.client.list_tasks(ListTasksRequest())
         assert listed.total_size == 50
-        assert h.service.engine.live_count == 0
+        assert h.service.engine.tasks.count == 0
         await h.settle()
 
 

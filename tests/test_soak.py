@@ -424,8 +424,8 @@ class Soak:
         assert +ended == wanted, f"{where}: the servers counted {ended}, the scripts {wanted}"
         for node in self.nodes:
             engine, metrics = node.service.engine, node.service.metrics
-            assert engine.live_count == 0, f"{where}: no task is live after a round"
-            assert engine.pool.used == 0, f"{where}: the task logs keep nothing after a round"
+            assert engine.tasks.count == 0, f"{where}: no task is live after a round"
+            assert engine.tasks.pool.used == 0, f"{where}: the task logs keep nothing after a round"
             assert metrics.streams_open == 0, where
             assert metrics.relays_open == 0, where
         assert self.agent.holding() == 0, where
@@ -546,7 +546,9 @@ class Soak:
         return task
 
     def note_load(self) -> None:
-        self.peak_tasks = max(self.peak_tasks, sum(n.service.engine.live_count for n in self.nodes))
+        self.peak_tasks = max(
+            self.peak_tasks, sum(n.service.engine.tasks.count for n in self.nodes)
+        )
         streams = sum(n.service.metrics.streams_open for n in self.nodes)
         self.peak_streams = max(self.peak_streams, streams)
 

@@ -122,7 +122,7 @@ async def test_a_reader_behind_the_logs_budget_ends_out_of_range_and_memory_stay
         for frames in (sender_frames, sibling_frames):
             assert chunk_ids(frames) == expected, "readers that keep up lose nothing"
             assert frames[-1].status_update.status.state == S.TASK_STATE_COMPLETED
-        pool = h.service.engine.pool
+        pool = h.service.engine.tasks.pool
         assert pool.peak <= 64 * (32 * 1024 + 200), "the log kept at most its budget"
         got: list[StreamResponse] = []
         with pytest.raises(grpc.aio.AioRpcError) as caught:

@@ -16,6 +16,7 @@ from a2a.types.a2a_pb2 import Part, StreamResponse, TaskState
 
 from a2a_grpc_server import ServerConfig
 from a2a_grpc_server.engine.engine import Started, TaskEngine
+from a2a_grpc_server.engine.registry import LiveTasks
 from a2a_grpc_server.journal.memory import MemoryJournal
 from a2a_grpc_server.model import taskops
 from a2a_grpc_server.model.caller import Caller
@@ -66,7 +67,7 @@ class Parked(AgentExecutor):
 
 
 def engine_for(executor: AgentExecutor) -> TaskEngine:
-    return TaskEngine(executor, MemoryJournal(), ServerConfig(cancel_timeout=0.5))
+    return TaskEngine(executor, LiveTasks(MemoryJournal(), ServerConfig(cancel_timeout=0.5)))
 
 
 def frames_of(entries: list[bytes]) -> list[StreamResponse]:
@@ -87,7 +88,7 @@ async def test_every_event_is_committed_in_order_whatever_the_consumers_timing(s
     ]
     assert artifacts == [f"a{i}" for i in range(60)]
     assert frames[-1].status_update.status.state == S.TASK_STATE_COMPLETED
-    recorded = await engine.journal.get(started.live.task_id)
+    recorded = await engine.tasks.journal.get(started.live.task_id)
     assert recorded is not None and len(recorded.task.artifacts) == 60
     assert recorded.seq == started.reader.next_seq - 1, "log and journal number the same changes"
     assert not our_tasks()
@@ -128,7 +129,7 @@ async def test_a_close_appends_the_final_frame_then_cancels_the_run_then_wakes_r
         await agent.cancelled.wait()  # the producer was cancelled by the close
         await engine.wait_idle()
         assert run.finished
-    assert taskops.state_name(S.TASK_STATE_FAILED) in engine.metrics.tasks_ended
+    assert taskops.state_name(S.TASK_STATE_FAILED) in engine.tasks.metrics.tasks_ended
     assert first.task.id == live.task_id
     assert not our_tasks()
 

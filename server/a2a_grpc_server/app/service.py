@@ -30,11 +30,12 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from ..cluster import Cluster
+from ..cluster import Cluster, Local
 from ..cluster.front import ClusterFront
 from ..config import ServerConfig
 from ..engine.engine import TaskEngine
 from ..engine.ports import TaskOperations
+from ..engine.registry import LiveTasks
 from ..journal import TaskJournal
 from ..journal.memory import MemoryJournal
 from ..obs.metrics import Metrics
@@ -170,33 +171,36 @@ class A2AService:
         self.metrics = Metrics()
         self.rpc_metrics = RpcMetrics()
         """Per-RPC counts, kept by ``metrics_interceptor()`` on the server it is added to."""
-        self.engine = TaskEngine(
-            executor,
+        tasks = LiveTasks(
             self.journal,
             self.config,
             self.metrics,
             instance_id=cluster.instance_id if cluster is not None else None,
         )
-        self.operations: TaskOperations = (
-            ClusterFront(self.engine, cluster) if cluster is not None else self.engine
-        )
-        """What the servicer asks of tasks (the engine alone, or the cluster front)."""
         self.push: PushService | None = None
         """Push notifications (None: push is off)."""
         if push:
             store = cluster.push_store if cluster is not None else None
-            self.push = PushService(self.engine, self.config, self.metrics, store, cluster)
-            self.engine.push = self.push
+            self.push = PushService(tasks, self.config, self.metrics, store, cluster)
             if isinstance(self.journal, MemoryJournal):
-                self.journal.on_forget = self.push.forget
+                self.journal.on_forget = self.push.forgotten
+        self.engine = TaskEngine(executor, tasks, push=self.push)
+        """The operations on this instance's own tasks."""
+        self.operations: TaskOperations = (
+            ClusterFront(self.engine, cluster) if cluster is not None else self.engine
+        )
+        """What the servicer asks of tasks (the engine alone, or the cluster front)."""
         self.servicer = RpcServicer(
-            self.engine, self.config, self.card, extended_card, self.operations
+            self.engine, self.config, self.card, extended_card, self.operations, self.push
         )
 
     async def start(self) -> None:
         """Join the cluster (no-op for a single instance); call before serving."""
         if self.cluster is not None:
-            await self.cluster.join(self.engine)
+            engine = self.engine
+            await self.cluster.join(
+                Local(engine, engine.tasks, engine.recheck_ownership, self.push)
+            )
 
     async def wait_idle(self) -> None:
         """Wait until no run, stream or relay cleanup of this service is alive."""
@@ -207,7 +211,7 @@ class A2AService:
 
     def collector(self) -> A2ACollector:
         """This service's metrics, for a ``prometheus_client`` registry (see ``collector``)."""
-        return A2ACollector(self.metrics, self.rpc_metrics, self.engine.pool)
+        return A2ACollector(self.metrics, self.rpc_metrics, self.engine.tasks.pool)
 
     def metrics_interceptor(self) -> MetricsInterceptor:
         """The interceptor that counts every call (first among the server's interceptors)."""

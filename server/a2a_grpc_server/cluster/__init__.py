@@ -21,14 +21,52 @@ none (``None``).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ..engine.ports import Peers
+from ..engine.ports import Peers, TaskOperations
 
 if TYPE_CHECKING:
-    from ..engine.engine import TaskEngine
+    from a2a.types.a2a_pb2 import TaskPushNotificationConfig
+
+    from ..engine.registry import LiveTasks
     from ..journal import RecordedTask, TaskJournal
     from ..model.caller import Caller
+
+
+class OwnedPush(Protocol):
+    """What the cluster asks of this instance's push notifications (``PushService``)."""
+
+    async def follow_stored(self, task_id: str, config_id: str) -> None:
+        """Start delivering a stored config of a task this instance runs (a routed ``push``)."""
+        ...
+
+    async def deliver_ended(
+        self, recorded: RecordedTask, config: TaskPushNotificationConfig, cursor: int
+    ) -> None:
+        """Deliver what a lost instance's webhook had not confirmed of an ended task."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Local:
+    """What this instance brings to the cluster when it joins (the owner's side).
+
+    Attributes:
+        owner: Serves the routed cancels and follow-ups of this instance's
+            tasks (the engine: their normal, local path).
+        tasks: This instance's live tasks (their log pool, metrics, limits
+            and records).
+        recheck_ownership: Ends the tasks another instance ended while this
+            one was out of touch; returns how many.
+        push: This instance's push notifications (None: push is off).
+    """
+
+    owner: TaskOperations
+    tasks: LiveTasks
+    recheck_ownership: Callable[[], Awaitable[int]]
+    push: OwnedPush | None = None
 
 
 class Cluster(Peers, Protocol):
@@ -52,8 +90,8 @@ class Cluster(Peers, Protocol):
         """
         ...
 
-    async def join(self, engine: TaskEngine) -> None:
-        """Start serving other instances' routed requests with ``engine``.
+    async def join(self, local: Local) -> None:
+        """Start serving other instances' routed requests with ``local``.
 
         Raises:
             StoreError: The shared record could not be read.

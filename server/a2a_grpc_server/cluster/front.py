@@ -86,7 +86,7 @@ class ClusterFront:
         if not engine.accepting or not message.task_id:
             return await engine.send(request, call, subscribe=subscribe, resumable=resumable)
         found = await engine.check_follow_up(message.task_id, message.context_id, call.scope)
-        if not engine.owned_elsewhere(found):
+        if not engine.tasks.owned_elsewhere(found):
             return await engine.send(
                 request, call, subscribe=subscribe, resumable=resumable, found=found
             )
@@ -99,7 +99,7 @@ class ClusterFront:
             raise
         message.context_id = snapshot.context_id
         taskops.add_user_message(snapshot, message)
-        return Routed(snapshot, reader, engine.journal)
+        return Routed(snapshot, reader, engine.tasks.journal)
 
     async def cancel(self, task_id: str, call: Caller) -> Task:
         """``TaskEngine.cancel``; a task another instance runs is canceled by its owner.
@@ -108,15 +108,15 @@ class ClusterFront:
             As ``TaskEngine.cancel``, and OwnerUnavailableError: the owner did not answer.
         """
         engine = self._engine
-        live = engine.live_in(task_id, call.scope)
+        live = engine.tasks.live_in(task_id, call.scope)
         if live is not None and live.task is not None and not taskops.is_final(live.task):
             return await engine.cancel(task_id, call)
         started = time.monotonic()
-        found = await engine.recorded(task_id, call.scope)
-        if taskops.is_final(found.task) or not engine.owned_elsewhere(found):
+        found = await engine.tasks.recorded(task_id, call.scope)
+        if taskops.is_final(found.task) or not engine.tasks.owned_elsewhere(found):
             return await engine.cancel(task_id, call, found=found, started=started)
         final = await self._peers.cancel(found, call)
-        engine.metrics.cancel_seconds.observe(time.monotonic() - started)
+        engine.tasks.metrics.cancel_seconds.observe(time.monotonic() - started)
         return final
 
     async def read(self, task_id: str, scope: str, *, resumable: bool = False) -> tuple[Task, int]:
@@ -132,12 +132,12 @@ class ClusterFront:
             As ``TaskEngine.subscribe``, and RelayLostError: this instance is leaving.
         """
         engine = self._engine
-        found = await engine.recorded(task_id, scope)
-        if taskops.is_final(found.task) or engine.revivable(found) is not None:
+        found = await engine.tasks.recorded(task_id, scope)
+        if taskops.is_final(found.task) or engine.tasks.revivable(found) is not None:
             return await engine.subscribe(task_id, scope, resumable=resumable, found=found)
         relayed, reader = await self._peers.subscribe(found)
         try:
-            engine.quotas.check_subscribers(reader.followers - 1)
+            engine.tasks.quotas.check_subscribers(reader.followers - 1)
         except BaseException:
             reader.close()
             raise

@@ -1,9 +1,12 @@
-"""TaskEngine: which tasks are live on this instance, and the operations on them.
+"""TaskEngine: the operations on this instance's tasks.
 
 Who runs what: gRPC handlers call ``send``, ``cancel``, ``read``,
-``subscribe`` and ``resume``; each ``send`` that starts work spawns one
-``ExecutionSupervisor`` (see ``supervisor``) as an asyncio task the engine
-keeps until it ends. A task is "live" from its first message until its log
+``subscribe`` and ``resume``. The engine composes three parts, each with
+one job: ``registry.LiveTasks`` (which tasks are live here, how they come
+back from their record and leave memory), ``runs.Runs`` (the executions:
+each ``send`` that starts work spawns one ``ExecutionSupervisor`` there) and
+``finals.FinalRetries`` (final states the journal has not recorded yet, held
+by the registry). A task is "live" from its first message until its log
 closes; interrupted tasks stay live without an execution, waiting for a
 follow-up. ``shutdown`` ends every live task with a final frame.
 
@@ -24,16 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
-import random
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.agent_execution import AgentExecutor
 from a2a.types.a2a_pb2 import Message, SendMessageRequest, Task, TaskState
 from a2a.utils.errors import (
     InvalidParamsError,
@@ -41,21 +41,17 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 
-from ..config import ServerConfig
 from ..errors import FrameNotKeptError, InvalidFieldError, ServerShuttingDownError, quote
 from ..execution.live import LiveTask
-from ..execution.pacing import Pacer
-from ..execution.parking import ParkingLot
-from ..execution.quotas import Quotas
 from ..execution.supervisor import ExecutionSupervisor
-from ..journal import FinalTaskError, RecordedTask, StoreError, TaskJournal
-from ..log.tasklog import LogClosedError, LogLimits, LogPool, LogReader, TaskLog
+from ..journal import FinalTaskError, RecordedTask
+from ..log.tasklog import LogClosedError, LogReader, TaskLog
 from ..model import taskops
 from ..model.caller import Caller, request_context
-from ..model.names import TASK_PREFIX
-from ..model.scope import not_found, principal_of
+from ..model.scope import not_found
 from ..model.sizing import TaskTooLargeError
-from ..obs.metrics import Metrics
+from .registry import LiveTasks
+from .runs import Runs
 
 if TYPE_CHECKING:
     from .ports import PushHooks
@@ -66,10 +62,6 @@ CANCEL_SLACK = 1.0
 """Seconds CancelTask waits beyond ``cancel_timeout`` before it ends the task itself."""
 RECHECK_CONCURRENCY = 16
 """Tasks ``recheck_ownership`` reads at once."""
-FINAL_RETRY_PAUSE = 0.25
-"""Seconds before the first retry of a final state the journal could not record."""
-FINAL_RETRY_MAX_PAUSE = 5.0
-"""Most seconds between two such retries (each attempt retries for its own budget too)."""
 
 
 @dataclass(slots=True)
@@ -134,74 +126,27 @@ def ended(task: Task) -> UnsupportedOperationError:
 
 
 class TaskEngine:
-    """Owns the live tasks of this instance.
+    """The operations on the tasks of this instance.
 
     Args:
         executor: The agent.
-        journal: Where tasks are recorded.
-        config: Limits.
-        metrics: Where this instance counts what it does.
-        instance_id: The owner id this instance records (cluster mode; None: alone).
+        tasks: The live tasks of this instance (their journal, limits and metrics).
+        push: Push notifications (None: push is off); it listens to ``tasks``.
     """
 
     def __init__(
-        self,
-        executor: AgentExecutor,
-        journal: TaskJournal,
-        config: ServerConfig,
-        metrics: Metrics | None = None,
-        *,
-        instance_id: str | None = None,
+        self, executor: AgentExecutor, tasks: LiveTasks, *, push: PushHooks | None = None
     ) -> None:
-        self.metrics = metrics or Metrics()
-        self.config = config
-        limits = LogLimits(config.log_max_frames, config.log_max_bytes, config.resume_window)
-        self.pool = LogPool(config.log_total_bytes, limits, self.metrics)
-        """Every task log of this instance (relays included)."""
-        self._executor = executor
-        self._journal = journal
-        self._config = config
-        self._instance_id = instance_id
-        self._live: dict[str, LiveTask] = {}
-        self._runs: dict[asyncio.Task[None], ExecutionSupervisor] = {}
-        self._current: dict[str, ExecutionSupervisor] = {}
-        """The run currently feeding each task (see ``run_of``)."""
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self.tasks = tasks
+        """Which tasks are live here (see ``registry``)."""
+        self.runs = Runs(executor, tasks.config, tasks.parking)
+        """The executions of this instance (see ``runs``)."""
+        self.push = push
+        """Push notifications (None: push is off)."""
+        if push is not None:
+            tasks.listen(push)
+        self._config = tasks.config
         self._accepting = True
-        self._unrecorded: dict[str, LiveTask] = {}
-        """Ended tasks whose final state the journal has not recorded yet (retried)."""
-        self._recorders: set[asyncio.Task[None]] = set()
-        self._all_recorded = asyncio.Event()
-        self._all_recorded.set()
-        self.parking = ParkingLot(
-            config.parked_timeout,
-            config.max_parked_tasks,
-            durable=instance_id is not None,
-            evict=self._evict,
-            clock=self.pool.clock,
-        )
-        """The tasks waiting for input here (see ``parking``)."""
-        self.quotas = Quotas(config)
-        """What each principal holds here (see ``quotas``)."""
-        self.pacer = Pacer(config.loop_slice)
-        """Shares the event loop between bursts and everything else (see ``pacing``)."""
-        self.push: PushHooks | None = None
-        """Push notifications (set by ``A2AService``; None: push is off)."""
-
-    @property
-    def journal(self) -> TaskJournal:
-        """The task journal."""
-        return self._journal
-
-    def run_of(self, task_id: str) -> ExecutionSupervisor | None:
-        """The execution currently feeding ``task_id`` here, if any."""
-        return self._current.get(task_id)
-
-    @property
-    def live_count(self) -> int:
-        """Tasks that have not ended on this instance."""
-        return len(self._live)
 
     async def send(
         self,
@@ -242,8 +187,8 @@ class TaskEngine:
             message.context_id = live.context_id
         else:
             principal = call.principal.name if call.principal is not None else ""
-            self.quotas.check_new_task(principal, self.parking.count_of(principal))
-            live = self._new_task(message, call.scope)
+            self.tasks.quotas.check_new_task(principal, self.tasks.parking.count_of(principal))
+            live = self.tasks.new(message, call.scope)
         snapshot, reader = None, None
         try:
             if resumable:
@@ -276,42 +221,16 @@ class TaskEngine:
                 task=taskops.copy(live.task) if live.task else None,
             )
             start_seq = live.log.last_seq
-            run = self._spawn(live, context)
+            run = self.runs.spawn(live, context)
         except BaseException:
             if reader is not None:
                 reader.close()
             if not follow_up:
-                self._abandon(live)
+                self.tasks.abandon(live)
             raise
         finally:
             live.admitting = False
         return Started(live, snapshot, reader, start_seq, run)
-
-    def _abandon(self, live: LiveTask) -> None:
-        """Forget a new task whose run never started (nothing of it was recorded)."""
-        self._drop(live)
-        if self.push is not None:
-            self.push.detach(live.task_id)
-            self.push.forget(live.task_id)
-        live.log.release()
-
-    def _new_task(self, message: Message, scope: str) -> LiveTask:
-        self.parking.make_room()
-        task_id = str(uuid.uuid4())
-        context_id = message.context_id or str(uuid.uuid4())
-        message.task_id, message.context_id = task_id, context_id
-        self.metrics.tasks_started += 1
-        live = LiveTask(
-            task_id,
-            context_id,
-            self._journal,
-            TaskLog(task_id, self.pool),
-            first_message=message,
-            max_bytes=self._config.max_task_bytes,
-            scope=scope,
-        )
-        self._register(live)
-        return live
 
     async def read(self, task_id: str, scope: str, *, resumable: bool = False) -> tuple[Task, int]:
         """Return the task as recorded, and the seq of the last change it includes.
@@ -325,75 +244,20 @@ class TaskEngine:
             TaskNotFoundError: The journal has no such task (never had it, or
                 it was dropped by retention), or it is another scope's.
         """
-        live = self.live_in(task_id, scope)
+        live = self.tasks.live_in(task_id, scope)
         if live is not None and live.task is not None:
             if resumable:
                 live.log.make_resumable()
             task, seq = await live.snapshot()
             if task is not None:
                 return task, seq
-        recorded = await self._get_recorded(task_id, scope)
+        recorded = await self.tasks.recorded(task_id, scope)
         return recorded.task, recorded.seq
-
-    async def recorded(self, task_id: str, scope: str | None = None) -> RecordedTask:
-        """The task as recorded (or its final state, not recorded yet).
-
-        Args:
-            task_id: The task.
-            scope: The caller's scope (None: the server's own, unscoped read).
-
-        Raises:
-            TaskNotFoundError: No such task (or it is another scope's).
-        """
-        return await self._get_recorded(task_id, scope)
-
-    def live_task(self, task_id: str) -> LiveTask | None:
-        """The task, if it is live (in memory) on this instance."""
-        return self._live.get(task_id)
-
-    def live_in(self, task_id: str, scope: str) -> LiveTask | None:
-        """The live task, if there is one and it is of ``scope``."""
-        live = self._live.get(task_id)
-        return live if live is not None and live.scope == scope else None
-
-    async def _get_recorded(self, task_id: str, scope: str | None) -> RecordedTask:
-        """The task as recorded; for a final state not recorded yet, that state.
-
-        Raises:
-            TaskNotFoundError: No such task, or it is not of ``scope`` (unless None).
-        """
-        final = self._ended_unrecorded(task_id)
-        if final is not None:
-            live = self._unrecorded[task_id]
-            found = RecordedTask(taskops.copy(final), 0, "", live.log.last_seq, live.scope)
-        else:
-            recorded = await self._journal.get(task_id)
-            if recorded is None:
-                raise not_found(task_id)
-            found = recorded
-        if scope is not None and found.scope != scope:
-            raise not_found(task_id)
-        return found
 
     @property
     def accepting(self) -> bool:
         """Whether new work is accepted (False once a shutdown began)."""
         return self._accepting
-
-    def owned_elsewhere(self, recorded: RecordedTask) -> bool:
-        """Whether another instance runs the task (cluster mode)."""
-        return self._owned_elsewhere(recorded)
-
-    def _owned_elsewhere(self, recorded: RecordedTask) -> bool:
-        return (
-            self._instance_id is not None
-            and bool(recorded.owner)
-            and recorded.owner != self._instance_id
-        )
-
-    def revivable(self, found: RecordedTask) -> LiveTask | None:
-        """The task live here, or brought back from its record (None: it is not here)."""
-        return self._live.get(found.task.id) or self._revive(found)
 
     async def cancel(
         self,
@@ -420,18 +284,18 @@ class TaskEngine:
             TaskNotCancelableError: The task already ended.
         """
         started = started if started is not None else time.monotonic()
-        live = self.live_in(task_id, call.scope)
+        live = self.tasks.live_in(task_id, call.scope)
         if live is None or live.task is None or taskops.is_final(live.task):
             # Not running here (or not yet created): the journal decides.
-            found = found or await self._get_recorded(task_id, call.scope)
+            found = found or await self.tasks.recorded(task_id, call.scope)
             recorded = found.task
-            live = self._live.get(task_id) or self._revive(found)
+            live = self.tasks.revivable(found)
             if taskops.is_final(recorded) or live is None:
                 raise TaskNotCancelableError(
                     f"task {quote(task_id)} is {taskops.state_name(recorded.status.state)} "
                     "and cannot be canceled"
                 )
-        run = self.run_of(task_id)
+        run = self.runs.current(task_id)
         if run is None or not run.request_cancel():
             context = request_context(
                 call,
@@ -439,7 +303,7 @@ class TaskEngine:
                 context_id=live.context_id,
                 task=taskops.copy(live.task) if live.task else None,
             )
-            self._spawn(live, context, execute=False, cancel=True)
+            self.runs.spawn(live, context, execute=False, cancel=True)
         try:
             # The run bounds cancel() by cancel_timeout and then ends the task
             # itself; this wait only guards against a run that cannot.
@@ -451,8 +315,8 @@ class TaskEngine:
             # starved that long (an overloaded machine) gets here. The outcome is right.
             logger.warning("task %s: its run did not end it after cancel; ending it here", task_id)
             await live.finalize(TaskState.TASK_STATE_CANCELED, "task canceled by request")
-        self.metrics.cancel_seconds.observe(time.monotonic() - started)
-        final = (await self._get_recorded(task_id, call.scope)).task
+        self.tasks.metrics.cancel_seconds.observe(time.monotonic() - started)
+        final = (await self.tasks.recorded(task_id, call.scope)).task
         if final.status.state != TaskState.TASK_STATE_CANCELED:
             raise TaskNotCancelableError(
                 f"task {quote(task_id)} ended {taskops.state_name(final.status.state)} "
@@ -478,19 +342,19 @@ class TaskEngine:
             UnsupportedOperationError: The task already ended.
             QuotaExceededError: The task has ``quota_subscribers`` subscribers here.
         """
-        found = found or await self._get_recorded(task_id, scope)
-        live = self._live.get(task_id) or self._revive(found)
+        found = found or await self.tasks.recorded(task_id, scope)
+        live = self.tasks.revivable(found)
         try:
             if live is None:
                 raise LogClosedError(task_id)
-            self.quotas.check_subscribers(live.log.readers)  # before the lock's wait
+            self.tasks.quotas.check_subscribers(live.log.readers)  # before the lock's wait
             if resumable:
                 live.log.make_resumable()
             snapshot, reader = await live.subscribe()
         except LogClosedError:
             raise ended(found.task) from None
         try:
-            self.quotas.check_subscribers(reader.followers - 1)  # others came meanwhile
+            self.tasks.quotas.check_subscribers(reader.followers - 1)  # others came meanwhile
         except BaseException:
             reader.close()
             raise
@@ -511,7 +375,7 @@ class TaskEngine:
             async with gate:
                 return await live.close_if_ended_elsewhere()
 
-        ended_elsewhere = await asyncio.gather(*(check(live) for live in list(self._live.values())))
+        ended_elsewhere = await asyncio.gather(*(check(live) for live in self.tasks.all()))
         return sum(ended_elsewhere)
 
     async def resume(
@@ -532,22 +396,23 @@ class TaskEngine:
             FrameNotKeptError: Frame ``after + 1`` is no longer kept (or
                 ``after`` is past the task's last frame).
         """
-        live = self._live.get(task_id)
+        live = self.tasks.live_task(task_id)
         if live is not None and live.scope != scope:
             raise not_found(task_id)
-        log = live.log if live is not None else self.pool.retained(task_id)
+        pool = self.tasks.pool
+        log = live.log if live is not None else pool.retained(task_id)
         if log is not None and log.scope != scope:
             raise not_found(task_id)
         if log is not None and log.first_kept - 1 <= after <= log.last_seq:
-            self.quotas.check_subscribers(log.readers)
+            self.tasks.quotas.check_subscribers(log.readers)
             log.make_resumable()
             return log.reader(after + 1)
-        recorded = await self._get_recorded(task_id, scope)
+        recorded = await self.tasks.recorded(task_id, scope)
         last = max(recorded.seq, log.last_seq if log is not None else 0)
         if after > last:
             raise FrameNotKeptError(task_id, after + 1, log.first_kept if log else last + 1, last)
         if after == last and taskops.is_final(recorded.task):
-            return TaskLog.ended(task_id, self.pool, last).reader(after + 1)
+            return TaskLog.ended(task_id, pool, last).reader(after + 1)
         if replay is not None:  # (cluster mode: the shared record has it)
             return await replay(recorded, after)
         first = log.first_kept if log is not None else last + 1
@@ -568,30 +433,21 @@ class TaskEngine:
                 beyond the journal's own retries).
         """
         self._accepting = False
-        self.parking.close()
+        self.tasks.close()
         loop = asyncio.get_running_loop()
         if deadline is not None:
             grace = min(grace, max(0.0, deadline - loop.time()))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
-                await self._wait_runs_interrupted()
+                await self.runs.wait_interrupted()
         ending = [
             live.finalize(TaskState.TASK_STATE_FAILED, "server shutting down", deadline=deadline)
-            for live in list(self._live.values())
+            for live in self.tasks.all()
         ]
         await asyncio.gather(*ending)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout_at(deadline):
-                await self._all_recorded.wait()
-        for task in list(self._recorders):
-            task.cancel()
-        if self._unrecorded:
-            logger.error(
-                "shutting down with %d final state(s) not recorded (tasks %s); in cluster mode "
-                "a survivor ends them FAILED",
-                len(self._unrecorded),
-                ", ".join(list(self._unrecorded)[:10]),
-            )
+        finals = self.tasks.finals
+        await finals.wait(deadline)
+        finals.give_up()
         try:
             remaining = self._config.cancel_timeout
             if deadline is not None:
@@ -601,10 +457,10 @@ class TaskEngine:
         except TimeoutError:
             # Only an executor that swallows its cancellation gets here; its
             # streams already have their final frame.
-            logger.error("%d run(s) ignored cancellation at shutdown", len(self._runs))
+            logger.error("%d run(s) ignored cancellation at shutdown", len(self.runs))
         if self.push is not None:  # webhooks get the final frames too, within the budget
             await self.push.close(deadline)
-        self.pool.close()
+        self.tasks.pool.close()
 
     async def wait_idle(self) -> None:
         """Wait until runs, final-state recorders and webhooks of ended tasks are done.
@@ -616,9 +472,8 @@ class TaskEngine:
             await self.push.wait_ended()
 
     async def _wait_runs_idle(self) -> None:
-        await self._idle.wait()
-        while self._recorders:
-            await asyncio.wait(list(self._recorders))
+        await self.runs.wait_idle()
+        await self.tasks.finals.wait_done()
 
     async def check_follow_up(self, task_id: str, context_id: str, scope: str) -> RecordedTask:
         """The task a follow-up message names, if it may take one (its scope checked first).
@@ -628,7 +483,7 @@ class TaskEngine:
             InvalidParamsError: The message's context is not the task's.
             UnsupportedOperationError: The task has ended.
         """
-        found = await self._get_recorded(task_id, scope)
+        found = await self.tasks.recorded(task_id, scope)
         recorded = found.task
         if context_id and context_id != recorded.context_id:
             raise InvalidParamsError(
@@ -641,10 +496,10 @@ class TaskEngine:
 
     def _admit(self, found: RecordedTask) -> LiveTask:
         recorded = found.task
-        live = self._live.get(recorded.id) or self._revive(found)
+        live = self.tasks.revivable(found)
         if live is None or live.log.closed:
             raise _no_more_messages(recorded)
-        run = self.run_of(recorded.id)
+        run = self.runs.current(recorded.id)
         if live.admitting or (run is not None and not run.finished):
             raise UnsupportedOperationError(
                 f"task {quote(recorded.id)} is still {taskops.state_name(recorded.status.state)}; "
@@ -653,141 +508,3 @@ class TaskEngine:
         # Held until the follow-up's run is spawned: one executor per task.
         live.admitting = True
         return live
-
-    def _revive(self, found: RecordedTask) -> LiveTask | None:
-        """Bring a parked task that left memory back from its record (None: it is not one)."""
-        task = found.task
-        if task.status.state not in taskops.INTERRUPTED or self._owned_elsewhere(found):
-            return None
-        if not self._accepting:
-            return None
-        live = LiveTask(
-            task.id,
-            task.context_id,
-            self._journal,
-            TaskLog(task.id, self.pool, first_seq=found.seq + 1),
-            task=task,
-            version=found.version,
-            max_bytes=self._config.max_task_bytes,
-            scope=found.scope,
-        )
-        self._register(live)
-        self.parking.park(live)
-        if self.push is not None:
-            self.push.resume(live)
-        return live
-
-    def _evict(self, live: LiveTask) -> None:
-        """Take a parked task out of memory (``ParkingLot``); its record stays."""
-        self._drop(live)
-        if self.push is not None:
-            self.push.detach(live.task_id)
-        live.log.release()
-
-    def _register(self, live: LiveTask) -> None:
-        self._live[live.task_id] = live
-        self.quotas.task_added(principal_of(live.scope))
-
-        def forget() -> None:
-            self._drop(live)
-            self.parking.unpark(live.task_id)
-            if live.task is None and self.push is not None:
-                # A message-only answer: no task is recorded, so no retention drops
-                # the push configs a message carried; they go now.
-                self.push.forget(live.task_id)
-            if live.final_unrecorded:
-                self._unrecorded[live.task_id] = live
-                self._all_recorded.clear()
-                task = asyncio.create_task(
-                    self._record_final(live), name=f"{TASK_PREFIX}:record-final:{live.task_id}"
-                )
-                self._recorders.add(task)
-                task.add_done_callback(self._recorders.discard)
-
-        live.log.on_close(forget)
-
-    def _drop(self, live: LiveTask) -> None:
-        """``live`` is no longer in memory here (once; it may be revived later)."""
-        if self._live.get(live.task_id) is live:
-            del self._live[live.task_id]
-            self.quotas.task_removed(principal_of(live.scope))
-
-    async def _record_final(self, live: LiveTask) -> None:
-        """Retry recording a final state the streams already got until the journal holds it.
-
-        This instance keeps the task meanwhile (its lease says it is alive, so
-        no survivor ends it): reads of it here answer the final state, and it
-        accepts no subscription, cancel or message.
-        """
-        pause = FINAL_RETRY_PAUSE
-        try:
-            while True:
-                try:
-                    await live.record_final()
-                    logger.warning("task %s: its final state is recorded now", live.task_id)
-                    return
-                except StoreError as exc:
-                    logger.warning(
-                        "task %s: its final state is not recorded yet (%s); retrying",
-                        live.task_id,
-                        exc,
-                    )
-                await asyncio.sleep(pause * random.uniform(0.5, 1.0))  # jitter: spread out
-                pause = min(pause * 2, FINAL_RETRY_MAX_PAUSE)
-        finally:
-            self._unrecorded.pop(live.task_id, None)
-            if not self._unrecorded:
-                self._all_recorded.set()
-
-    def _ended_unrecorded(self, task_id: str) -> Task | None:
-        """The final task of ``task_id`` if the journal does not hold it yet."""
-        live = self._unrecorded.get(task_id)
-        return live.log.snapshot if live is not None else None
-
-    def current(self, task: Task) -> Task:
-        """``task`` as the journal listed it, or its final state if that is not recorded yet."""
-        final = self._ended_unrecorded(task.id)
-        return taskops.copy(final) if final is not None else task
-
-    def _spawn(
-        self,
-        live: LiveTask,
-        context: RequestContext,
-        *,
-        execute: bool = True,
-        cancel: bool = False,
-    ) -> ExecutionSupervisor:
-        run = ExecutionSupervisor(
-            live,
-            self._executor,
-            context,
-            self._config.event_queue_size,
-            self._config.event_queue_bytes,
-            self._config.cancel_timeout,
-            pacer=self.pacer,
-            execute=execute,
-            cancel=cancel,
-        )
-        self._current[live.task_id] = run
-        self.parking.unpark(live.task_id)
-        task = asyncio.create_task(run.run(), name=f"{TASK_PREFIX}:run:{live.task_id}")
-        self._runs[task] = run
-        self._idle.clear()
-        task.add_done_callback(self._run_done, context=contextvars.Context())
-        return run
-
-    def _run_done(self, task: asyncio.Task[None]) -> None:
-        run = self._runs.pop(task)
-        live = run.live
-        if self._current.get(live.task_id) is run:
-            del self._current[live.task_id]
-            if not live.log.closed and live.state in taskops.INTERRUPTED and not live.admitting:
-                self.parking.park(live)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("run of task %s crashed", run.live.task_id, exc_info=task.exception())
-        if not self._runs:
-            self._idle.set()
-
-    async def _wait_runs_interrupted(self) -> None:
-        while self._runs:
-            await asyncio.wait(list(self._runs), return_when=asyncio.FIRST_COMPLETED)

@@ -2,7 +2,10 @@
 
 The engine is below push and cluster: it names here, as small protocols,
 the little it needs of them, and they implement it (``cluster.Cluster`` is a
-``Peers``; ``push.service.PushService`` is a ``PushHooks``).
+``Peers``; ``push.service.PushService`` is a ``PushHooks``, and with it a
+``TaskListener`` of the registry). It also names what it offers them beyond
+the operations: ``TaskDirectory``, the lookups push makes
+(``registry.LiveTasks`` implements it).
 """
 
 from __future__ import annotations
@@ -129,23 +132,47 @@ class Peers(Protocol):
         ...
 
 
-class PushHooks(Protocol):
+class TaskDirectory(Protocol):
+    """Where an upper layer looks a task up (``registry.LiveTasks``)."""
+
+    async def recorded(self, task_id: str, scope: str | None = None) -> RecordedTask:
+        """The task as recorded (or its final state, not recorded yet).
+
+        Raises:
+            TaskNotFoundError: No such task (or it is another scope's).
+        """
+        ...
+
+    def live_task(self, task_id: str) -> LiveTask | None:
+        """The task, if it is live (in memory) on this instance."""
+        ...
+
+    def owned_elsewhere(self, recorded: RecordedTask) -> bool:
+        """Whether another instance runs the task (cluster mode)."""
+        ...
+
+
+class TaskListener(Protocol):
+    """What the registry tells of its tasks' comings and goings (push listens)."""
+
+    def revived(self, live: LiveTask) -> None:
+        """A task came back into memory: resume what it had."""
+        ...
+
+    def evicted(self, task_id: str) -> None:
+        """The task left memory (its record stays; it may be revived)."""
+        ...
+
+    def forgotten(self, task_id: str) -> None:
+        """The task is gone for good: nothing of it is recorded any more."""
+        ...
+
+
+class PushHooks(TaskListener, Protocol):
     """What the engine tells push notifications of its tasks' lives."""
 
     async def register(self, live: LiveTask, config: TaskPushNotificationConfig) -> None:
         """Keep an inline config of a live task; its webhook follows the task from now on."""
-        ...
-
-    def resume(self, live: LiveTask) -> None:
-        """A task came back into memory: resume the deliveries it had."""
-        ...
-
-    def detach(self, task_id: str) -> None:
-        """The task left memory: its deliveries stop reading its log (they resume with it)."""
-        ...
-
-    def forget(self, task_id: str) -> None:
-        """The task is gone for good: drop its configs."""
         ...
 
     async def close(self, deadline: float | None) -> None:

@@ -1,7 +1,7 @@
 """NatsCluster: this instance's membership of a cluster on NATS JetStream.
 
 Lifecycle: ``await NatsCluster.connect(config)`` opens the connection and
-the shared assets; its ``journal`` is the service's; ``join(engine)``
+the shared assets; its ``journal`` is the service's; ``join(local)``
 (called by ``A2AService.start``) starts the lease and the routed-request
 service; ``leave()`` (called by ``A2AService.shutdown`` after the local tasks
 ended) severs relays, stops routing and releases the lease; ``close()``
@@ -20,7 +20,6 @@ from ..journal import RecordedTask
 from ..log.tasklog import LogReader
 from ..model import taskops
 from ..model.caller import Caller
-from ..push.service import push_of
 from .conn import NatsConfig, NatsConnection, connect
 from .journal import JetStreamJournal
 from .lease import Lease
@@ -31,7 +30,7 @@ from .retry import Retry
 from .routing import Router
 
 if TYPE_CHECKING:
-    from ..engine.engine import TaskEngine
+    from ..cluster import Local
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +64,7 @@ class NatsCluster:
         self.lease: Lease | None = None
         self.push_store = JetStreamPushConfigs(conn.push, Retry(conn.config.retry_for))
         """Push configs and cursors, shared by every instance."""
-        self._engine: TaskEngine | None = None
+        self._local: Local | None = None
 
     @classmethod
     async def connect(cls, config: NatsConfig) -> NatsCluster:
@@ -97,26 +96,25 @@ class NatsCluster:
         """
         return self._requests.max_payload - RECORD_SLACK
 
-    async def join(self, engine: TaskEngine) -> None:
-        """Start heartbeating and serving routed requests for ``engine``.
+    async def join(self, local: Local) -> None:
+        """Start heartbeating and serving routed requests for ``local``.
 
         Raises:
             StoreError: The shared record could not be read.
         """
-        config = engine.config
-        self._engine = engine
-        self._relays = Relays(self._journal, engine.pool, engine.metrics)
-        self._router = Router(self.conn.nc, self.instance_id, config.cancel_timeout)
-        push = engine.push
+        tasks = local.tasks
+        self._local = local
+        self._relays = Relays(self._journal, tasks.pool, tasks.metrics)
+        self._router = Router(self.conn.nc, self.instance_id, tasks.config.cancel_timeout)
         self.lease = Lease(
             self.conn,
             self._journal,
-            engine.metrics,
-            on_gap=engine.recheck_ownership,
-            on_swept=self._adopt_push if push is not None else None,
+            tasks.metrics,
+            on_gap=local.recheck_ownership,
+            on_swept=self._adopt_push if local.push is not None else None,
         )
         await self.lease.start()
-        await self._router.start(engine)
+        await self._router.start(local)
 
     async def leave(self) -> None:
         """Sever relayed streams, stop routing, release the lease (survivors sweep at once)."""
@@ -167,13 +165,13 @@ class NatsCluster:
         whichever survivor adopts it first (compare-and-set); the others skip
         it. Configs of tasks still running wait for the next sweep.
         """
-        engine = self._engine
-        push = push_of(engine) if engine is not None else None
-        if engine is None or push is None:
+        local = self._local
+        push = local.push if local is not None else None
+        if local is None or push is None:
             return
         for orphan in await self.push_store.orphans(alive):
             try:
-                recorded = await engine.recorded(orphan.task_id)
+                recorded = await local.tasks.recorded(orphan.task_id)
             except TaskNotFoundError:
                 continue  # (the task's retention ended)
             if not taskops.is_final(recorded.task):

@@ -41,11 +41,10 @@ from ..errors import OwnerTimeoutError, OwnerUnavailableError, ServerError
 from ..model.caller import Caller
 from ..model.names import TASK_PREFIX
 from ..obs import tracing
-from ..push.service import push_of
 from .conn import CONTROL_SUBJECT
 
 if TYPE_CHECKING:
-    from ..engine.engine import TaskEngine
+    from ..cluster import Local
 
 logger = logging.getLogger(__name__)
 
@@ -77,11 +76,11 @@ class Router:
         self._bound = default_wait(cancel_timeout)
         self._subs: list[NatsSubscription] = []
         self._serving: set[asyncio.Task[None]] = set()
-        self._engine: TaskEngine | None = None
+        self._local: Local | None = None
 
-    async def start(self, engine: TaskEngine) -> None:
-        """Serve routed cancels and follow-ups with ``engine``."""
-        self._engine = engine
+    async def start(self, local: Local) -> None:
+        """Serve routed cancels, follow-ups and pushes with ``local``."""
+        self._local = local
         for op in ("cancel", "send", "push"):
             self._subs.append(
                 await self._nc.subscribe(control_subject(self._id, op), cb=self._on_request)
@@ -188,19 +187,19 @@ class Router:
             logger.warning("could not answer routed %s: %s", msg.subject, type(exc).__name__)
 
     async def _serve_cancel(self, msg: Msg, call: Caller) -> bytes:
-        assert self._engine is not None
-        task = await self._engine.cancel(msg.data.decode(), call)
+        assert self._local is not None
+        task = await self._local.owner.cancel(msg.data.decode(), call)
         return task.SerializeToString()
 
     async def _serve_push(self, msg: Msg, call: Caller) -> bytes:
-        assert self._engine is not None
+        assert self._local is not None
         task_id, config_id = json.loads(msg.data)
-        push = push_of(self._engine)
+        push = self._local.push
         if push is not None:
             await push.follow_stored(str(task_id), str(config_id))
         return b""
 
     async def _serve_send(self, msg: Msg, call: Caller) -> bytes:
-        assert self._engine is not None
-        await self._engine.send(SendMessageRequest.FromString(msg.data), call, subscribe=False)
+        assert self._local is not None
+        await self._local.owner.send(SendMessageRequest.FromString(msg.data), call, subscribe=False)
         return b""

@@ -2,10 +2,12 @@
 
 Who calls what: the gRPC servicer calls ``create``, ``get``, ``list`` and
 ``delete`` (requests already validated); the task engine calls ``register``
-(a config sent inline with a message, before its run starts), ``resume`` (a
-parked task came back into memory: its deliveries continue from their
-cursors), ``detach`` (a parked task left memory) and, at shutdown,
-``close``. Deliveries run in the ``PushDispatcher``.
+(a config sent inline with a message, before its run starts) and, at
+shutdown, ``close``; the engine's registry of live tasks, which this service
+listens to (``engine.ports.TaskListener``), calls ``revived`` (a parked task
+came back into memory: its deliveries continue from their cursors),
+``evicted`` (a parked task left memory) and ``forgotten`` (nothing of the
+task is recorded any more). Deliveries run in the ``PushDispatcher``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .sender import WebhookSender
 if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..engine.engine import TaskEngine
+    from ..engine.ports import TaskDirectory
     from ..execution.live import LiveTask
 
 logger = logging.getLogger(__name__)
@@ -55,7 +58,7 @@ class PushService:
     """Push notifications for one instance (see the module docstring).
 
     Args:
-        engine: The instance's task engine.
+        tasks: Where the instance's tasks are looked up (``engine.registry.LiveTasks``).
         config: The server's settings (``push_*``).
         metrics: Where deliveries are counted.
         store: Where configs and cursors are kept (in memory if None).
@@ -63,13 +66,13 @@ class PushService:
 
     def __init__(
         self,
-        engine: TaskEngine,
+        tasks: TaskDirectory,
         config: ServerConfig,
         metrics: Metrics,
         store: PushConfigStore | None = None,
         cluster: Cluster | None = None,
     ) -> None:
-        self._engine = engine
+        self._tasks = tasks
         self._cluster = cluster
         self._metrics = metrics
         self._most = config.push_max_configs
@@ -102,18 +105,18 @@ class PushService:
             TaskNotFoundError: No such task (or it is another scope's).
             PushConfigLimitError: The task has ``push_max_configs`` other configs.
         """
-        engine = self._engine
-        recorded = await engine.recorded(config.task_id, scope)
+        tasks = self._tasks
+        recorded = await tasks.recorded(config.task_id, scope)
         if not config.id:
             config.id = new_id()
-        live = engine.live_task(config.task_id)
+        live = tasks.live_task(config.task_id)
         if live is not None and not live.log.closed:
             await self.register(live, config)
             return config
         # Ended, parked out of memory (its deliveries resume with it), or run by
         # another instance, which is asked to deliver it.
         await self.store.put(config, self._most, recorded.seq, recorded.owner)
-        if engine.owned_elsewhere(recorded) and not taskops.is_final(recorded.task):
+        if tasks.owned_elsewhere(recorded) and not taskops.is_final(recorded.task):
             assert self._cluster is not None
             try:
                 await self._cluster.push(recorded, config.id, Caller((), None))
@@ -137,11 +140,11 @@ class PushService:
         cursor = await self.store.cursor(task_id, config_id)
         if config is None or cursor is None:
             return
-        live = self._engine.live_task(task_id)  # (read after the awaits above)
+        live = self._tasks.live_task(task_id)  # (read after the awaits above)
         if live is not None:
             self.dispatcher.follow(live, config, cursor)
             return
-        recorded = await self._engine.recorded(task_id)
+        recorded = await self._tasks.recorded(task_id)
         if taskops.is_final(recorded.task):
             await self.deliver_ended(recorded, config, cursor)
         # else: parked out of memory; its deliveries resume when it comes back
@@ -182,7 +185,7 @@ class PushService:
             TaskNotFoundError: No such task (or it is another scope's).
             PushConfigNotFoundError: The task has no such config.
         """
-        await self._engine.recorded(task_id, scope)
+        await self._tasks.recorded(task_id, scope)
         config = await self.store.get(task_id, config_id)
         if config is None:
             raise PushConfigNotFoundError(task_id, config_id)
@@ -195,7 +198,7 @@ class PushService:
             TaskNotFoundError: No such task (or it is another scope's).
             InvalidFieldError: A page token this server did not issue.
         """
-        await self._engine.recorded(task_id, scope)
+        await self._tasks.recorded(task_id, scope)
         return await self.store.list(task_id, page_size, page_token)
 
     async def delete(self, task_id: str, config_id: str, scope: str) -> None:
@@ -204,12 +207,12 @@ class PushService:
         Raises:
             TaskNotFoundError: No such task (or it is another scope's).
         """
-        await self._engine.recorded(task_id, scope)
+        await self._tasks.recorded(task_id, scope)
         self.dispatcher.stop(task_id, config_id)
         self._metrics.push_failing.discard((task_id, config_id))
         await self.store.delete(task_id, config_id)
 
-    def resume(self, live: LiveTask) -> None:
+    def revived(self, live: LiveTask) -> None:
         """A parked task is back in memory: continue its deliveries from their cursors."""
         task = asyncio.create_task(self._resume(live), name=f"{TASK_PREFIX}:push-resume")
         self._resuming.add(task)
@@ -220,7 +223,7 @@ class PushService:
             page = await self.store.list(live.task_id, ALL_CONFIGS, "")
             for config in page.configs:
                 cursor = await self.store.cursor(live.task_id, config.id)
-                evicted = not live.log.closed and self._engine.live_task(live.task_id) is not live
+                evicted = not live.log.closed and self._tasks.live_task(live.task_id) is not live
                 if evicted:
                     return  # it left memory again meanwhile: a later revival resumes these
                 if cursor is not None:
@@ -228,12 +231,12 @@ class PushService:
         except Exception:
             logger.exception("task %s: its push deliveries could not resume", live.task_id)
 
-    def detach(self, task_id: str) -> None:
+    def evicted(self, task_id: str) -> None:
         """A parked task left memory: stop its deliveries (their cursors are kept)."""
         self.dispatcher.stop_task(task_id)
 
-    def forget(self, task_id: str) -> None:
-        """The journal dropped the task: its configs go too.
+    def forgotten(self, task_id: str) -> None:
+        """The task is gone (the journal dropped it, or it was never recorded): its configs go too.
 
         Once its deliveries have ended: one still retrying the final frame goes
         on (it holds what it needs) and ends with it.

@@ -60,7 +60,6 @@ from ..log.tasklog import LogReader
 from ..model import taskops
 from ..model.caller import EXTENSIONS_KEY, Caller, caller
 from ..push.configs import check_config
-from ..push.service import push_of
 from . import resume, validation
 from .auth import AuthenticationError
 
@@ -141,6 +140,7 @@ class RpcServicer:
         extended_card: The card for authenticated clients, if configured.
         operations: What tasks are asked (default ``engine``; in a cluster the
             ``ClusterFront`` above it).
+        push: Push notifications (None: push is off, its RPCs are refused).
     """
 
     def __init__(
@@ -150,8 +150,10 @@ class RpcServicer:
         card: AgentCard,
         extended_card: AgentCard | None = None,
         operations: TaskOperations | None = None,
+        push: PushService | None = None,
     ) -> None:
         self._engine = engine
+        self._push_service = push
         self._ops: TaskOperations = operations if operations is not None else engine
         self._input_modes = validation.input_modes(
             [*card.default_input_modes, *(m for s in card.skills for m in s.input_modes)]
@@ -165,7 +167,7 @@ class RpcServicer:
     @property
     def open_streams(self) -> int:
         """Stream calls currently being served."""
-        return self._engine.metrics.streams_open
+        return self._engine.tasks.metrics.streams_open
 
     async def wait_streams_closed(self, at_most: int = 0) -> None:
         """Wait until no more than ``at_most`` stream calls are being served."""
@@ -266,13 +268,13 @@ class RpcServicer:
             scope=call.scope,
         )
         try:
-            page = await self._engine.journal.list(query)
+            page = await self._engine.tasks.journal.list(query)
         except InvalidPageTokenError as exc:
             raise InvalidFieldError("page_token", str(exc)) from None
         answer = ListTasksResponse(page_size=page_size, total_size=page.total_size)
         budget = self._config.max_task_bytes
         for i, listed in enumerate(page.tasks):
-            task = self._engine.current(listed)
+            task = self._engine.tasks.current(listed)
             _trim(task, request.history_length, request.HasField("history_length"))
             if not request.include_artifacts:
                 del task.artifacts[:]
@@ -356,7 +358,7 @@ class RpcServicer:
 
     def _push(self, context: Context, method: str, tenant: str) -> tuple[PushService, Caller]:
         call = caller(context, method, tenant)
-        push = push_of(self._engine)
+        push = self._push_service
         if push is None:
             raise _push_off()
         return push, call
@@ -365,7 +367,7 @@ class RpcServicer:
         """Refuse a message's push config that is malformed, or any when push is off."""
         if not request.configuration.HasField("task_push_notification_config"):
             return
-        push = push_of(self._engine)
+        push = self._push_service
         if push is None:
             raise _push_off()
         config = request.configuration.task_push_notification_config
@@ -386,7 +388,7 @@ class RpcServicer:
             QuotaExceededError: The caller has ``quota_streams`` open streams.
         """
         try:
-            with self._engine.quotas.stream(_principal(call)):
+            with self._engine.tasks.quotas.stream(_principal(call)):
                 yield
         finally:
             async with self._streams_changed:  # (after the stream is counted out)
@@ -402,7 +404,7 @@ class RpcServicer:
         stop_at_interrupt: bool,
     ) -> None:
         """Write the snapshot, then every frame ``reader`` yields, until the stream ends."""
-        metrics = self._engine.metrics
+        metrics = self._engine.tasks.metrics
         metrics.streams_open += 1
         reason = "error"
         try:
@@ -410,7 +412,7 @@ class RpcServicer:
                 if numbered:
                     resume.tag_task(first, reader.next_seq - 1)
                 await context.write(StreamResponse(task=first))
-            pacer = self._engine.pacer
+            pacer = self._engine.runs.pacer
             async for seq, frame, state in reader:
                 if pacer.due():  # a burst: the loop polls its I/O first (see ``pacing``)
                     await pacer.wait()
