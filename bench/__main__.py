@@ -31,9 +31,8 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
-from tests import natsserver
-
 from a2a_grpc_server import ServerConfig
+from tests.support import natsserver
 
 from . import load
 from .load import Result, Target

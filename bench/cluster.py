@@ -44,7 +44,8 @@ from a2a.types.a2a_pb2 import (
     StreamResponse,
     TaskState,
 )
-from tests import natsserver, serveproc
+
+from tests.support import natsserver, serveproc
 
 from . import load
 from .load import request

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from . import natsserver
+from tests.support import natsserver
 
 logging.getLogger("a2a_grpc_server").setLevel(logging.DEBUG)
 

@@ -33,7 +33,6 @@ from .sender import WebhookSender
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
-    from ..engine.engine import TaskEngine
     from ..engine.ports import TaskDirectory
     from ..execution.live import LiveTask
 
@@ -46,12 +45,6 @@ ALL_CONFIGS = 1_000
 def screen_of(config: ServerConfig) -> Screen:
     """The push target policy ``config`` asks for."""
     return Screen(config.push_allow_private, config.push_allow_hosts)
-
-
-def push_of(engine: TaskEngine) -> PushService | None:
-    """The push notifications of ``engine``'s service (None: push is off)."""
-    push = engine.push
-    return push if isinstance(push, PushService) else None
 
 
 class PushService:

@@ -13,12 +13,24 @@
 ``running_server`` binds 127.0.0.1 on free ports (gRPC, and HTTP for the card
 and metrics when asked), gives a channel and a stub of it, and on exit ends
 every task with its final frame and closes everything it opened.
+
+The leak check our own tests run after every stream test is here too:
+``leftover_tasks()`` names the asyncio tasks that still run code of this
+package (an execution, a stream, a relay), and ``assert_nothing_left()``
+fails a test that leaves one behind::
+
+    async with running_server(MyExecutor()) as server:
+        ...  # the test's calls, each awaited to its end
+        await server.server.service.wait_idle()
+        assert_nothing_left()
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import types
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -29,10 +41,19 @@ from a2a.types.a2a_pb2 import AgentCard
 from ..app.service import A2AServer
 from ..config import ServerConfig
 from ..jetstream.natsconfig import NatsConfig
+from ..model.names import TASK_PREFIX
 from ..rpc.auth import Authenticator
 from .nats import running as nats_server
 
-__all__ = ["RunningServer", "nats_server", "running_server"]
+__all__ = [
+    "RunningServer",
+    "assert_nothing_left",
+    "leftover_tasks",
+    "nats_server",
+    "running_server",
+]
+
+PACKAGE_DIR = f"/{__name__.split('.')[0]}/"
 
 V1_METADATA = (("a2a-version", "1.0"),)
 
@@ -105,3 +126,54 @@ async def running_server(
             yield RunningServer(server, channel, a2a_pb2_grpc.A2AServiceStub(channel))
     finally:
         await server.stop(grace=0)
+
+
+def leftover_tasks() -> list[str]:
+    """The names of live asyncio tasks (but the caller's) running code of this package.
+
+    A task counts if it is named as this package names its tasks, or if a
+    frame of this package is in its await chain (a coroutine of an
+    embedder's that is waiting on a stream of ours counts too).
+    """
+    found = []
+    current = asyncio.current_task()
+    for task in asyncio.all_tasks():
+        if task is current or task.done():
+            continue
+        if task.get_name().startswith(TASK_PREFIX) or _runs_our_code(task.get_coro()):
+            found.append(task.get_name())
+    return found
+
+
+def assert_nothing_left(allowed: Iterable[str] = ()) -> None:
+    """Fail unless no asyncio task of this package is alive (see ``leftover_tasks``).
+
+    Args:
+        allowed: Name suffixes of tasks that may live on (an instance's own
+            background tasks, such as ``":lease"``, while it still runs).
+
+    Raises:
+        AssertionError: Naming every task left.
+    """
+    suffixes = tuple(allowed)
+    left = [name for name in leftover_tasks() if not (suffixes and name.endswith(suffixes))]
+    assert not left, f"coroutines of ours still alive: {left}"
+
+
+def _runs_our_code(coro: object) -> bool:
+    seen = 0
+    while coro is not None and seen < 100:
+        seen += 1
+        code = (
+            getattr(coro, "cr_code", None)
+            or getattr(coro, "ag_code", None)
+            or getattr(coro, "gi_code", None)
+        )
+        if isinstance(code, types.CodeType) and PACKAGE_DIR in code.co_filename:
+            return True
+        coro = (
+            getattr(coro, "cr_await", None)
+            or getattr(coro, "ag_await", None)
+            or getattr(coro, "gi_yieldfrom", None)
+        )
+    return False

@@ -1,0 +1,225 @@
+"""Quotas per principal, each enforced while other callers proceed; and the transport settings
+(a stream cut by the connection age limit resumes with the resume extension)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from a2a.types.a2a_pb2 import (
+    ListTasksRequest,
+    StreamResponse,
+    SubscribeToTaskRequest,
+    TaskPushNotificationConfig,
+    TaskState,
+)
+
+from a2a_grpc_server import ServerConfig
+from a2a_grpc_server.app.service import grpc_options
+from a2a_grpc_server.journal import StoreUnavailableError
+from a2a_grpc_server.rpc.auth import TokenFile
+from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY
+from tests.support.agents import InputAgent, StepAgent
+from tests.support.harness import (
+    ALICE,
+    BOB,
+    RESUME,
+    Harness,
+    error_of,
+    rich_status,
+    send_request,
+    seq_of,
+    serve,
+    tokens,
+)
+
+S = TaskState
+
+
+def config(
+    *, live: int = 0, parked: int = 0, streams: int = 0, subscribers: int = 0
+) -> ServerConfig:
+    """Only the quotas given (0: off)."""
+    return ServerConfig(
+        cancel_timeout=1.0,
+        quota_live_tasks=live,
+        quota_parked_tasks=parked,
+        quota_streams=streams,
+        quota_subscribers=subscribers,
+    )
+
+
+async def refused(attempt: Any, reason: str) -> None:
+    """The call fails RESOURCE_EXHAUSTED, its ErrorInfo naming the quota."""
+    error = await error_of(attempt)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    _, info = rich_status(error)
+    assert info.reason == reason
+    assert info.metadata["quota"] in (error.details() or "")
+
+
+async def count_tasks(h: Harness, metadata: Any) -> int:
+    return int((await h.stub.ListTasks(ListTasksRequest(), metadata=metadata)).total_size)
+
+
+async def parked(h: Harness, metadata: Any) -> str:
+    task = (await h.stub.SendMessage(send_request("hi"), metadata=metadata)).task
+    assert task.status.state == S.TASK_STATE_INPUT_REQUIRED
+    return str(task.id)
+
+
+async def test_live_tasks_quota(tmp_path: Path) -> None:
+    auth = tokens(tmp_path)
+    async with asyncio.timeout(20), serve(InputAgent(), config(live=2), auth=auth) as h:
+        first = await parked(h, ALICE)
+        await parked(h, ALICE)
+        await refused(h.stub.SendMessage(send_request("hi"), metadata=ALICE), "LIVE_TASKS_QUOTA")
+        assert await count_tasks(h, ALICE) == 2, "the refused message made no task"
+        await parked(h, BOB)  # another principal is not held up
+        done = await h.stub.SendMessage(send_request("me", task_id=first), metadata=ALICE)
+        assert done.task.status.state == S.TASK_STATE_COMPLETED  # a follow-up is never refused
+        await parked(h, ALICE)  # one ended: room again
+
+
+async def test_parked_tasks_quota(tmp_path: Path) -> None:
+    auth = tokens(tmp_path)
+    async with (
+        asyncio.timeout(20),
+        serve(InputAgent(), config(parked=1), auth=auth) as h,
+    ):
+        first = await parked(h, ALICE)
+        await refused(h.stub.SendMessage(send_request("hi"), metadata=ALICE), "PARKED_TASKS_QUOTA")
+        await parked(h, BOB)
+        await h.stub.SendMessage(send_request("me", task_id=first), metadata=ALICE)
+        await parked(h, ALICE)
+
+
+async def test_streams_quota(tmp_path: Path) -> None:
+    auth = tokens(tmp_path)
+    async with asyncio.timeout(20), serve(InputAgent(), config(streams=2), auth=auth) as h:
+        mine, theirs = await parked(h, ALICE), await parked(h, BOB)
+        streams = []
+        for metadata, task_id in ((ALICE, mine), (ALICE, mine), (BOB, theirs)):
+            stream = h.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=metadata)
+            assert (await stream.read()).task.id == task_id
+            streams.append(stream)
+        await refused(
+            h.stub.SubscribeToTask(SubscribeToTaskRequest(id=mine), metadata=ALICE),
+            "STREAMS_QUOTA",
+        )
+        await refused(
+            h.stub.SendStreamingMessage(send_request("hi"), metadata=ALICE), "STREAMS_QUOTA"
+        )
+        assert await count_tasks(h, ALICE) == 1, "the refused stream made no task"
+        streams[0].cancel()
+        await h.service.servicer.wait_streams_closed(at_most=2)
+        again = h.stub.SubscribeToTask(SubscribeToTaskRequest(id=mine), metadata=ALICE)
+        assert (await again.read()).task.id == mine
+        for stream in (*streams[1:], again):
+            stream.cancel()
+
+
+async def test_subscribers_quota(tmp_path: Path) -> None:
+    auth = tokens(tmp_path)
+    async with (
+        asyncio.timeout(20),
+        serve(InputAgent(), config(subscribers=2), auth=auth) as h,
+    ):
+        task_id, other = await parked(h, ALICE), await parked(h, ALICE)
+        streams = []
+        for _ in range(2):
+            stream = h.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=ALICE)
+            await stream.read()
+            streams.append(stream)
+        await refused(
+            h.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=ALICE),
+            "SUBSCRIBERS_QUOTA",
+        )
+        elsewhere = h.stub.SubscribeToTask(SubscribeToTaskRequest(id=other), metadata=ALICE)
+        assert (await elsewhere.read()).task.id == other
+        for stream in (*streams, elsewhere):
+            stream.cancel()
+
+
+def test_transport_settings_become_grpc_options() -> None:
+    options = dict(grpc_options(ServerConfig()))
+    assert options["grpc.max_concurrent_streams"] == 1000
+    assert options["grpc.http2.min_ping_interval_without_data_ms"] == 10_000
+    assert "grpc.max_connection_age_ms" not in options, "off by default"
+    aged = dict(grpc_options(ServerConfig(grpc_max_connection_age=60, grpc_max_connection_idle=0)))
+    assert (aged["grpc.max_connection_age_ms"], aged["grpc.max_connection_age_grace_ms"]) == (
+        60_000,
+        300_000,
+    )
+    assert "grpc.max_connection_idle_ms" not in aged
+    with pytest.raises(ValueError, match="quotas"):
+        ServerConfig(quota_streams=-1)
+
+
+async def test_a_stream_cut_by_the_connection_age_limit_resumes_where_it_was() -> None:
+    agent = StepAgent()
+    aged = ServerConfig(
+        cancel_timeout=1.0, grpc_max_connection_age=0.5, grpc_max_connection_age_grace=0.5
+    )
+    async with asyncio.timeout(30), serve(agent, aged) as h:
+        stream = h.stub.SendStreamingMessage(send_request("go"), metadata=RESUME)
+        frames: list[StreamResponse] = [await stream.read()]
+        task_id = frames[0].task.id
+        agent.step(2)
+        cut = await error_of(stream, frames)
+        assert cut.code() == grpc.StatusCode.UNAVAILABLE  # after the age limit and its grace
+        last = seq_of(frames[-1])
+        agent.step(1)
+        agent.finish()
+        resumed = h.stub.SubscribeToTask(
+            SubscribeToTaskRequest(id=task_id),
+            metadata=(*RESUME, (RESUME_AFTER_KEY, str(last))),
+        )
+        rest = [frame async for frame in resumed]
+        seqs = [seq_of(f) for f in frames[1:] + rest]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "no gap, no duplicate"
+        assert rest[-1].status_update.status.state == S.TASK_STATE_COMPLETED
+        updates = [f.artifact_update.artifact.artifact_id for f in frames + rest]
+        artifacts = [artifact_id for artifact_id in updates if artifact_id]
+        assert artifacts == ["step-0", "step-1", "step-2"]
+
+
+async def test_a_new_task_that_fails_before_its_run_gives_its_slot_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = ServerConfig(cancel_timeout=1.0, quota_live_tasks=1, push_allow_private=True)
+    async with asyncio.timeout(20), serve(InputAgent(), config, auth=tokens(tmp_path)) as h:
+        push = h.service.push
+        assert push is not None
+
+        async def unavailable(*args: object, **kwargs: object) -> None:
+            raise StoreUnavailableError("push store down")  # (NATS down, in cluster mode)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(push.store, "put", unavailable)
+            request = send_request("hi")
+            request.configuration.task_push_notification_config.CopyFrom(
+                TaskPushNotificationConfig(url="http://127.0.0.1:9/hook")
+            )
+            failed = await error_of(h.stub.SendMessage(request, metadata=ALICE))
+            assert failed.code() == grpc.StatusCode.UNAVAILABLE
+        assert await count_tasks(h, ALICE) == 0
+        assert h.service.engine.tasks.count == 0, "nothing of the failed task is left"
+        await parked(h, ALICE)  # the quota's one slot is free
+
+
+async def test_over_long_tenants_and_principals_are_refused(tmp_path: Path) -> None:
+    names = tmp_path / "tokens"
+    names.write_text(f"{'p' * 257}:long-token\nalice:alice-token\n")
+    async with asyncio.timeout(20), serve(InputAgent(), auth=TokenFile(names)) as h:
+        long_tenant = send_request("hi")
+        long_tenant.tenant = "t" * 257
+        failed = await error_of(h.stub.SendMessage(long_tenant, metadata=ALICE))
+        assert failed.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "tenant" in (failed.details() or "")
+        long_name = (*ALICE[:-1], ("authorization", "Bearer long-token"))
+        failed = await error_of(h.stub.SendMessage(send_request("hi"), metadata=long_name))
+        assert failed.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -1,0 +1,293 @@
+"""The TaskJournal contract, run against every implementation."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from a2a.types.a2a_pb2 import Part, Role, StreamResponse, Task, TaskState
+
+from a2a_grpc_server.jetstream.conn import EVENTS_STREAM, TASKS_BUCKET, NatsConfig, connect
+from a2a_grpc_server.jetstream.journal import JetStreamJournal, Snapshot, encode
+from a2a_grpc_server.jetstream.requests import JetStreamRequests
+from a2a_grpc_server.journal import (
+    Change,
+    FinalTaskError,
+    InvalidPageTokenError,
+    TaskExistsError,
+    TaskJournal,
+    TaskQuery,
+    UnknownTaskError,
+    VersionConflictError,
+)
+from a2a_grpc_server.journal.memory import MemoryJournal
+from a2a_grpc_server.model import taskops
+from a2a_grpc_server.model.scope import scope_key
+from tests.support import natsserver
+
+S = TaskState
+
+
+@pytest.fixture(scope="module")
+def nats_url() -> Iterator[str]:
+    with natsserver.running(1) as cluster:
+        yield cluster.urls[0]
+
+
+@pytest.fixture(params=["memory", "nats"])
+async def journal(request: pytest.FixtureRequest) -> AsyncIterator[TaskJournal]:
+    """Every implementation, empty: in memory, and JetStream on a real nats-server
+    (snapshots every 4 changes, so reads fold changes after a snapshot)."""
+    if request.param == "memory":
+        yield MemoryJournal()
+        return
+    conn = await connect(NatsConfig(servers=[request.getfixturevalue("nats_url")]))
+    requests = JetStreamRequests(conn.nc)
+    await requests.start()
+    try:
+        yield JetStreamJournal(requests, conn.js, conn.tasks, "instance-1", snapshot_every=4)
+    finally:
+        await requests.close()
+        await conn.js.delete_key_value(TASKS_BUCKET)
+        await conn.js.delete_stream(EVENTS_STREAM)
+        await conn.close()
+
+
+def task(task_id: str, context: str = "c", state: TaskState = S.TASK_STATE_SUBMITTED) -> Task:
+    t = taskops.new_task(task_id, context, None)
+    t.status.state = state
+    return t
+
+
+def change(seq: int, to: Task) -> Change:
+    """Change number ``seq``, a frame carrying the whole task it leads to."""
+    return Change(seq, StreamResponse(task=to).SerializeToString(), to.status.state)
+
+
+async def create(journal: TaskJournal, t: Task) -> int:
+    return await journal.create(t, [change(1, t)])
+
+
+async def test_create_then_get_returns_a_copy_at_the_created_version(
+    journal: TaskJournal,
+) -> None:
+    version = await create(journal, task("a"))
+    got = await journal.get("a")
+    assert got is not None
+    assert (got.version, got.seq) == (version, 1)
+    got.task.status.state = S.TASK_STATE_FAILED
+    again = await journal.get("a")
+    assert again is not None
+    assert again.task.status.state == S.TASK_STATE_SUBMITTED
+    assert await journal.get("missing") is None
+
+
+async def test_create_refuses_an_existing_id(journal: TaskJournal) -> None:
+    await create(journal, task("a"))
+    with pytest.raises(TaskExistsError):
+        await create(journal, task("a"))
+
+
+async def test_update_is_a_compare_and_set_on_the_version(journal: TaskJournal) -> None:
+    v1 = await create(journal, task("a"))
+    working = task("a", state=S.TASK_STATE_WORKING)
+    v2 = await journal.update(working, v1, [change(2, working)])
+    assert v2 > v1
+    with pytest.raises(VersionConflictError):
+        await journal.update(working, v1, [change(2, working)])
+    with pytest.raises(UnknownTaskError):
+        await journal.update(task("zzz"), v2, [change(2, task("zzz"))])
+
+
+async def test_a_final_task_is_never_overwritten(journal: TaskJournal) -> None:
+    v1 = await create(journal, task("a"))
+    canceled = task("a", state=S.TASK_STATE_CANCELED)
+    v2 = await journal.update(canceled, v1, [change(2, canceled)])
+    working = task("a", state=S.TASK_STATE_WORKING)
+    with pytest.raises(FinalTaskError):
+        await journal.update(working, v2, [change(3, working)])
+    with pytest.raises(FinalTaskError):
+        await journal.update(working, v1, [change(2, working)])
+    got = await journal.get("a")
+    assert got is not None
+    assert (got.task.status.state, got.seq) == (S.TASK_STATE_CANCELED, 2)
+
+
+async def test_get_returns_every_change_in_order_with_the_seq_of_the_last(
+    journal: TaskJournal,
+) -> None:
+    live = task("a", state=S.TASK_STATE_WORKING)
+    version = await create(journal, live)
+    for seq in range(2, 12):  # more changes than between two snapshots
+        live.artifacts.add(artifact_id=f"x{seq}").parts.add(text=str(seq))
+        version = await journal.update(live, version, [change(seq, live)])
+    got = await journal.get("a")
+    assert got is not None
+    assert (got.version, got.seq) == (version, 11)
+    assert [a.artifact_id for a in got.task.artifacts] == [f"x{seq}" for seq in range(2, 12)]
+
+
+async def test_a_change_without_a_frame_records_a_follow_up_message(
+    journal: TaskJournal,
+) -> None:
+    live = task("a", state=S.TASK_STATE_INPUT_REQUIRED)
+    version = await create(journal, live)
+    message = taskops.agent_message(live, "Ada")
+    message.role = Role.ROLE_USER
+    taskops.add_user_message(live, message)
+    version = await journal.update(live, version, [Change(2, message=message)])
+    live.artifacts.add(artifact_id="after").parts.append(Part(text="x"))
+    await journal.update(live, version, [change(3, live)])
+    got = await journal.get("a")
+    assert got is not None
+    assert [m.parts[0].text for m in got.task.history] == ["Ada"]
+    assert [a.artifact_id for a in got.task.artifacts] == ["after"]
+    assert got.seq == 3
+
+
+async def test_list_filters_pages_and_counts_most_recent_update_first(
+    journal: TaskJournal,
+) -> None:
+    for i in range(7):
+        await create(journal, task(f"t{i}", context="even" if i % 2 == 0 else "odd"))
+    first = await journal.get("t0")
+    assert first is not None
+    working = task("t0", context="even", state=S.TASK_STATE_WORKING)
+    await journal.update(working, first.version, [change(2, working)])
+    page = await journal.list(TaskQuery(page_size=3))
+    assert [t.id for t in page.tasks] == ["t0", "t6", "t5"]
+    assert page.total_size == 7
+    rest = await journal.list(TaskQuery(page_size=10, page_token=page.next_page_token))
+    assert [t.id for t in rest.tasks] == ["t4", "t3", "t2", "t1"]
+    assert rest.next_page_token == ""
+    odd = await journal.list(TaskQuery(context_id="odd"))
+    assert {t.id for t in odd.tasks} == {"t1", "t3", "t5"}
+    working_page = await journal.list(TaskQuery(state=S.TASK_STATE_WORKING))
+    assert [t.id for t in working_page.tasks] == ["t0"]
+    with pytest.raises(InvalidPageTokenError):
+        await journal.list(TaskQuery(page_token="not-a-token"))
+
+
+async def test_list_shows_a_running_task_with_every_change_recorded(
+    journal: TaskJournal,
+) -> None:
+    live = task("a", state=S.TASK_STATE_WORKING)
+    version = await create(journal, live)
+    for seq in range(2, 5):  # fewer changes than between two snapshots
+        live.artifacts.add(artifact_id=f"x{seq}")
+        version = await journal.update(live, version, [change(seq, live)])
+    listed = await journal.list(TaskQuery())
+    assert [a.artifact_id for a in listed.tasks[0].artifacts] == ["x2", "x3", "x4"]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_memory_journal_keeps_at_most_max_final_tasks_oldest_evicted_first() -> None:
+    journal = MemoryJournal(max_final_tasks=3, final_task_ttl=3600)
+    for i in range(5):
+        await create(journal, task(f"t{i}", state=S.TASK_STATE_COMPLETED))
+    assert [await journal.get(f"t{i}") is not None for i in range(5)] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
+    await create(journal, task("live"))
+    assert len(journal) == 4, "non-final tasks are never evicted"
+
+
+async def test_memory_journal_drops_final_tasks_after_their_ttl() -> None:
+    clock = FakeClock()
+    journal = MemoryJournal(max_final_tasks=100, final_task_ttl=60, clock=clock)
+    await create(journal, task("old", state=S.TASK_STATE_FAILED))
+    await create(journal, task("running"))
+    clock.now += 61
+    await create(journal, task("new", state=S.TASK_STATE_COMPLETED))
+    assert await journal.get("old") is None
+    assert await journal.get("running") is not None
+    assert await journal.get("new") is not None
+
+
+async def test_memory_journal_size_stays_flat_under_sustained_load() -> None:
+    journal = MemoryJournal(max_final_tasks=500, final_task_ttl=3600)
+    for i in range(20_000):
+        await create(journal, task(f"t{i}"))
+        done = task(f"t{i}", state=S.TASK_STATE_COMPLETED)
+        await journal.update(done, 1, [change(2, done)])
+        assert len(journal) <= 501
+    assert len(journal) == 500
+
+
+async def test_a_handed_over_task_changed_and_updated_again_reads_back_each_version(
+    journal: TaskJournal,
+) -> None:
+    live = task("a")
+    v1 = await create(journal, live)
+    live.status.state = S.TASK_STATE_WORKING
+    v2 = await journal.update(live, v1, [change(2, live)])
+    got = await journal.get("a")
+    assert got is not None
+    assert (got.version, got.task.status.state) == (v2, S.TASK_STATE_WORKING)
+    live.status.state = S.TASK_STATE_COMPLETED
+    v3 = await journal.update(live, v2, [change(3, live)])
+    live.status.state = S.TASK_STATE_FAILED  # after a final write: must not show
+    final = await journal.get("a")
+    assert final is not None
+    assert (final.version, final.task.status.state) == (v3, S.TASK_STATE_COMPLETED)
+
+
+async def test_a_task_updated_in_place_lists_by_its_new_state_time_and_recency(
+    journal: TaskJournal,
+) -> None:
+    live = task("a")
+    version = await create(journal, live)
+    await create(journal, task("b"))
+    live.status.state = S.TASK_STATE_WORKING
+    live.status.timestamp.FromSeconds(4_000_000_000)  # later than any other task's
+    await journal.update(live, version, [change(2, live)])
+    everything = await journal.list(TaskQuery())
+    assert [t.id for t in everything.tasks] == ["a", "b"], "most recently updated first"
+    working = await journal.list(TaskQuery(state=S.TASK_STATE_WORKING))
+    assert [t.id for t in working.tasks] == ["a"]
+    later = await journal.list(TaskQuery(status_after_ns=4_000_000_000 * 10**9))
+    assert [t.id for t in later.tasks] == ["a"]
+    submitted = await journal.list(TaskQuery(state=S.TASK_STATE_SUBMITTED))
+    assert [t.id for t in submitted.tasks] == ["b"]
+
+
+async def test_the_scope_a_task_was_created_with_stays_through_every_write(
+    journal: TaskJournal,
+) -> None:
+    mine = task("a")
+    version = await journal.create(mine, [change(1, mine)], scope='["t","alice"]')
+    await journal.create(task("b"), [change(1, task("b"))])
+    for seq in range(2, 7):  # past a snapshot (every 4 changes on NATS)
+        mine.status.state = S.TASK_STATE_WORKING
+        version = await journal.update(mine, version, [change(seq, mine)])
+    mine.status.state = S.TASK_STATE_COMPLETED
+    await journal.update(mine, version, [change(7, mine)])
+    got = await journal.get("a")
+    assert got is not None and got.scope == '["t","alice"]'
+    other = await journal.get("b")
+    assert other is not None and other.scope == ""
+    listed = await journal.list(TaskQuery(scope='["t","alice"]'))
+    assert ([t.id for t in listed.tasks], listed.total_size) == (["a"], 1)
+    anonymous = await journal.list(TaskQuery())
+    assert ([t.id for t in anonymous.tasks], anonymous.total_size) == (["b"], 1)
+
+
+def test_a_snapshot_written_before_scopes_existed_reads_as_the_anonymous_scope() -> None:
+    old = b"instance-1\n2\n5\n17\n" + task("a").SerializeToString()
+    snap = Snapshot.decode(old, 3)
+    assert (snap.owner, snap.seq, snap.pos, snap.scope) == ("instance-1", 5, 17, "")
+    assert snap.task().id == "a"
+    scope = scope_key("", "a name\nwith a newline")  # a scope is always one line
+    new = Snapshot.decode(encode("i", task("b"), 1, 0, scope), 4)
+    assert (new.scope, new.task().id) == (scope, "b")

@@ -1,0 +1,59 @@
+"""The randomized fault suite (see ``faultsuite``): fixed seeds plus a few random ones.
+
+``pytest --long`` runs many more schedules. A failing schedule names its seed;
+``python -m tests.support.faultsuite SEED [3]`` runs it again (3: on a 3-node NATS cluster).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.support.faultsuite import Run, run_schedule, schedule
+
+FIXED = (1, 2, 3, 4, 5, 6)
+"""Seeds every run checks (single NATS node)."""
+FIXED_CLUSTER = (11, 12)
+"""Seeds every run checks on a 3-node NATS cluster (``--nats-replicas 3``)."""
+
+
+def report(runs: list[Run]) -> str:
+    lines = []
+    for run in runs:
+        streams = len(run.streams)
+        lines.append(f"{run.schedule}: {len(run.tasks)} tasks, {streams} streams")
+        lines += [f"  VIOLATION {v}" for v in run.violations]
+    faults = sum(len(r.injected) for r in runs)
+    streams = sum(len(r.streams) for r in runs)
+    tasks = sum(len(r.tasks) for r in runs)
+    broken = sum(len(r.violations) for r in runs)
+    lines.append(
+        f"{len(runs)} schedules, {faults} faults injected, {tasks} tasks, "
+        f"{streams} streams checked, {broken} violations"
+    )
+    return "\n".join(lines)
+
+
+async def run_all(seeds: list[int], nodes: int) -> None:
+    runs = []
+    for seed in seeds:
+        runs.append(await run_schedule(schedule(seed, nats_nodes=nodes)))
+        done = report(runs[-1:]).split("\n")[:-1]
+        print("\n".join(done), flush=True)  # (as it goes: a long run may be cut short)
+    print(report(runs))
+    assert not any(r.violations for r in runs), report([r for r in runs if r.violations])
+
+
+@pytest.mark.timeout(3600)
+async def test_fault_schedules_on_one_nats_node(long_run: bool) -> None:
+    extra = 40 if long_run else 2
+    seeds = [*FIXED, *(random.randrange(1000, 10**6) for _ in range(extra))]
+    await run_all(seeds, 1)
+
+
+@pytest.mark.timeout(3600)
+async def test_fault_schedules_on_a_3_node_nats_cluster(long_run: bool) -> None:
+    extra = 15 if long_run else 0
+    seeds = [*FIXED_CLUSTER, *(random.randrange(1000, 10**6) for _ in range(extra))]
+    await run_all(seeds, 3)

@@ -1,0 +1,91 @@
+"""``a2a-grpc-server serve`` as a child process, started and waited for by its ready line."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+
+import grpc
+from a2a.client.transports.grpc import GrpcTransport
+
+from tests.support import ROOT
+
+READY = re.compile(r"ready: grpc (\S+) \((?:plaintext|TLS|mTLS)\), agent card https?://(\S+)")
+
+
+class Process:
+    """A running ``serve`` process and the addresses it printed."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, grpc_addr: str, http_addr: str) -> None:
+        self.proc, self.grpc_addr, self.http_addr = proc, grpc_addr, http_addr
+
+
+async def start(*args: str) -> Process:
+    """Start ``serve`` on free ports with ``args``; return once it printed its ready line."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "a2a_grpc_server.cli",
+        "serve",
+        "--port",
+        "0",
+        "--http-port",
+        "0",
+        *args,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "COUNTDOWN_TICK": "0.05"},
+    )
+    assert proc.stderr is not None
+    try:
+        async with asyncio.timeout(20):
+            while True:
+                line = (await proc.stderr.readline()).decode()
+                assert line, "server exited before it was ready"
+                if match := READY.search(line):
+                    return Process(proc, match.group(1), match.group(2))
+    except BaseException:
+        if proc.returncode is None:
+            proc.kill()  # never leave a server behind a failed start
+        await proc.wait()
+        raise
+
+
+@contextlib.asynccontextmanager
+async def owner_process(
+    nats_url: str,
+    lease: float,
+    *args: str,
+    agent: str = "tests.support.agents:Hanging",
+) -> AsyncIterator[tuple[Process, GrpcTransport]]:
+    """A ``serve`` process running ``agent`` in the cluster (with ``args``), and a client
+    of it; killed on exit if it still runs."""
+    owner = await start("--agent", agent, "--nats", nats_url, "--lease", str(lease), *args)
+    client = GrpcTransport(grpc.aio.insecure_channel(owner.grpc_addr), None)
+    try:
+        yield owner, client
+    finally:
+        await client.close()
+        if owner.proc.returncode is None:
+            owner.proc.kill()
+            await owner.proc.wait()
+
+
+def refusal(*args: str) -> str:
+    """Run ``serve`` with ``args``, which it must refuse at start; return what it said."""
+    done = subprocess.run(
+        [sys.executable, "-m", "a2a_grpc_server.cli", "serve", "--port", "0", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode != 0, (args, done.stderr[-300:])
+    return done.stderr

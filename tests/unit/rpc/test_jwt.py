@@ -1,0 +1,154 @@
+"""JWT bearer tokens against a JWKS file: valid, expired, wrong audience or issuer, unknown key,
+and a rotated JWKS picked up when a token names its new key."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.server
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import jwt
+import pytest
+from a2a.types import a2a_pb2_grpc
+from cryptography.hazmat.primitives.asymmetric import ec
+from jwt.algorithms import ECAlgorithm
+
+from a2a_grpc_server import A2AServer
+from a2a_grpc_server.rpc.jwtauth import REFRESH_EVERY, JwtAuthenticator
+from tests.support.agents import WhoAgent
+from tests.support.harness import V1, rich_status, send_request
+
+ISSUER, AUDIENCE = "https://issuer.example", "a2a-agent"
+
+
+def keypair(kid: str) -> tuple[ec.EllipticCurvePrivateKey, dict[str, Any]]:
+    private = ec.generate_private_key(ec.SECP256R1())
+    public: dict[str, Any] = json.loads(ECAlgorithm.to_jwk(private.public_key()))
+    public |= {"kid": kid, "alg": "ES256", "use": "sig"}
+    return private, public
+
+
+def token(key: ec.EllipticCurvePrivateKey, kid: str, **claims: Any) -> str:
+    now = int(time.time())
+    body = {"iss": ISSUER, "aud": AUDIENCE, "sub": "alice", "iat": now, "exp": now + 600}
+    return jwt.encode(body | claims, key, algorithm="ES256", headers={"kid": kid})
+
+
+@contextlib.asynccontextmanager
+async def jwt_server(
+    agent: WhoAgent, jwks: Path | str
+) -> AsyncIterator[a2a_pb2_grpc.A2AServiceStub]:
+    auth = JwtAuthenticator(str(jwks), ISSUER, AUDIENCE)
+    server = A2AServer(agent, host="127.0.0.1", port=0, http_port=None, auth=auth)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(server.grpc_address) as channel:
+            yield a2a_pb2_grpc.A2AServiceStub(channel)
+    finally:
+        await server.stop(grace=0)
+
+
+async def call(stub: a2a_pb2_grpc.A2AServiceStub, jwt_token: str) -> None:
+    metadata = (*V1, ("authorization", f"Bearer {jwt_token}"))
+    await stub.SendMessage(send_request("hi"), metadata=metadata)
+
+
+async def test_jwts_are_verified_and_name_the_caller(tmp_path: Path) -> None:
+    key, public = keypair("k1")
+    stranger, _ = keypair("k9")
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(json.dumps({"keys": [public]}))
+    agent = WhoAgent()
+    async with asyncio.timeout(20), jwt_server(agent, jwks) as stub:
+        await call(stub, token(key, "k1"))
+        assert agent.users == [("alice", True)]
+        for bad, says in (
+            (token(key, "k1", exp=int(time.time()) - 3600), "expired"),
+            (token(key, "k1", aud="someone-else"), "not for audience"),
+            (token(key, "k1", iss="https://evil.example"), "not issued by"),
+            (token(stranger, "k9"), "does not know"),
+            (token(stranger, "k1"), "not valid"),  # the right kid, the wrong signature
+            ("not-a-jwt", "not a JWT"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call(stub, bad)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED, says
+            assert rich_status(caught.value)[1].reason == "UNAUTHENTICATED"
+            assert says in (caught.value.details() or ""), (says, caught.value.details())
+        assert len(agent.users) == 1, "no refused call ran the executor"
+
+
+async def test_a_rotated_jwks_is_read_when_a_token_names_its_new_key(tmp_path: Path) -> None:
+    old, old_public = keypair("k1")
+    new, new_public = keypair("k2")
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(json.dumps({"keys": [old_public]}))
+    agent = WhoAgent()
+    async with asyncio.timeout(20), jwt_server(agent, jwks) as stub:
+        await call(stub, token(old, "k1", sub="before"))
+        jwks.write_text(json.dumps({"keys": [new_public]}))  # the issuer rotated its key
+        await call(stub, token(new, "k2", sub="after"))
+        assert agent.users == [("before", True), ("after", True)]
+
+
+def test_a_jwks_without_a_usable_key_is_refused(tmp_path: Path) -> None:
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(json.dumps({"keys": [{"kty": "nope"}]}))
+    with pytest.raises(ValueError, match="no usable key"):
+        JwtAuthenticator(str(jwks), ISSUER, AUDIENCE)
+    with pytest.raises(ValueError, match="cannot be read"):
+        JwtAuthenticator(str(tmp_path / "missing.json"), ISSUER, AUDIENCE)
+
+
+@contextlib.contextmanager
+def jwks_endpoint(document: dict[str, Any]) -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server on 127.0.0.1 serving ``document`` at /jwks; yields its URL and the paths
+    of the requests it received."""
+    seen: list[str] = []
+    body = json.dumps(document).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/jwks", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+async def test_a_jwks_url_is_fetched_and_not_hammered_by_unknown_key_ids() -> None:
+    key, public = keypair("k1")
+    stranger, _ = keypair("k9")
+    agent = WhoAgent()
+    with jwks_endpoint({"keys": [public]}) as (url, seen):
+        async with asyncio.timeout(20), jwt_server(agent, url) as stub:
+            await call(stub, token(key, "k1"))
+            assert seen == ["/jwks"], "read at the first call"
+            for _ in range(5):  # a flood of tokens naming keys the JWKS lacks
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await call(stub, token(stranger, "k9"))
+                assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert len(seen) == 1, f"read again at most once per {REFRESH_EVERY} s"
+            await call(stub, token(key, "k1"))
+    assert agent.users == [("alice", True), ("alice", True)]
