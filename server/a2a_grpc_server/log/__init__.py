@@ -1,1 +1,4 @@
-"""log."""
+"""The per-task frame log (``tasklog.TaskLog``), its readers and its memory budget.
+
+Internal: not API.
+"""

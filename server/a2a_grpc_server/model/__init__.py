@@ -1,1 +1,4 @@
-"""model."""
+"""What every layer shares about a task: operations on it, sizes, scopes, the caller, names.
+
+Internal: not API.
+"""

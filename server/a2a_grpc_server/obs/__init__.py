@@ -1,1 +1,4 @@
-"""obs."""
+"""Observability: counters (``metrics``), log lines (``logs``), spans (``tracing``).
+
+Internal: not API (metrics are read through ``A2AService.collector()``).
+"""
