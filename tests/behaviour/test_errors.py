@@ -179,7 +179,7 @@ PRECONDITIONS: list[tuple[Callable[[Harness], Awaitable[object]], str]] = [
 
 
 async def test_unsupported_features_answer_failed_precondition_with_their_reason() -> None:
-    # Push is on by default (tests/test_push.py); this server turns it off.
+    # Push is on by default (tests/behaviour/test_push.py); this server turns it off.
     config = ServerConfig(cancel_timeout=1.0, push=False)
     async with asyncio.timeout(10), serve(GatedAgent(), config) as h:
         assert not h.service.card.capabilities.push_notifications

@@ -71,11 +71,11 @@ from a2a.types.a2a_pb2 import (
 
 from a2a_grpc_server import A2AService, ServerConfig
 from a2a_grpc_server.model import taskops
+from a2a_grpc_server.testing import INSTANCE_TASKS, leftover_tasks
 from tests.support.clusterharness import instances
 from tests.support.harness import (
     V1,
     last_state,
-    our_tasks,
     read_all,
     rebuilt,
     rich_status,
@@ -779,7 +779,7 @@ async def test_soak_on_two_instances_every_stream_on_either_ends_with_its_outcom
                 async with asyncio.timeout(5):
                     for instance in pair:
                         await instance.service.wait_idle()
-                left = [t for t in our_tasks() if not t.endswith(INFRASTRUCTURE)]
+                left = [t for t in leftover_tasks() if not t.endswith(INSTANCE_TASKS)]
                 assert not left, f"coroutines of ours still alive: {left}"
 
             nodes = [Node(i.service, i.stub) for i in pair]
@@ -794,5 +794,4 @@ async def test_soak_on_two_instances_every_stream_on_either_ends_with_its_outcom
     soak.check_logs(lag)
 
 
-INFRASTRUCTURE = (":lease", ":heartbeat", ":lease-watch", ":lease-sweep", ":recheck")
 """Names of an instance's own background tasks (they live as long as it does)."""

@@ -24,7 +24,8 @@ from a2a_grpc_server import A2AService, ServerConfig
 from a2a_grpc_server.jetstream.conn import NatsConfig
 from a2a_grpc_server.jetstream.node import NatsCluster
 from a2a_grpc_server.rpc.auth import Authenticator
-from tests.support.harness import expose, our_tasks
+from a2a_grpc_server.testing import INSTANCE_TASKS, assert_nothing_left
+from tests.support.harness import expose
 
 S = TaskState
 
@@ -120,8 +121,7 @@ async def assert_idle(services: dict[str, A2AService]) -> None:
             await service.wait_idle()
     relays = {name: service.metrics.relays_open for name, service in services.items()}
     assert not any(relays.values()), f"relays left open: {relays}"
-    left = [t for t in our_tasks() if not _infrastructure(t)]
-    assert not left, f"coroutines of ours still alive: {left}"
+    assert_nothing_left(allowed=INSTANCE_TASKS)
 
 
 def _dump_tasks(why: str) -> None:
@@ -132,13 +132,6 @@ def _dump_tasks(why: str) -> None:
         print(f"- {task.get_name()} {task.get_coro()!r}", file=sys.stderr)
         with contextlib.suppress(TypeError):  # a cython coroutine has no Python frames
             task.print_stack(limit=8, file=sys.stderr)
-
-
-def _infrastructure(name: str) -> bool:
-    """Per-instance background tasks that live as long as the instance, not a task."""
-    return name.endswith(
-        (":lease", ":heartbeat", ":lease-watch", ":lease-sweep", ":lease-claim", ":recheck")
-    )
 
 
 async def collect(stream: AsyncIterator[StreamResponse]) -> list[StreamResponse]:

@@ -33,7 +33,7 @@ from a2a_grpc_server.journal import TaskJournal
 from a2a_grpc_server.model import taskops
 from a2a_grpc_server.rpc.auth import Authenticator, AuthInterceptor, TokenFile
 from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY, URI
-from a2a_grpc_server.testing import assert_nothing_left, leftover_tasks
+from a2a_grpc_server.testing import assert_nothing_left
 
 if TYPE_CHECKING:
     from tests.support.agents import BurstAgent, ChunkAgent
@@ -59,10 +59,6 @@ class Harness:
             await self.service.servicer.wait_streams_closed()
             await self.service.engine.wait_idle()
         assert_nothing_left()
-
-
-our_tasks = leftover_tasks
-"""Names of live asyncio tasks running code of this package (``a2a_grpc_server.testing``)."""
 
 
 async def expose(service: A2AService, auth: Authenticator | None = None) -> Harness:

@@ -41,9 +41,6 @@ class FinalRetries:
         self._all_recorded = asyncio.Event()
         self._all_recorded.set()
 
-    def __len__(self) -> int:
-        return len(self._unrecorded)
-
     def live(self, task_id: str) -> LiveTask | None:
         """The ended task whose final state is not recorded yet (None: none such)."""
         return self._unrecorded.get(task_id)

@@ -234,8 +234,8 @@ class LiveTask:
         """End the task in ``state`` unless it already ended; every reader gets the frame.
 
         The frame goes to the readers even if the journal cannot record it
-        now: the task is then ``final_unrecorded``, and the engine retries
-        ``record_final`` until the journal holds it.
+        now: the task is then ``final_unrecorded``, and the engine's
+        ``FinalRetries`` retries ``record_final`` until the journal holds it.
 
         Args:
             state: A terminal state.

@@ -16,8 +16,9 @@ its lock) for as long as they wait, so:
   RESOURCE_EXHAUSTED) until some parked task is continued or canceled.
 
 Who runs what: everything here runs on the event loop, synchronously; the
-engine calls ``park`` when a run ends, ``unpark`` when work resumes on the
-task, and ``make_room`` before it creates a task.
+engine's ``Runs`` call ``park`` when a run ends and ``unpark`` when work
+resumes on the task, and its ``LiveTasks`` call ``make_room`` before they
+create a task (and ``unpark`` when it ends).
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ class ParkingLot:
         return left
 
     def close(self) -> None:
-        """Stop the timer (the engine is shutting down)."""
+        """Stop the timer (the server is shutting down)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

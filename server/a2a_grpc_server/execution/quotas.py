@@ -40,7 +40,7 @@ class Quotas:
     def __init__(self, config: ServerConfig) -> None:
         self._config = config
         self.live: Counter[str] = Counter()
-        """Live tasks per principal (kept by the engine)."""
+        """Live tasks per principal (kept by the engine's ``LiveTasks``)."""
         self._streams: Counter[str] = Counter()
 
     def check_new_task(self, principal: str, parked: int) -> None:

@@ -1,7 +1,7 @@
 """ExecutionSupervisor: one execution of an executor for one task, under one TaskGroup.
 
-Who runs what: the engine starts ``ExecutionSupervisor.run()`` as an asyncio task. Inside it
-one ``asyncio.TaskGroup`` owns every coroutine of the execution:
+Who runs what: the engine's ``Runs`` start ``ExecutionSupervisor.run()`` as an asyncio
+task. Inside it one ``asyncio.TaskGroup`` owns every coroutine of the execution:
 
 * the producer, ``executor.execute(context, queue)``; it is the group's own
   body, running in the run's task (one task fewer per run);
@@ -16,7 +16,7 @@ one ``asyncio.TaskGroup`` owns every coroutine of the execution:
 
 In a burst the producer (before each event it queues, past its first
 ``FREE_EVENTS``) and the consumer (after each batch it commits) ask the
-engine's pacer whether the loop has run bulk work long enough without polling
+pacer of the engine's ``Runs`` whether the loop has run bulk work long enough without polling
 its I/O, and wait if so (see ``pacing``).
 
 Producer and canceller never write the task themselves: they enqueue, and
@@ -142,8 +142,8 @@ class ExecutionSupervisor:
         queue_bytes: Most bytes of events in the event queue.
         cancel_timeout: Seconds the executor's ``cancel()`` may take; after
             that it is cancelled and the task ends CANCELED regardless.
-        pacer: Shares the loop between bursts and everything else (the
-            engine's; None: never waits).
+        pacer: Shares the loop between bursts and everything else (that of
+            the engine's ``Runs``; None: never waits).
         execute: Whether to call ``execute()``; False for a run that only
             cancels an idle interrupted task.
         cancel: Whether to call ``cancel()`` as soon as the run starts.

@@ -134,7 +134,7 @@ class RpcServicer:
     """Serves every A2A RPC over the task engine.
 
     Args:
-        engine: The live tasks of this instance.
+        engine: This instance's engine (its live tasks, runs and metrics).
         config: Limits.
         card: The public agent card (its input modes bound what clients may send).
         extended_card: The card for authenticated clients, if configured.

@@ -46,6 +46,7 @@ from ..rpc.auth import Authenticator
 from .nats import running as nats_server
 
 __all__ = [
+    "INSTANCE_TASKS",
     "RunningServer",
     "assert_nothing_left",
     "leftover_tasks",
@@ -54,6 +55,16 @@ __all__ = [
 ]
 
 PACKAGE_DIR = f"/{__name__.split('.')[0]}/"
+INSTANCE_TASKS = (
+    ":lease",
+    ":heartbeat",
+    ":lease-watch",
+    ":lease-sweep",
+    ":lease-claim",
+    ":recheck",
+)
+"""Name suffixes of a cluster instance's own background tasks, alive as long as it runs
+(``assert_nothing_left(allowed=INSTANCE_TASKS)`` while a cluster instance still runs)."""
 
 V1_METADATA = (("a2a-version", "1.0"),)
 

@@ -20,7 +20,8 @@ from a2a_grpc_server.engine.registry import LiveTasks
 from a2a_grpc_server.journal.memory import MemoryJournal
 from a2a_grpc_server.model import taskops
 from a2a_grpc_server.model.caller import Caller
-from tests.support.harness import our_tasks, send_request
+from a2a_grpc_server.testing import leftover_tasks
+from tests.support.harness import send_request
 
 S = TaskState
 
@@ -90,7 +91,7 @@ async def test_every_event_is_committed_in_order_whatever_the_consumers_timing(s
     recorded = await engine.tasks.journal.get(started.live.task_id)
     assert recorded is not None and len(recorded.task.artifacts) == 60
     assert recorded.seq == started.reader.next_seq - 1, "log and journal number the same changes"
-    assert not our_tasks()
+    assert not leftover_tasks()
 
 
 async def test_a_close_appends_the_final_frame_then_cancels_the_run_then_wakes_readers() -> None:
@@ -130,7 +131,7 @@ async def test_a_close_appends_the_final_frame_then_cancels_the_run_then_wakes_r
         assert run.finished
     assert taskops.state_name(S.TASK_STATE_FAILED) in engine.tasks.metrics.tasks_ended
     assert first.task.id == live.task_id
-    assert not our_tasks()
+    assert not leftover_tasks()
 
 
 async def test_an_ended_task_is_freed_at_once_not_at_the_next_full_collection() -> None:

@@ -17,7 +17,7 @@ from a2a_grpc_server.testing import (
     running_server,
 )
 from tests.support.agents import GatedAgent
-from tests.support.harness import our_tasks, send_request
+from tests.support.harness import send_request
 
 
 async def test_running_server_serves_the_agent_and_leaves_nothing() -> None:
@@ -29,7 +29,7 @@ async def test_running_server_serves_the_agent_and_leaves_nothing() -> None:
         assert server.card_url is not None
         async with aiohttp.ClientSession() as session, session.get(server.card_url) as card:
             assert (await card.json())["supportedInterfaces"][0]["url"] == server.address
-    assert not our_tasks(), "nothing of the server outlives the block"
+    assert not leftover_tasks(), "nothing of the server outlives the block"
 
 
 async def test_two_running_servers_share_a_local_nats_server() -> None:
