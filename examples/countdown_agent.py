@@ -26,7 +26,7 @@ def agent_card() -> AgentCard:
         name="Countdown",
         description="Counts down from the number it is sent, streaming each step.",
         version="1.0.0",
-        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        capabilities=AgentCapabilities(streaming=True),  # push: the server says (serve --push)
         default_input_modes=["text/plain"],
         default_output_modes=["text/plain"],
         skills=[

@@ -19,6 +19,8 @@ from google.protobuf import struct_pb2
 
 RESUBSCRIBE_WORK_SECONDS = 4.0
 """How long the resubscription scenario stays WORKING (the kit waits 2x its 2 s timeout)."""
+DELAYED_COMPLETE_SECONDS = 2.0
+"""How long tck-delayed-complete works before it completes (the kit's SUT waits 2 s)."""
 
 Step = Callable[[TaskUpdater, EventQueue], Awaitable[None]]
 
@@ -30,7 +32,7 @@ def agent_card() -> AgentCard:
         description="Behaves as the A2A conformance kit's scenarios expect.",
         version="1.0.0",
         provider=AgentProvider(organization="a2a-grpc-server", url="https://example.invalid"),
-        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        capabilities=AgentCapabilities(streaming=True),  # push: the server says (serve --push)
         # The scenarios route on the message id, whatever the parts hold.
         default_input_modes=["*/*"],
         default_output_modes=["text/plain"],
@@ -85,6 +87,19 @@ async def _complete_only(u: TaskUpdater, q: EventQueue) -> None:
     await u.complete()
 
 
+async def _delayed_complete(u: TaskUpdater, q: EventQueue) -> None:
+    # The kit's execution-mode scenarios (a2a-tck PR #217): a blocking SendMessage must
+    # answer terminal, a returnImmediately one must not.
+    await u.start_work()
+    await asyncio.sleep(DELAYED_COMPLETE_SECONDS)
+    await u.complete(u.new_agent_message([Part(text="Done after delay")]))
+
+
+async def _auth_required(u: TaskUpdater, q: EventQueue) -> None:
+    # The kit's AUTH_REQUIRED scenarios (a2a-tck PR #212): the task waits for credentials.
+    await u.requires_auth()
+
+
 def _data() -> Part:
     value = struct_pb2.Value()
     value.struct_value.update({"key": "value", "count": 42})
@@ -130,6 +145,8 @@ SCENARIOS: list[tuple[str, Step]] = sorted(
         ("tck-stream-artifact-file", _artifact_then_complete(_FILE, working=True)),
         ("tck-stream-artifact-chunked", _chunked),
         ("test-resubscribe-message-id", _long_running),
+        ("tck-delayed-complete", _delayed_complete),
+        ("tck-auth-required", _auth_required),
     ],
     key=lambda item: -len(item[0]),
 )

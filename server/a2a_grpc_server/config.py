@@ -55,8 +55,15 @@ class ServerConfig:
             Over it, with the in-memory journal a new task is refused
             (RESOURCE_EXHAUSTED, PARKED_TASKS_LIMIT); in cluster mode the
             longest-waiting unread task leaves memory early instead.
+        shutdown_drain: Seconds ``serve`` goes on accepting calls after SIGTERM
+            while its health says NOT_SERVING, so load balancers and a
+            Kubernetes Service stop routing to it before it stops accepting
+            (clients then never meet a refused connection); in addition to
+            ``shutdown_timeout``. Set it above your endpoint propagation time
+            (the shipped manifest sets 5 s, with a readiness probe).
         shutdown_grace: Seconds running tasks get to finish on shutdown before
-            they are ended FAILED.
+            they are ended FAILED (in cluster mode a task waiting for input is
+            not ended: it is left to the cluster).
         shutdown_timeout: Seconds a shutdown takes at most, everything included:
             the grace, ending the remaining tasks (all at once, each with its
             final frame whether or not the journal records it in time), and
@@ -71,6 +78,8 @@ class ServerConfig:
         push: Whether push notifications are served (the card's
             ``capabilities.push_notifications``); off, the push-config RPCs and
             a SendMessage carrying a config answer PushNotificationNotSupported.
+            An agent whose own card says ``push_notifications: false`` turns
+            them off too (a card that says nothing leaves it to this setting).
         push_max_configs: Most push configs per task.
         push_timeout: Seconds one webhook request may take.
         push_retry_for: Seconds one frame is retried before it is given up
@@ -130,6 +139,7 @@ class ServerConfig:
     max_parts: int = 1000
     parked_timeout: float = 300.0
     max_parked_tasks: int = 10_000
+    shutdown_drain: float = 0.0
     shutdown_grace: float = 10.0
     shutdown_timeout: float = 20.0
     shutdown_flush: float = 2.0
@@ -174,6 +184,8 @@ class ServerConfig:
                 "shutdown_flush must be positive and below shutdown_timeout, "
                 "and shutdown_grace not negative"
             )
+        if self.shutdown_drain < 0:
+            raise ValueError("shutdown_drain must not be negative")
         if self.loop_slice < 0:
             raise ValueError("loop_slice must not be negative")
         if self.push_max_configs < 1 or self.push_max_in_flight < 1:

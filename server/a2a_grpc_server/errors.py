@@ -176,6 +176,31 @@ class RelayLostError(ServerError):
     reason = "RELAY_LOST"
 
 
+class TaskHandedOverError(ServerError):
+    """This instance no longer carries a waiting task: it left it to the cluster (cluster mode).
+
+    Raised to the readers of a task that waits for input (INPUT_REQUIRED,
+    AUTH_REQUIRED) when this instance shuts down or finds that another one
+    took the task over: the task goes on, continued through any instance.
+    Retryable: a client resubscribes (or resumes from its cursor) through
+    another instance and misses nothing.
+    """
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "TASK_HANDED_OVER"
+
+    def __init__(self, task_id: str, why: str) -> None:
+        self.task_id = task_id
+        super().__init__(
+            f"task {quote(task_id)} waits for input and {why}; it goes on: resubscribe "
+            "(or resume from your cursor) through another instance"
+        )
+
+    def details(self) -> dict[str, str]:
+        """The task's id."""
+        return {"taskId": self.task_id}
+
+
 class StoreError(Exception):
     """Base of the errors a task journal raises."""
 
@@ -185,6 +210,34 @@ class StoreUnavailableError(StoreError, ServerError):
 
     code = grpc.StatusCode.UNAVAILABLE
     reason = "STORE_UNAVAILABLE"
+
+
+class UnknownFormatError(StoreError, ServerError):
+    """Another instance wrote something in a format this version does not read (a newer one).
+
+    Raised instead of guessing (see ``jetstream.formats``): the operation is
+    refused, nothing is misread. Retryable through another, newer instance;
+    the operator finishes the upgrade.
+
+    Args:
+        what: What was read (a task's snapshot, a record change, a routed request).
+        found: The format it says (or the kind, the operation it names).
+    """
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "UNKNOWN_FORMAT"
+
+    def __init__(self, what: str, found: str) -> None:
+        self.what, self.found = what, found
+        super().__init__(
+            f"{what} is in format {quote(found)}, which this version of a2a-grpc-server does "
+            "not read (a newer version wrote it); retry through an upgraded instance, and "
+            "finish the rolling update"
+        )
+
+    def details(self) -> dict[str, str]:
+        """What was read, and the format it said."""
+        return {"what": self.what, "format": self.found}
 
 
 class StoreRefusedError(StoreError, ServerError):

@@ -332,11 +332,11 @@ async def test_a_long_sweep_never_holds_up_the_survivors_heartbeat(nats_url: str
         claiming, gate = asyncio.Event(), asyncio.Event()
         real_claim = lease._claim
 
-        async def slow_claim(task_id: str, text: str) -> int:
+        async def slow_claim(task_id: str, owner: str, text: str) -> int:
             # A stand-in for a sweep with thousands of tasks to claim.
             claiming.set()
             await gate.wait()
-            return await real_claim(task_id, text)
+            return await real_claim(task_id, owner, text)
 
         lease._claim = slow_claim  # type: ignore[method-assign]
         owner.proc.kill()

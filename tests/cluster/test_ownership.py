@@ -295,11 +295,11 @@ async def test_a_sweep_whose_claim_fails_is_run_again_until_the_lost_owners_task
         assert lease is not None
         real_claim, failed = lease._claim, asyncio.Event()
 
-        async def claim_failing_once(task_id: str, text: str) -> int:
+        async def claim_failing_once(task_id: str, owner: str, text: str) -> int:
             if not failed.is_set():
                 failed.set()
                 raise StoreUnavailableError("NATS did not answer (a stand-in)")
-            return await real_claim(task_id, text)
+            return await real_claim(task_id, owner, text)
 
         lease._claim = claim_failing_once  # type: ignore[method-assign]
         owner.proc.kill()

@@ -44,6 +44,7 @@ class Pair:
 
     a: A2AService
     b: A2AService
+    a_cluster: Cluster
     b_cluster: Cluster
 
     async def recorded(self, task_id: str) -> RecordedTask:
@@ -57,11 +58,11 @@ async def pair(backend: Backend, executor: AgentExecutor) -> AsyncIterator[Pair]
     name, url = backend
     if name == "fake":
         async with fakecluster.fake_instances(executor) as (a, b):
-            yield Pair(a.service, b.service, b.cluster)
+            yield Pair(a.service, b.service, a.cluster, b.cluster)
     else:
         assert url is not None
         async with clusterharness.instances(executor, [url]) as (a, b):
-            yield Pair(a.service, b.service, b.cluster)
+            yield Pair(a.service, b.service, a.cluster, b.cluster)
 
 
 @pytest.fixture(params=["fake", "nats"])
@@ -209,3 +210,24 @@ async def test_an_owner_nobody_serves_is_unavailable(backend: Backend) -> None:
             await p.b_cluster.send(gone, send_request("more", task_id=task_id), ANYONE)
         assert (await p.recorded(task_id)).task.status.state == S.TASK_STATE_WORKING
         agent.release(task_id)
+
+
+async def test_a_waiting_task_is_released_only_by_its_owner_and_claimed_once(
+    backend: Backend,
+) -> None:
+    async with asyncio.timeout(30), pair(backend, InputAgent()) as p:
+        asked = await p.a.engine.send(send_request("hi"), ANYONE, subscribe=False)
+        await asked.outcome(immediately=False)
+        await p.a.engine.wait_idle()
+        task_id = asked.live.task_id
+        assert not await p.b_cluster.release(task_id), "not B's to release"
+        assert await p.a_cluster.release(task_id)
+        free = await p.recorded(task_id)
+        assert free.owner == "" and free.task.status.state == S.TASK_STATE_INPUT_REQUIRED
+        claimed = await p.b_cluster.claim(free)
+        assert claimed is not None and claimed.owner == p.b_cluster.instance_id
+        assert claimed.task.id == task_id and claimed.seq == free.seq
+        assert await p.a_cluster.claim(free) is None, "claimed once"
+        assert (await p.recorded(task_id)).owner == p.b_cluster.instance_id
+        assert not await p.a_cluster.release(task_id), "no longer A's"
+        p.a.engine.tasks.hand_over(asked.live, "another instance took it over")

@@ -432,6 +432,25 @@ class FakeCluster:
 
         await self._request(recorded.owner, "push", serve, call)
 
+    async def claim(self, recorded: RecordedTask) -> RecordedTask | None:
+        """Take over a waiting task owned by nobody (the hub's owner, compare-and-set)."""
+        task_id = recorded.task.id
+        found = await self._journal.get(task_id)
+        if found is None or found.owner or found.task.status.state not in taskops.INTERRUPTED:
+            return None
+        self._hub._owners[task_id] = self._id
+        return RecordedTask(found.task, found.version, self._id, found.seq, found.scope)
+
+    async def release(self, task_id: str) -> bool:
+        """Leave a waiting task of this instance's to the cluster (owned by nobody)."""
+        found = await self._journal.get(task_id)
+        if found is None or found.owner != self._id:
+            return False
+        if found.task.status.state not in taskops.INTERRUPTED:
+            return False
+        self._hub._owners[task_id] = ""
+        return True
+
     async def end_as_survivor(self, task_id: str, text: str) -> bool:
         """End the task FAILED through this instance, as a survivor ends a lost owner's task.
 

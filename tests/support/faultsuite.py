@@ -703,7 +703,8 @@ def _check_stream(
         stream.kind != "subscribe" and last in taskops.INTERRUPTED and len(stream.frames) > 1
     )
     for (via, reason), end in zip(stream.legs, stream.ends, strict=True):
-        if end in ("UNAVAILABLE", "CANCELLED") and reason != "RELAY_LOST" and via not in gone:
+        handed_over = reason in ("RELAY_LOST", "TASK_HANDED_OVER")
+        if end in ("UNAVAILABLE", "CANCELLED") and not handed_over and via not in gone:
             bad(f"{name}: cut ({end} {reason!r}) on instance {via}, which never went away")
             return
     # (A stream cut before its first frame has no cursor to resume from: never started.)

@@ -25,8 +25,12 @@ class Process:
         self.proc, self.grpc_addr, self.http_addr = proc, grpc_addr, http_addr
 
 
-async def start(*args: str) -> Process:
-    """Start ``serve`` on free ports with ``args``; return once it printed its ready line."""
+async def start(*args: str, env: dict[str, str] | None = None) -> Process:
+    """Start ``serve`` on free ports with ``args``; return once it printed its ready line.
+
+    ``env``: variables to set for it beside this process's (e.g. ``PYTHONPATH`` to run
+    another version's code).
+    """
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -40,7 +44,7 @@ async def start(*args: str) -> Process:
         cwd=ROOT,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "COUNTDOWN_TICK": "0.05"},
+        env={**os.environ, "COUNTDOWN_TICK": "0.05", **(env or {})},
     )
     assert proc.stderr is not None
     try:

@@ -14,7 +14,7 @@ def agent_card() -> AgentCard:
         name="Echo",
         description="Answers with the text it was sent.",
         version="1.0.0",
-        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        capabilities=AgentCapabilities(streaming=True),  # push: the server says (serve --push)
         default_input_modes=["text/plain"],
         default_output_modes=["text/plain"],
         skills=[AgentSkill(id="echo", name="Echo", description="Echoes text.", tags=["echo"])],

@@ -20,12 +20,12 @@ PROTOCOL_VERSION = "1.0"
 
 
 def default_card(name: str = "A2A agent") -> AgentCard:
-    """A card for an agent whose module gave none: streaming, no push, one skill."""
+    """A card for an agent whose module gave none: streaming, one skill (push: the server's)."""
     return AgentCard(
         name=name,
         description="An A2A agent served over gRPC by a2a-grpc-server.",
         version="0.1.0",
-        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        capabilities=AgentCapabilities(streaming=True),  # push: the server says (serve --push)
         default_input_modes=["text/plain"],
         default_output_modes=["text/plain"],
         skills=[

@@ -1,9 +1,11 @@
 """``a2a-grpc-server serve``: run an agent as a standalone A2A gRPC server.
 
-Signals: the first SIGTERM/SIGINT drains (stop accepting, grace period, end
-the remaining tasks FAILED with a final frame), then exits 0; a second one cuts
-the grace period short (every task ends FAILED with its final frame at once),
-then exits 3.
+Signals: the first SIGTERM/SIGINT drains — health NOT_SERVING at once, still
+accepting for ``shutdown_drain`` seconds, then stop accepting, the grace period
+for running tasks, waiting tasks left to the cluster (cluster mode), the
+remaining tasks ended FAILED with a final frame — then exits 0; a second one
+cuts the drain and the grace period short (every task ends at once, with its
+final frame), then exits 3.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from a2a.server.agent_execution import AgentExecutor
 from a2a.types.a2a_pb2 import AgentCard
 from google.protobuf import json_format
 
+from ..jetstream.formats import READS, version
 from ..obs import logs
 from ..rpc.auth import Authenticator, ClientCertificate, TokenFile, TrustedHeader
 from ..rpc.jwtauth import JwtAuthenticator
 from . import settings
-from .service import A2AServer
+from .service import WILDCARDS, A2AServer
 from .settings import SettingError
 from .tls import TlsFiles
 
@@ -172,6 +175,11 @@ def _tls_files(args: argparse.Namespace) -> TlsFiles | None:
 def build_parser() -> argparse.ArgumentParser:
     """The command line: ``serve`` and ``check-config``, with every setting's flag."""
     parser = argparse.ArgumentParser(prog="a2a-grpc-server", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"a2a-grpc-server {version()} (formats read: {sorted(READS)})",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (
         ("serve", "serve an agent over gRPC"),
@@ -215,6 +223,12 @@ def prepare(values: dict[str, tuple[Any, str]]) -> A2AServer:
         raise SettingError("--loop uvloop: uvloop is not installed (pip install '.[perf]')")
     if args.admin and importlib.util.find_spec("grpc_channelz") is None:
         raise SettingError("--admin needs the admin extra (pip install '.[admin]')")
+    if args.nats and importlib.util.find_spec("nats") is None:
+        raise SettingError(
+            "--nats needs the cluster extra (nats-py): pip install 'a2a-grpc-server[cluster]'"
+        )
+    if args.advertise is not None:
+        check_advertised(args.advertise)
     executor, card = load_agent(args.agent)
     return A2AServer(
         executor,
@@ -228,7 +242,25 @@ def prepare(values: dict[str, tuple[Any, str]]) -> A2AServer:
         auth=_authenticator(args),
         extended_card=_extended_card(args),
         admin=args.admin,
+        advertise=args.advertise,
     )
+
+
+def check_advertised(address: str) -> None:
+    """Refuse an ``--advertise`` that is not ``HOST:PORT`` (port 1-65535, host not a wildcard).
+
+    Raises:
+        SettingError: Saying what is wrong with it.
+    """
+    host, sep, port = address.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise SettingError(f"--advertise {address!r}: not HOST:PORT (a port from 1 to 65535)")
+    if host in WILDCARDS:
+        raise SettingError(
+            f"--advertise {address!r}: {host} is where a server binds, not an address "
+            "clients can reach; give this instance's name or its Service's"
+        )
 
 
 async def serve(server: A2AServer) -> None:
@@ -259,6 +291,7 @@ async def serve(server: A2AServer) -> None:
     gc.freeze()
     try:
         await stop.wait()
+        await server.drain()  # NOT_SERVING, still accepting for shutdown_drain seconds
         await server.stop()
     except asyncio.CancelledError:
         # A second signal: every task ends FAILED now, streams get their final

@@ -76,6 +76,16 @@ class A2ACollector(Collector):
             "Tasks of lost instances ended FAILED by this instance.",
             m.tasks_reaped,
         )
+        yield _counter(
+            "a2a_tasks_released",
+            "Waiting tasks left to the cluster (this instance's at shutdown, lost ones' swept).",
+            m.tasks_released,
+        )
+        yield _counter(
+            "a2a_tasks_claimed",
+            "Waiting tasks owned by nobody this instance took over.",
+            m.tasks_claimed,
+        )
         yield _labelled(
             "a2a_push_deliveries",
             "Frames POSTed to webhooks, by outcome (delivered, given_up).",

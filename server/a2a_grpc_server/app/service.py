@@ -10,7 +10,10 @@ HTTP agent card, with ``start()`` / ``stop(grace)``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
+import socket
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
@@ -20,7 +23,7 @@ from a2a.types import a2a_pb2
 from a2a.types.a2a_pb2 import AgentCard
 from google.protobuf import json_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -153,6 +156,12 @@ class A2AService:
                 wanted.max_task_bytes,
                 wanted.max_message_bytes,
             )
+        if self.config.push and card is not None and _says_no_push(card):
+            logger.info(
+                "push notifications are off: the agent's card says it sends none "
+                "(capabilities.push_notifications is false)"
+            )
+            self.config = dataclasses.replace(self.config, push=False)
         push = self.config.push
         self.card = with_capabilities(
             with_extension(card or default_card(), resume_extension(self.config.resume_window)),
@@ -233,7 +242,10 @@ class A2AService:
 
         Every open stream receives its final frame before this returns (in
         cluster mode, streams relayed from other instances end UNAVAILABLE
-        RELAY_LOST, and this instance then leaves the cluster).
+        RELAY_LOST, and this instance then leaves the cluster). In cluster
+        mode a task that waits for input is not ended: it is left to the
+        cluster (any instance continues it), and its streams here end
+        UNAVAILABLE TASK_HANDED_OVER, to resubscribe through another instance.
 
         Args:
             grace: Seconds runs may take to finish (default ``shutdown_grace``).
@@ -245,13 +257,17 @@ class A2AService:
             within = config.shutdown_timeout - config.shutdown_flush
         deadline = asyncio.get_running_loop().time() + within
         await self.engine.shutdown(
-            config.shutdown_grace if grace is None else grace, deadline=deadline
+            config.shutdown_grace if grace is None else grace,
+            deadline=deadline,
+            release=self.cluster.release if self.cluster is not None else None,
         )
         if self.cluster is not None:
             await self.cluster.leave()
 
 
 CHANNELZ = "grpc.channelz.v1.Channelz"
+WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+"""Bind addresses that mean every interface (not an address a client can use)."""
 
 
 def _add_channelz(server: grpc.aio.Server) -> None:
@@ -265,6 +281,33 @@ def _add_channelz(server: grpc.aio.Server) -> None:
     except ImportError as exc:
         raise ValueError(f"--admin needs the admin extra (pip install '.[admin]'): {exc}") from None
     channelz.add_channelz_servicer(server)  # type: ignore[no-untyped-call]
+
+
+def _says_no_push(card: AgentCard) -> bool:
+    """Whether the agent's own card says, explicitly, that it sends no push notifications."""
+    capabilities = card.capabilities
+    return capabilities.HasField("push_notifications") and not capabilities.push_notifications
+
+
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
+def _add_reflection(services: list[str], server: grpc.aio.Server) -> None:
+    """Serve gRPC reflection as ``v1`` (what grpcurl and current tools ask first) and ``v1alpha``.
+
+    grpcio-reflection serves only ``v1alpha``; ``v1``'s messages are the same
+    on the wire (same fields, same numbers), so one servicer answers both.
+    """
+    servicer = reflection.aio.ReflectionServicer(services)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
+    method = grpc.stream_stream_rpc_method_handler(  # type: ignore[no-untyped-call]
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": method}),)  # type: ignore[no-untyped-call]
+    )
 
 
 def metrics_registry(service: A2AService) -> CollectorRegistry:
@@ -297,6 +340,9 @@ class A2AServer:
         admin: Also serve gRPC channelz (``grpc.channelz.v1.Channelz``: channels,
             sockets, call counts) for debugging; authenticated like the A2A
             service when ``auth`` is given. Needs the ``admin`` extra.
+        advertise: The gRPC address clients should use (``HOST:PORT``), put in
+            the agent card (None: the bind address, or for a wildcard bind
+            such as 0.0.0.0 this host's name and the port).
     """
 
     def __init__(
@@ -314,6 +360,7 @@ class A2AServer:
         auth: Authenticator | None = None,
         extended_card: AgentCard | None = None,
         admin: bool = False,
+        advertise: str | None = None,
     ) -> None:
         if auth is not None:
             card = with_security(card or default_card(), *declared_scheme(auth))
@@ -328,6 +375,7 @@ class A2AServer:
             executor, card, config=config, journal=journal, extended_card=extended_card
         )
         self._host, self._port, self._http_port = host, port, http_port
+        self._advertise = advertise
         self._grpc: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self._http: HttpServer | None = None
@@ -341,6 +389,21 @@ class A2AServer:
         """``host:port`` of the gRPC server (after ``start``)."""
         host = f"[{self._host}]" if ":" in self._host else self._host
         return f"{host}:{self.grpc_port}"
+
+    @property
+    def advertised_address(self) -> str:
+        """The gRPC address the agent card gives clients (after ``start``).
+
+        ``advertise`` if given; else the bind address, unless that is a
+        wildcard (0.0.0.0, ::), which no client can connect to: then this
+        host's name and the port (behind a Service, give ``--advertise``).
+        """
+        if self._advertise is not None:
+            return self._advertise
+        if self._host in WILDCARDS:
+            name = socket.getfqdn()
+            return f"[{name}]:{self.grpc_port}" if ":" in name else f"{name}:{self.grpc_port}"
+        return self.grpc_address
 
     async def start(self) -> None:
         """Join the cluster (with ``nats``), bind and serve; logs one ready line.
@@ -387,11 +450,11 @@ class A2AServer:
         )
         self.service.add_to_server(server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        services = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME]
+        services = [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1]
         if self._admin:
             _add_channelz(server)
             services.append(CHANNELZ)
-        reflection.enable_server_reflection(services, server)
+        _add_reflection(services, server)
         host = f"[{self._host}]" if ":" in self._host else self._host
         certificates = self.certificates
         try:
@@ -410,7 +473,7 @@ class A2AServer:
             )
         await server.start()
         self._grpc = server
-        card = with_grpc_endpoint(self.service.card, self.grpc_address)
+        card = with_grpc_endpoint(self.service.card, self.advertised_address)
         if self._http_port is not None:
             registry = self.registry = metrics_registry(self.service)
             routes: dict[str, Route] = {
@@ -446,18 +509,40 @@ class A2AServer:
             http,
         )
 
+    async def drain(self) -> None:
+        """Say NOT_SERVING at once, and go on serving for ``shutdown_drain`` seconds.
+
+        What ``serve`` does on SIGTERM before ``stop``: load balancers and a
+        Kubernetes Service take the instance out of rotation while it still
+        accepts, so no client meets a refused connection.
+        """
+        await self._health.enter_graceful_shutdown()
+        drain = self.service.config.shutdown_drain
+        if drain > 0:
+            logger.info("draining: NOT_SERVING, accepting for %.1f s more", drain)
+            await asyncio.sleep(drain)  # sync-ok: the drain is a delay by definition
+
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting, let tasks finish for ``grace`` s, end the rest FAILED, close.
 
-        Every open stream gets its final frame before the gRPC server closes.
+        Every open stream gets its final frame before the gRPC server closes,
+        and every A2A call still being served gets ``shutdown_flush`` seconds
+        to answer before the server closes (a call refused meanwhile is
+        UNAVAILABLE, retryable).
         """
         await self._health.enter_graceful_shutdown()
         await self.service.shutdown(grace)
         if self._http is not None:
             await self._http.stop()
         if self._grpc is not None:
+            flush = self.service.config.shutdown_flush
+            loop = asyncio.get_running_loop()
+            until = loop.time() + flush
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(flush):
+                    await self.service.rpc_metrics.wait_quiet()
             # Streams have their final frames already; this only flushes them.
-            await self._grpc.stop(grace=self.service.config.shutdown_flush)
+            await self._grpc.stop(grace=max(0.1, until - loop.time()))
             self._grpc = None
         if self.service.cluster is not None:
             await self.service.cluster.close()

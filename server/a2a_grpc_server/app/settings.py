@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import inspect
 import json
 import re
@@ -57,6 +58,7 @@ class Setting:
         field: The dataclass field it sets ("" for ``serve`` settings).
         choices: The values it may take (empty: any).
         metavar: How the flag's value is shown.
+        bounds: The least and most an int setting may be (None: any).
     """
 
     name: str
@@ -68,6 +70,8 @@ class Setting:
     field: str = ""
     choices: tuple[str, ...] = ()
     metavar: str | None = None
+    bounds: tuple[int, int] | None = None
+    """The least and most an int setting may be (None: any)."""
 
     @property
     def env(self) -> str:
@@ -84,6 +88,7 @@ def _serve(
     flag: str = "",
     choices: tuple[str, ...] = (),
     metavar: str | None = None,
+    bounds: tuple[int, int] | None = None,
 ) -> Setting:
     return Setting(
         name,
@@ -94,7 +99,12 @@ def _serve(
         (flag or "--" + name.replace("_", "-"),),
         choices=choices,
         metavar=metavar,
+        bounds=bounds,
     )
+
+
+PORT = (0, 65535)
+"""A port: 1 to 65535, or 0 for any free one."""
 
 
 SERVE = (
@@ -107,8 +117,19 @@ SERVE = (
         metavar="MODULE:ATTR",
     ),
     _serve("host", str, "127.0.0.1", "address both ports bind"),
-    _serve("port", int, 50051, "gRPC port (0: any free port)"),
-    _serve("http_port", int, 8080, "agent card and metrics HTTP port (0: any free port)"),
+    _serve("port", int, 50051, "gRPC port (0: any free port)", bounds=PORT),
+    _serve(
+        "http_port", int, 8080, "agent card and metrics HTTP port (0: any free port)", bounds=PORT
+    ),
+    _serve(
+        "advertise",
+        str,
+        None,
+        "the gRPC address clients should use, HOST:PORT, put in the agent card (default: "
+        "the bind address; when that is a wildcard such as 0.0.0.0, this host's name and "
+        "the port)",
+        metavar="HOST:PORT",
+    ),
     _serve(
         "loop",
         str,
@@ -307,12 +328,10 @@ def resolve(
     """
     in_file = _read(path) if path is not None else {}
     known = {s.env for s in SETTINGS} | {CONFIG_ENV}
+    environ = {k: v for k, v in environ.items() if not service_link(k, v)}
     unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known)
     if unknown:
-        raise SettingError(
-            f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not settings "
-            "(see `a2a-grpc-server serve --help`)"
-        )
+        raise SettingError(_not_settings(unknown, sorted(known)))
     values: dict[str, tuple[Any, str]] = {}
     for s in SETTINGS:
         if s.name in given:
@@ -396,11 +415,40 @@ def _read(path: Path) -> dict[str, Any]:
         raise SettingError(f"--config {path}: not TOML ({exc})") from None
     unknown = sorted(set(document) - set(BY_NAME))
     if unknown:
-        raise SettingError(
-            f"{path}: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not "
-            "settings (see `a2a-grpc-server serve --help`)"
-        )
+        raise SettingError(f"{path}: {_not_settings(unknown, sorted(BY_NAME))}")
     return document
+
+
+_SERVICE_LINK = re.compile(
+    ENV_PREFIX
+    + r"(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)"
+)
+_LINK_VALUE = re.compile(r"(tcp|udp|sctp)://")
+
+
+def service_link(name: str, value: str) -> bool:
+    """Whether a variable is one Kubernetes injects for a Service named ``a2a-grpc-server``.
+
+    Kubernetes gives every pod, for each Service of its namespace,
+    ``<NAME>_SERVICE_HOST``, ``<NAME>_SERVICE_PORT[_<port name>]``,
+    ``<NAME>_PORT=tcp://10.…:50051`` and ``<NAME>_PORT_<port>_TCP[_PROTO|_PORT|_ADDR]``
+    (unless the pod sets ``enableServiceLinks: false``). For that Service they
+    begin as our settings do; they are not settings and are ignored (one of
+    them is recognised by its value: ``A2A_GRPC_SERVER_PORT=tcp://…``).
+    """
+    if name == ENV_PREFIX + "PORT":
+        return bool(_LINK_VALUE.match(value))
+    return bool(_SERVICE_LINK.fullmatch(name))
+
+
+def _not_settings(unknown: list[str], known: list[str]) -> str:
+    """Which names are not settings, and the setting each one probably meant."""
+    named = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        named.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    verb = "is not a setting" if len(unknown) == 1 else "are not settings"
+    return f"{', '.join(named)} {verb} (see `a2a-grpc-server serve --help`)"
 
 
 def _parse(s: Setting, text: str, where: str) -> Any:
@@ -438,6 +486,10 @@ def _check(s: Setting, value: Any, where: str) -> Any:
         raise SettingError(f"{where} = {value!r}: not {_kind_name(s)}")
     if s.kind is float:
         value = float(value)
+    if s.bounds is not None and not s.bounds[0] <= value <= s.bounds[1]:
+        low, high = s.bounds
+        what = "a port: 1 to 65535, or 0 for any free one" if s.bounds == PORT else f"{low}..{high}"
+        raise SettingError(f"{where} = {value!r}: not {what}")
     if s.choices:
         chosen = [c for c in s.choices if c.lower() == str(value).lower()]
         if not chosen:

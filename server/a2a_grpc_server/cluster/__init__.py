@@ -25,11 +25,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ..engine.ports import Peers, TaskOperations
+from ..engine.ports import Peers
 
 if TYPE_CHECKING:
     from a2a.types.a2a_pb2 import TaskPushNotificationConfig
 
+    from ..engine.engine import TaskEngine
     from ..engine.registry import LiveTasks
     from ..journal import RecordedTask, TaskJournal
     from ..model.caller import Caller
@@ -63,7 +64,7 @@ class Local:
         push: This instance's push notifications (None: push is off).
     """
 
-    owner: TaskOperations
+    owner: TaskEngine
     tasks: LiveTasks
     recheck_ownership: Callable[[], Awaitable[int]]
     push: OwnedPush | None = None

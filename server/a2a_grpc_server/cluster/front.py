@@ -9,7 +9,9 @@ it read, or, for a task another instance owns, serves it through the peers:
 a subscription joins this instance's relay of the task, a resumption reads
 the shared record, and a cancel or follow-up message is sent to the owner,
 which runs it through its own engine, so every reader everywhere sees the
-same frames and outcome.
+same frames and outcome. A task that waits for input owned by nobody (its
+owner shut down or was lost) is claimed by the instance that takes its next
+message or cancel, and runs there.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from a2a.types.a2a_pb2 import Message, SendMessageRequest, Task
 
 from ..engine.engine import Started, TaskEngine
 from ..engine.ports import Peers
-from ..journal import TaskJournal
+from ..journal import RecordedTask, TaskJournal
 from ..log.tasklog import LogReader
 from ..model import taskops
 from ..model.caller import Caller
@@ -86,6 +88,7 @@ class ClusterFront:
         if not engine.accepting or not message.task_id:
             return await engine.send(request, call, subscribe=subscribe, resumable=resumable)
         found = await engine.check_follow_up(message.task_id, message.context_id, call.scope)
+        found = await self._take_if_free(found)
         if not engine.tasks.owned_elsewhere(found):
             return await engine.send(
                 request, call, subscribe=subscribe, resumable=resumable, found=found
@@ -112,12 +115,30 @@ class ClusterFront:
         if live is not None and live.task is not None and not taskops.is_final(live.task):
             return await engine.cancel(task_id, call)
         started = time.monotonic()
-        found = await engine.tasks.recorded(task_id, call.scope)
+        found = await self._take_if_free(await engine.tasks.recorded(task_id, call.scope))
         if taskops.is_final(found.task) or not engine.tasks.owned_elsewhere(found):
             return await engine.cancel(task_id, call, found=found, started=started)
         final = await self._peers.cancel(found, call)
         engine.tasks.metrics.cancel_seconds.observe(time.monotonic() - started)
         return final
+
+    async def _take_if_free(self, found: RecordedTask) -> RecordedTask:
+        """The task, claimed for this instance first if it waits owned by nobody.
+
+        A waiting task is released when its owner shuts down or is lost; a
+        follow-up or a cancel through any instance claims it (compare-and-set)
+        and runs it there. Lost to another instance's claim, the task is read
+        again: the caller then routes to the winner.
+        """
+        if found.owner or not self._engine.accepting:
+            return found
+        if found.task.status.state not in taskops.INTERRUPTED:
+            return found
+        claimed = await self._peers.claim(found)
+        if claimed is None:
+            return await self._engine.tasks.recorded(found.task.id, found.scope)
+        self._engine.tasks.metrics.tasks_claimed += 1
+        return claimed
 
     async def read(self, task_id: str, scope: str, *, resumable: bool = False) -> tuple[Task, int]:
         """``TaskEngine.read`` (the shared record answers for every instance)."""

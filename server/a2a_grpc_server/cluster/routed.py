@@ -36,6 +36,7 @@ from ..errors import (
     OwnerUnavailableError,
     ServerError,
     ServerShuttingDownError,
+    UnknownFormatError,
 )
 from ..model.caller import Caller
 from ..model.principal import Principal
@@ -106,6 +107,9 @@ def encode_error(exc: A2AError | ServerError) -> tuple[bytes, dict[str, str]]:
     if isinstance(exc, InvalidFieldError):
         return exc.problem.encode(), {ERROR: InvalidParamsError.__name__, FIELD: exc.field}
     text = getattr(exc, "message", None) or str(exc)
+    if isinstance(exc, UnknownFormatError):
+        # (The asker raises it as OwnerUnavailableError: UNAVAILABLE, retryable, this text.)
+        return text.encode(), {ERROR: UnknownFormatError.__name__}
     known = next((c.__name__ for c in type(exc).__mro__ if c.__name__ in ERRORS), None)
     return text.encode(), {ERROR: known or InternalError.__name__}
 

@@ -44,7 +44,7 @@ from a2a.utils.errors import (
 from ..errors import FrameNotKeptError, InvalidFieldError, ServerShuttingDownError, quote
 from ..execution.live import LiveTask
 from ..execution.supervisor import ExecutionSupervisor
-from ..journal import FinalTaskError, RecordedTask
+from ..journal import FinalTaskError, RecordedTask, StoreError
 from ..log.tasklog import LogClosedError, LogReader, TaskLog
 from ..model import taskops
 from ..model.caller import Caller, request_context
@@ -361,22 +361,45 @@ class TaskEngine:
         return snapshot or found.task, reader
 
     async def recheck_ownership(self) -> int:
-        """End every live task that another instance ended meanwhile, with that outcome.
+        """Let go of every live task another instance ended or took over meanwhile.
 
         Called after this instance was out of touch with the cluster for
-        longer than its lease (see ``LiveTask.close_if_ended_elsewhere``).
+        longer than its lease: a task ended elsewhere ends here with that
+        outcome (see ``LiveTask.close_if_ended_elsewhere``); a waiting task a
+        survivor released, or another instance claimed, is handed over (its
+        readers here resubscribe through another instance).
 
         Returns:
-            How many tasks had ended elsewhere.
+            How many tasks had ended or moved elsewhere.
         """
         gate = asyncio.Semaphore(RECHECK_CONCURRENCY)
 
         async def check(live: LiveTask) -> bool:
             async with gate:
-                return await live.close_if_ended_elsewhere()
+                if await live.close_if_ended_elsewhere():
+                    return True
+                if not self._waiting(live):
+                    return False
+                recorded = await self.tasks.journal.get(live.task_id)
+                if recorded is None or not self.tasks.owned_elsewhere(recorded):
+                    return False
+                if not self._waiting(live) or taskops.is_final(recorded.task):
+                    return False  # (a message arrived meanwhile, or it ended: not handed over)
+                self.tasks.hand_over(live, "another instance took it over")
+                return True
 
-        ended_elsewhere = await asyncio.gather(*(check(live) for live in self.tasks.all()))
-        return sum(ended_elsewhere)
+        moved = await asyncio.gather(*(check(live) for live in self.tasks.all()))
+        return sum(moved)
+
+    def _waiting(self, live: LiveTask) -> bool:
+        """Whether ``live`` waits for input here with nothing running or arriving for it."""
+        return (
+            not live.log.closed
+            and live.task is not None
+            and live.state in taskops.INTERRUPTED
+            and not live.admitting
+            and self.runs.current(live.task_id) is None
+        )
 
     async def resume(
         self,
@@ -418,19 +441,30 @@ class TaskEngine:
         first = log.first_kept if log is not None else last + 1
         raise FrameNotKeptError(task_id, after + 1, first, last)
 
-    async def shutdown(self, grace: float, deadline: float | None = None) -> None:
+    async def shutdown(
+        self,
+        grace: float,
+        deadline: float | None = None,
+        release: Callable[[str], Awaitable[bool]] | None = None,
+    ) -> None:
         """Stop accepting work, let runs finish for ``grace`` s, then end the rest FAILED.
 
         Every live task is ended at once (concurrently), each with its final
         frame to every reader whether or not the journal can record it by
         ``deadline``; final states not recorded by then are given up on (in
         cluster mode a survivor ends those tasks once this instance's lease is
-        released).
+        released). With ``release`` (cluster mode), a task that waits for
+        input is not ended: it is left to the cluster (``release(task_id)``
+        records it as owned by nobody) and its readers here end with
+        ``TaskHandedOverError``, to resubscribe through another instance.
 
         Args:
             grace: Seconds runs may take to finish on their own.
             deadline: Event-loop time by which shutdown returns (None: no bound
                 beyond the journal's own retries).
+            release: Leaves a waiting task to the cluster; False or an error:
+                not released now (a survivor releases it once this
+                instance's lease is gone).
         """
         self._accepting = False
         self.tasks.close()
@@ -440,6 +474,8 @@ class TaskEngine:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
                 await self.runs.wait_interrupted()
+        if release is not None:
+            await self._release_waiting(release, deadline)
         ending = [
             live.finalize(TaskState.TASK_STATE_FAILED, "server shutting down", deadline=deadline)
             for live in self.tasks.all()
@@ -461,6 +497,26 @@ class TaskEngine:
         if self.push is not None:  # webhooks get the final frames too, within the budget
             await self.push.close(deadline)
         self.tasks.pool.close()
+
+    async def _release_waiting(
+        self, release: Callable[[str], Awaitable[bool]], deadline: float | None
+    ) -> None:
+        """Leave every waiting task to the cluster, each handed over here (see ``shutdown``)."""
+        waiting = [live for live in self.tasks.all() if self._waiting(live)]
+
+        async def one(live: LiveTask) -> None:
+            try:
+                if await release(live.task_id):
+                    self.tasks.metrics.tasks_released += 1
+            except StoreError as exc:
+                logger.warning("task %s: not released (%s); a survivor will", live.task_id, exc)
+
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                await asyncio.gather(*(one(live) for live in waiting))
+        for live in waiting:
+            if self._waiting(live):
+                self.tasks.hand_over(live, "this instance is shutting down")
 
     async def wait_idle(self) -> None:
         """Wait until runs, final-state recorders and webhooks of ended tasks are done.

@@ -82,6 +82,10 @@ class Peers(Protocol):
 
     A task another instance owns is read through this instance's relay of it,
     resumed from the shared record, and canceled or continued by its owner.
+    A task waiting for input belongs to the cluster rather than to an
+    instance: its owner releases it when it shuts down (a survivor does when
+    the owner is lost), and whichever instance takes its next message or
+    cancel claims it and runs it there.
     """
 
     @property
@@ -128,6 +132,30 @@ class Peers(Protocol):
         Raises:
             UnsupportedOperationError: The task does not accept the message now.
             OwnerUnavailableError: The owner did not answer.
+        """
+        ...
+
+    async def claim(self, recorded: RecordedTask) -> RecordedTask | None:
+        """Take over a waiting task owned by nobody (compare-and-set on the shared record).
+
+        Returns:
+            The task, owned by this instance now; None if another instance
+            claimed it first (or it no longer waits).
+
+        Raises:
+            StoreUnavailableError: The shared record could not be written.
+        """
+        ...
+
+    async def release(self, task_id: str) -> bool:
+        """Leave a waiting task of this instance's to the cluster (owned by nobody).
+
+        Returns:
+            Whether it was released (False: it is not this instance's, or no
+            longer waits).
+
+        Raises:
+            StoreUnavailableError: The shared record could not be written.
         """
         ...
 

@@ -10,7 +10,7 @@ memory or is gone for good.
 
 Who runs what: everything here runs on the event loop, synchronously, except
 ``recorded`` (a journal read). The engine creates and revives tasks; a log's
-close callback (registered here at ``register``) is the one climb back up:
+close callback (registered here when a task becomes live) is the one climb back up:
 the log, below, tells the registry its task ended.
 
 It is also the engine's ``ports.TaskDirectory``: where push looks a task up.
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from a2a.types.a2a_pb2 import Message, Task
 
 from ..config import ServerConfig
+from ..errors import TaskHandedOverError
 from ..execution.live import LiveTask
 from ..execution.parking import ParkingLot
 from ..execution.quotas import Quotas
@@ -104,12 +105,25 @@ class LiveTasks:
         return live if live is not None and live.scope == scope else None
 
     def owned_elsewhere(self, recorded: RecordedTask) -> bool:
-        """Whether another instance runs the task (cluster mode)."""
-        return (
-            self._instance_id is not None
-            and bool(recorded.owner)
-            and recorded.owner != self._instance_id
-        )
+        """Whether the task is not this instance's (cluster mode): another's, or nobody's.
+
+        A waiting task owned by nobody (released) is claimed before it is
+        run here (``Peers.claim``); until then it is read from the shared record.
+        """
+        return self._instance_id is not None and recorded.owner != self._instance_id
+
+    def hand_over(self, live: LiveTask, why: str) -> None:
+        """Let go of a waiting task the cluster continues (see ``TaskLog.hand_over``).
+
+        Its readers here end with ``TaskHandedOverError`` (UNAVAILABLE: they
+        resubscribe through another instance), its deliveries stop (their
+        cursors stay, for whoever continues it) and it leaves memory.
+        """
+        self._drop(live)
+        self.parking.unpark(live.task_id)
+        if self._listener is not None:
+            self._listener.evicted(live.task_id)
+        live.log.hand_over(TaskHandedOverError(live.task_id, why))
 
     async def recorded(self, task_id: str, scope: str | None = None) -> RecordedTask:
         """The task as recorded; for a final state not recorded yet, that state.
@@ -126,7 +140,7 @@ class LiveTasks:
             found = RecordedTask(
                 taskops.copy(unrecorded.log.snapshot),
                 0,
-                "",
+                self._instance_id or "",  # (this instance's until recorded)
                 unrecorded.log.last_seq,
                 unrecorded.scope,
             )

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import nats
 import nats.errors
@@ -62,11 +61,13 @@ class NatsConnection:
     tasks: KeyValue
     instances: KeyValue
     push: KeyValue
+    events: ConnectionEvents = field(default_factory=lambda: ConnectionEvents())
 
     async def close(self) -> None:
         """Flush what is buffered (bounded), then close the connection."""
         if self.nc.is_closed:
             return
+        self.events.closing = True
         try:
             await self.nc.flush(timeout=2)
         except (nats.errors.Error, TimeoutError) as exc:
@@ -81,6 +82,7 @@ async def connect(config: NatsConfig) -> NatsConnection:
         ConnectionError: NATS or JetStream did not become available within 20 s.
     """
     name = f"a2a-grpc-server {config.instance_id}"
+    events = ConnectionEvents()
     try:
         nc = await nats.connect(
             servers=config.servers,
@@ -92,8 +94,8 @@ async def connect(config: NatsConfig) -> NatsConnection:
             max_reconnect_attempts=CONNECT_ATTEMPTS,
             allow_reconnect=True,
             error_cb=_log_error,
-            disconnected_cb=_log_event("disconnected from NATS"),
-            reconnected_cb=_log_event("reconnected to NATS"),
+            disconnected_cb=events.disconnected,
+            reconnected_cb=events.reconnected,
         )
     except (OSError, nats.errors.NoServersError, TimeoutError) as exc:
         raise ConnectionError(f"cannot connect to NATS at {', '.join(config.servers)}") from exc
@@ -108,7 +110,7 @@ async def connect(config: NatsConfig) -> NatsConnection:
     except BaseException:
         await nc.close()  # whatever went wrong, no connection is left behind
         raise
-    return NatsConnection(config, nc, js, tasks, instances, push)
+    return NatsConnection(config, nc, js, tasks, instances, push, events)
 
 
 async def _ensure_assets(
@@ -179,8 +181,20 @@ async def _log_error(exc: Exception) -> None:
     logger.warning("NATS: %s: %s", type(exc).__name__, exc)
 
 
-def _log_event(text: str) -> Callable[[], Awaitable[None]]:
-    async def log() -> None:
-        logger.warning(text)
+class ConnectionEvents:
+    """Logs the connection's comings and goings: a loss as a warning, a close of ours as info."""
 
-    return log
+    def __init__(self) -> None:
+        self.closing = False
+        """This instance is closing the connection itself (its shutdown)."""
+
+    async def disconnected(self) -> None:
+        """nats-py lost (or closed) the connection."""
+        if self.closing:
+            logger.info("disconnected from NATS (shutting down)")
+        else:
+            logger.warning("disconnected from NATS")
+
+    async def reconnected(self) -> None:
+        """nats-py connected again."""
+        logger.warning("reconnected to NATS")

@@ -11,7 +11,9 @@ write too large for one message takes several). Headers:
 * ``A2a-State``: the state its last frame carries (a number; 0 for none), so
   a final change is seen without decoding it;
 * ``Nats-Msg-Id``: ``<task id>:<first seq>:<writer's instance id>`` (how a retried
-  write recognises its own earlier attempt).
+  write recognises its own earlier attempt);
+* ``A2a-Format``: the format (see ``formats``; none: format 1). A change of a
+  kind this version does not know is refused, not read as a frame.
 
 The payload is the changes one after the other, each ``kind`` (one byte:
 ``f`` for a frame, the ``StreamResponse`` readers get; ``m`` for a follow-up
@@ -30,7 +32,8 @@ journal, and every journal remembers the final versions it has seen
 (bounded) and refuses to extend them with ``FinalTaskError``; a writer whose
 compare-and-set fails on a final change gets the same.
 
-Snapshots: KV bucket ``A2A_TASKS``, one key per task, value: owner, state,
+Snapshots: KV bucket ``A2A_TASKS``, one key per task, value (in format 2
+after the ``formats.MAGIC`` prefix and the format's number): owner, state,
 seq, stream sequence and ``s:`` with the scope (whose task it is, see
 ``scope``; a one-line key), each ended by a newline, then the ``Task`` (a
 value written before scopes existed has no scope line: the anonymous scope;
@@ -75,6 +78,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
+from ..errors import UnknownFormatError
 from ..journal import (
     Change,
     FinalTaskError,
@@ -91,6 +95,8 @@ from ..journal import (
 )
 from ..model import taskops
 from .conn import EVENTS_STREAM, EVENTS_SUBJECT, TASKS_BUCKET
+from .formats import HEADER as FORMAT
+from .formats import LEGACY, Formats, check_header, mark, unmark
 from .requests import JetStreamRequests, WrongLastSequenceError
 from .retry import Retry
 
@@ -143,6 +149,7 @@ class Entry:
     @classmethod
     def unpack(cls, msg: Msg, pos: int) -> list[Entry]:
         """The changes a stream message (delivered or read directly) holds."""
+        check_header(msg.headers, "a message of the task record")
         seq = int((msg.headers or {}).get(SEQ, "0"))
         data, offset, found = memoryview(msg.data), 0, list[Entry]()
         while offset < len(data):
@@ -150,7 +157,10 @@ class Entry:
             offset += _RECORD.size
             body = bytes(data[offset : offset + size])
             offset += size
-            found.append(cls(pos, seq + len(found), _NAMES.get(kind, FRAME), body, state))
+            name = _NAMES.get(kind)
+            if name is None:
+                raise UnknownFormatError("a change of the task record", f"kind {kind}")
+            found.append(cls(pos, seq + len(found), name, body, state))
         return found
 
     @property
@@ -189,8 +199,12 @@ class Snapshot:
 
     @classmethod
     def decode(cls, value: bytes, rev: int) -> Snapshot:
-        """Parse a stored value."""
-        owner, state, seq, pos, rest = value.split(b"\n", 4)
+        """Parse a stored value (format 1 or 2, see ``formats``).
+
+        Raises:
+            UnknownFormatError: It is in a format this version does not read.
+        """
+        owner, state, seq, pos, rest = unmark(value, "a task's snapshot").split(b"\n", 4)
         scope = b""
         if rest.startswith(SCOPE_MARK):
             scope, rest = rest[len(SCOPE_MARK) :].split(b"\n", 1)
@@ -215,7 +229,7 @@ def _record(change: Change) -> bytes:
 
 
 def _messages(
-    task_id: str, changes: Sequence[Change], most: int, writer: str
+    task_id: str, changes: Sequence[Change], most: int, writer: str, fmt: int = LEGACY
 ) -> list[tuple[int, bytes, dict[str, str]]]:
     """The changes as stream messages of at most ``most`` bytes: (changes, payload, headers)."""
     runs: list[list[bytes]] = [[]]
@@ -235,6 +249,7 @@ def _messages(
             COUNT: str(len(run)),
             STATE: str(last.state if last.message is None else 0),
             MSG_ID: f"{task_id}:{seq}:{writer}",
+            FORMAT: str(fmt),
         }
         out.append((len(run), b"".join(run), headers))
         seq += len(run)
@@ -245,10 +260,10 @@ SCOPE_MARK = b"s:"
 """Starts a snapshot's scope line (see the module docstring)."""
 
 
-def encode(owner: str, task: Task, seq: int, pos: int, scope: str) -> bytes:
-    """A snapshot value (see the module docstring)."""
+def encode(owner: str, task: Task, seq: int, pos: int, scope: str, fmt: int = LEGACY) -> bytes:
+    """A snapshot value in format ``fmt`` (see the module docstring and ``formats``)."""
     head = f"{owner}\n{task.status.state}\n{seq}\n{pos}\ns:{scope}\n".encode()
-    return head + task.SerializeToString()
+    return mark(head + task.SerializeToString(), fmt)
 
 
 @dataclass(slots=True)
@@ -271,6 +286,7 @@ class JetStreamJournal:
         owner: This instance's id, recorded with every task it creates.
         snapshot_every: Changes between two snapshots of a running task.
         retry: How long an operation retries through a NATS outage.
+        formats: Which format to write (see ``formats``; None: format 1 only).
     """
 
     def __init__(
@@ -281,8 +297,10 @@ class JetStreamJournal:
         owner: str,
         snapshot_every: int = 32,
         retry: Retry | None = None,
+        formats: Formats | None = None,
     ) -> None:
         self._requests = requests
+        self._formats = formats or Formats()
         self._retry = retry or Retry()
         self._js = js
         self._kv = kv
@@ -333,7 +351,7 @@ class JetStreamJournal:
             StoreUnavailableError: NATS did not answer.
         """
         if not keep_frames and taskops.is_final(task):
-            value = encode(self._owner, task, changes[-1].seq, 0, scope)
+            value = encode(self._owner, task, changes[-1].seq, 0, scope, self._formats.writing)
             try:
                 await self._write_snapshot(task.id, value, 0)
             except VersionConflictError:
@@ -357,7 +375,7 @@ class JetStreamJournal:
     async def _snapshot_new(self, task: Task, seq: int, pos: int, scope: str) -> None:
         """Write a new task's first snapshot (best effort: the record stands without it)."""
         try:
-            value = encode(self._owner, task, seq, pos, scope)
+            value = encode(self._owner, task, seq, pos, scope, self._formats.writing)
             rev = await self._write_snapshot(task.id, value, 0)
         except StoreError as exc:
             # Written at the task's next change (revision 0: the key is still new).
@@ -430,6 +448,55 @@ class JetStreamJournal:
             if not snap.final:
                 found.append(snap)
         return found
+
+    async def release(self, task_id: str, owner: str) -> bool:
+        """Record a waiting task of ``owner``'s as owned by nobody (compare-and-set).
+
+        For a task that waits for input (INPUT_REQUIRED, AUTH_REQUIRED) with
+        nothing recorded after its snapshot: whoever takes its next message
+        claims it (``claim``). ``owner`` is this instance at shutdown, or a
+        lost instance when a survivor sweeps.
+
+        Returns:
+            Whether it was released (False: not ``owner``'s, not waiting, or
+            written meanwhile).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        snap = await self.snapshot(task_id)
+        if snap is None or snap.owner != owner or snap.state not in taskops.INTERRUPTED:
+            return False
+        last = await self.last_entry(task_id)
+        if last is not None and last.seq > snap.seq:
+            return False  # changes after the snapshot: not the waiting task it shows
+        return await self._set_owner(snap, "") is not None
+
+    async def claim(self, task_id: str) -> RecordedTask | None:
+        """Take over a waiting task nobody owns (compare-and-set on its snapshot).
+
+        Returns:
+            The task, now owned by this instance; None if it is not a waiting
+            task owned by nobody (another instance claimed it first).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        snap = await self.snapshot(task_id)
+        if snap is None or snap.owner or snap.state not in taskops.INTERRUPTED:
+            return None
+        claimed = await self._set_owner(snap, self._owner)
+        return await self._fold(task_id, claimed) if claimed is not None else None
+
+    async def _set_owner(self, snap: Snapshot, owner: str) -> Snapshot | None:
+        task = snap.task()
+        value = encode(owner, task, snap.seq, snap.pos, snap.scope, self._formats.writing)
+        try:
+            rev = await self._write_snapshot(task.id, value, snap.rev)
+        except VersionConflictError:
+            return None
+        self._snapshotted.pop(task.id, None)  # (read again at its next change)
+        return Snapshot(owner, snap.state, snap.seq, snap.pos, snap.scope, snap.body, rev)
 
     async def repair(self, recorded: RecordedTask) -> None:
         """Write the snapshot of a task whose record ended but whose snapshot says it runs.
@@ -562,7 +629,9 @@ class JetStreamJournal:
         """
         most = max(self._requests.max_payload - PAYLOAD_SLACK, 1)
         version, done = expected, 0
-        for count, payload, headers in _messages(task_id, changes, most, self._owner):
+        for count, payload, headers in _messages(
+            task_id, changes, most, self._owner, self._formats.writing
+        ):
             try:
                 version = await self._publish(task_id, payload, headers, version)
             except StoreError as exc:
@@ -638,7 +707,7 @@ class JetStreamJournal:
         )
         if due:
             # A survivor ending a lost owner's task records itself as its owner.
-            value = encode(self._owner, task, seq, pos, known.scope)
+            value = encode(self._owner, task, seq, pos, known.scope, self._formats.writing)
             try:
                 known.rev = await self._write_snapshot(task.id, value, known.rev)
                 known.seq, known.state = seq, state

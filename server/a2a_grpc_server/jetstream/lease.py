@@ -1,4 +1,4 @@
-"""Ownership leases: instances heartbeat; survivors end a lost owner's tasks FAILED.
+"""Ownership leases: instances heartbeat; survivors end a lost owner's running tasks FAILED.
 
 Who runs what: ``start`` writes this instance's first heartbeat (before it
 serves anything), subscribes to the instances bucket (nats-py runs the
@@ -34,8 +34,11 @@ Every survivor then sweeps the snapshots: each
 task that is not final and whose owner is not live gets a FAILED change
 ("owner instance lost") appended to its record with the journal's
 compare-and-set, which lets exactly one survivor win per task; every relayed
-reader ends with that frame. A task whose record already ended but whose
-snapshot was not written gets its snapshot (the owner died in between).
+reader ends with that frame. A task that waits for input (nothing runs for
+it) is released instead: recorded as owned by nobody, it goes on when its
+next message comes, through whichever instance takes it (``Peers.claim``).
+A task whose record already ended but whose snapshot was not written gets
+its snapshot (the owner died in between).
 One sweep also runs ``lease`` seconds after start (every live instance has
 been heard from by then), for owners that died while no survivor watched.
 After each sweep ``on_swept`` runs with the live instances: the cluster
@@ -62,6 +65,7 @@ from ..model import taskops
 from ..model.names import TASK_PREFIX
 from ..obs.metrics import Metrics
 from .conn import INSTANCES_BUCKET, NatsConnection
+from .formats import Formats, heartbeat
 from .journal import JetStreamJournal, Snapshot
 
 logger = logging.getLogger(__name__)
@@ -105,7 +109,9 @@ class Lease:
         metrics: Metrics,
         on_gap: Callable[[], Awaitable[object]] | None = None,
         on_swept: Callable[[set[str]], Awaitable[None]] | None = None,
+        formats: Formats | None = None,
     ) -> None:
+        self._formats = formats or Formats()
         self._kv = conn.instances
         self._id = conn.config.instance_id
         self._lease = conn.config.lease
@@ -152,12 +158,12 @@ class Lease:
         Raises:
             StoreError: The journal could not be read.
         """
-        await self._kv.put(self._id, b"")
+        await self._kv.put(self._id, heartbeat())
         for snap, task_id in await self._unfinished():
             # Nothing runs here yet: a task this id owns was left by a process
             # that had the same --instance-id and died.
             if snap.owner == self._id:
-                await self._claim(task_id, f"instance {self._id} restarted")
+                await self._claim(task_id, self._id, f"instance {self._id} restarted")
         self._watch = await self._js.subscribe(
             f"$KV.{INSTANCES_BUCKET}.>",
             stream=f"KV_{INSTANCES_BUCKET}",
@@ -199,7 +205,11 @@ class Lease:
                 # event loop stalled): whatever it saw before is stale.
                 self._lose_touch(f"this instance did not run for {began - self._last_tick:.1f} s")
             try:
-                await self._kv.put(self._id, b"")
+                # Bounded: a put whose answer was lost in a reconnect would otherwise
+                # wait out JetStream's request timeout (seconds past the lease) while
+                # the connection is already back and the next heartbeat would land.
+                async with asyncio.timeout(slow):
+                    await self._kv.put(self._id, heartbeat())
             except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
                 logger.warning("heartbeat failed: %s", type(exc).__name__)
                 self._lose_touch(None)
@@ -216,6 +226,8 @@ class Lease:
                 self._after_beat(began, now)
             lost = await self._judge()
             due = self._judging() and not self._swept_at_start
+            if due:
+                self._formats.settle()  # (a lease in touch: every live instance was heard)
             if (lost or due or self._sweep_requested) and not self._sweep_running():
                 self._swept_at_start = self._swept_at_start or due
                 self._sweep_requested = False
@@ -277,6 +289,7 @@ class Lease:
                 self._seen[instance] = (asyncio.get_running_loop().time(), entry.revision or 0)
                 continue  # alive: the watch had not delivered its heartbeats yet
             del self._seen[instance]
+            self._formats.gone(instance)
             lost.append(instance)
             logger.warning("instance %s lost (no heartbeat for %.1f s)", instance, self._lease)
         return lost
@@ -332,6 +345,7 @@ class Lease:
             return
         op = (msg.headers or {}).get("KV-Operation")
         if op in DELETED:
+            self._formats.gone(key)
             if self._seen.pop(key, None) is not None:
                 logger.info("instance %s released its lease", key)
                 self._sweep_requested = True
@@ -339,6 +353,7 @@ class Lease:
             meta = msg.metadata
             rev = int(meta.sequence.stream) if meta is not None else 0
             self._seen[key] = (asyncio.get_running_loop().time(), rev)
+            self._formats.heard(key, msg.data)
 
     async def _sweep_logged(self) -> None:
         if not self._judging():
@@ -368,7 +383,7 @@ class Lease:
                 if owner in self._seen or not self._judging():
                     return 0  # it came back, or this instance lost touch: not now
                 try:
-                    return await self._claim(task_id, f"owner instance {owner} was lost")
+                    return await self._claim(task_id, owner, f"owner instance {owner} was lost")
                 except StoreError as exc:
                     failed = True
                     logger.warning("could not end task %s of lost %s: %s", task_id, owner, exc)
@@ -388,14 +403,24 @@ class Lease:
     async def _unfinished(self) -> list[tuple[Snapshot, str]]:
         return [(snap, snap.task().id) for snap in await self._journal.unfinished()]
 
-    async def _claim(self, task_id: str, text: str) -> int:
-        """End the task FAILED with ``text`` unless someone wrote it first; 1 if this did."""
+    async def _claim(self, task_id: str, owner: str, text: str) -> int:
+        """End ``owner``'s task FAILED with ``text`` unless someone wrote it first; 1 if this did.
+
+        A task that waits for input is released instead (recorded as owned
+        by nobody: the next message, through any instance, continues it).
+        """
         recorded = await self._journal.get(task_id)
         if recorded is None:
             return 0
         if taskops.is_final(recorded.task):
             await self._journal.repair(recorded)
             return 0
+        if recorded.task.status.state in taskops.INTERRUPTED:
+            if not await self._journal.release(task_id, owner):
+                return 0  # written meanwhile (claimed, continued): the next sweep looks again
+            self._metrics.tasks_released += 1
+            logger.warning("task %s waits for input: released (%s)", task_id, text)
+            return 1
         task = taskops.copy(recorded.task)
         frame = taskops.apply(task, taskops.status_event(task, TaskState.TASK_STATE_FAILED, text))
         change = Change(recorded.seq + 1, frame.SerializeToString(), TaskState.TASK_STATE_FAILED)

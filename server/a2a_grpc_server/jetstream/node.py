@@ -21,6 +21,7 @@ from ..log.tasklog import LogReader
 from ..model import taskops
 from ..model.caller import Caller
 from .conn import NatsConfig, NatsConnection, connect
+from .formats import Formats
 from .journal import JetStreamJournal
 from .lease import Lease
 from .pushstore import JetStreamPushConfigs
@@ -51,6 +52,8 @@ class NatsCluster:
     def __init__(self, conn: NatsConnection, requests: JetStreamRequests) -> None:
         self.conn = conn
         self._requests = requests
+        self.formats = Formats()
+        """The format this instance writes (see ``formats``: the upgrade rule)."""
         self._journal = JetStreamJournal(
             requests,
             conn.js,
@@ -58,11 +61,14 @@ class NatsCluster:
             conn.config.instance_id,
             conn.config.snapshot_every,
             Retry(conn.config.retry_for),
+            self.formats,
         )
         self._relays: Relays | None = None
         self._router: Router | None = None
         self.lease: Lease | None = None
-        self.push_store = JetStreamPushConfigs(conn.push, Retry(conn.config.retry_for))
+        self.push_store = JetStreamPushConfigs(
+            conn.push, Retry(conn.config.retry_for), self.formats
+        )
         """Push configs and cursors, shared by every instance."""
         self._local: Local | None = None
 
@@ -112,6 +118,7 @@ class NatsCluster:
             tasks.metrics,
             on_gap=local.recheck_ownership,
             on_swept=self._adopt_push if local.push is not None else None,
+            formats=self.formats,
         )
         await self.lease.start()
         await self._router.start(local)
@@ -186,6 +193,14 @@ class NatsCluster:
                 orphan.cursor + 1,
             )
             await push.deliver_ended(recorded, orphan.config, orphan.cursor)
+
+    async def claim(self, recorded: RecordedTask) -> RecordedTask | None:
+        """Take over a waiting task owned by nobody (see ``Peers.claim``)."""
+        return await self._journal.claim(recorded.task.id)
+
+    async def release(self, task_id: str) -> bool:
+        """Leave a waiting task of this instance's to the cluster (see ``Peers.release``)."""
+        return await self._journal.release(task_id, self.instance_id)
 
     async def push(self, recorded: RecordedTask, config_id: str, call: Caller) -> None:
         """Have the owner deliver a push config stored for its task (see ``Cluster.push``)."""

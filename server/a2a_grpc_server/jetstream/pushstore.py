@@ -2,7 +2,8 @@
 
 One key per config, ``<task id>.<config id, base64url>``; its value is the
 config's creation number (nanoseconds, for listing order), its cursor (the
-last frame its webhook confirmed) and the serialized config. The bucket's
+last frame its webhook confirmed) and the serialized config (in format 2,
+after the ``formats.MAGIC`` prefix and the format's number). The bucket's
 max age is the tasks' (``task_ttl``), so configs leave with their task.
 
 Who writes what: any instance creates and deletes configs (the RPC arrives
@@ -26,6 +27,7 @@ from a2a.types.a2a_pb2 import TaskPushNotificationConfig
 from nats.js.kv import KeyValue
 
 from ..push.configs import ConfigPage, PushConfigLimitError, decode_page_token
+from .formats import Formats, mark, unmark
 from .retry import Retry
 
 Entries = list[tuple[str, int, int, TaskPushNotificationConfig]]
@@ -36,6 +38,7 @@ Orphans = list["Orphan"]
 REVISIONS_KEPT = 4096
 """Configs whose key revision this instance remembers (those it delivered to lately)."""
 
+WHAT = "a push config"
 HEAD = struct.Struct(">QQB")
 """The value's head: creation number, cursor, the deliverer's id length (the id follows)."""
 
@@ -78,11 +81,13 @@ class JetStreamPushConfigs:
     Args:
         kv: The ``A2A_PUSH`` bucket.
         retry: How long reads and writes retry through a NATS outage.
+        formats: Which format to write (see ``formats``; None: format 1 only).
     """
 
-    def __init__(self, kv: KeyValue, retry: Retry) -> None:
+    def __init__(self, kv: KeyValue, retry: Retry, formats: Formats | None = None) -> None:
         self._kv = kv
         self._retry = retry
+        self._formats = formats or Formats()
         self._revisions: OrderedDict[tuple[str, str], tuple[int, bytes]] = OrderedDict()
         """Per config this instance delivered to lately: the key's revision and value (at
         most ``REVISIONS_KEPT``; a config not among them costs one read more)."""
@@ -98,7 +103,8 @@ class JetStreamPushConfigs:
         if not number and len(existing) >= most:
             raise PushConfigLimitError(task_id, most)
         value = _pack(number or time.time_ns(), seq, deliverer, config)
-        await self._retry(lambda: self._kv.put(key, value), "store a push config")
+        stored = mark(value, self._formats.writing)
+        await self._retry(lambda: self._kv.put(key, stored), "store a push config")
         self._revisions.pop((task_id, config.id), None)
 
     async def get(self, task_id: str, config_id: str) -> TaskPushNotificationConfig | None:
@@ -146,7 +152,8 @@ class JetStreamPushConfigs:
 
         async def update() -> int | None:
             try:
-                return await self._kv.update(key, updated, last=revision)
+                stored = mark(updated, self._formats.writing)
+                return await self._kv.update(key, stored, last=revision)
             except nats.js.errors.KeyWrongLastSequenceError:
                 return None  # replaced (a new cursor) or deleted meanwhile
 
@@ -170,9 +177,9 @@ class JetStreamPushConfigs:
                 async for entry in watcher:
                     if entry is None:  # (the end of what is stored)
                         break
-                    value = entry.value
-                    if not value:
+                    if not entry.value:
                         continue
+                    value = unmark(entry.value, WHAT)
                     who = _deliverer(value)
                     if who and who not in alive:
                         _, cursor, config = _unpack(value)
@@ -196,7 +203,8 @@ class JetStreamPushConfigs:
 
         async def update() -> int | None:
             try:
-                return await self._kv.update(key, value, last=orphan.revision)
+                stored = mark(value, self._formats.writing)
+                return await self._kv.update(key, stored, last=orphan.revision)
             except nats.js.errors.KeyWrongLastSequenceError:
                 return None
 
@@ -217,7 +225,9 @@ class JetStreamPushConfigs:
                 entry = await self._kv.get(key)
             except nats.js.errors.KeyNotFoundError:  # (deleted and purged ones too)
                 return None
-            return None if entry.value is None else (entry.revision or 0, entry.value)
+            if entry.value is None:
+                return None
+            return entry.revision or 0, unmark(entry.value, WHAT)
 
         return await self._retry(get, "read a push config")
 

@@ -32,7 +32,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from ..engine.engine import ended
-from ..errors import FrameNotKeptError, RelayLostError, quote
+from ..errors import FrameNotKeptError, RelayLostError, UnknownFormatError, quote
 from ..journal import RecordedTask
 from ..log.tasklog import LogClosedError, LogPool, LogReader, TaskLog
 from ..model import taskops
@@ -121,7 +121,14 @@ class Relay:
 
     async def _deliver(self, msg: Msg) -> None:
         meta = msg.metadata
-        for entry in Entry.unpack(msg, int(meta.sequence.stream) if meta else 0):
+        try:
+            entries = Entry.unpack(msg, int(meta.sequence.stream) if meta else 0)
+        except UnknownFormatError as exc:
+            # A newer version wrote it: end the relayed streams saying so, never misread.
+            if self.log is not None:
+                self.log.sever(exc)
+            return
+        for entry in entries:
             self._take(entry)
 
     def _take(self, entry: Entry) -> None:

@@ -37,11 +37,13 @@ from ..cluster.routed import (
     encode_caller,
     encode_error,
 )
-from ..errors import OwnerTimeoutError, OwnerUnavailableError, ServerError
+from ..errors import OwnerTimeoutError, OwnerUnavailableError, ServerError, UnknownFormatError
 from ..model.caller import Caller
 from ..model.names import TASK_PREFIX
 from ..obs import tracing
 from .conn import CONTROL_SUBJECT
+from .formats import CURRENT, check_header
+from .formats import HEADER as FORMAT
 
 if TYPE_CHECKING:
     from ..cluster import Local
@@ -130,7 +132,12 @@ class Router:
         if timeout <= 0:
             raise OwnerTimeoutError("too little of the call's deadline is left to ask the owner")
         metadata, who = encode_caller(call)
-        headers = {CALL_HEADERS: metadata, CALLER: who, TIMEOUT: f"{timeout:.3f}"}
+        headers = {
+            CALL_HEADERS: metadata,
+            CALLER: who,
+            TIMEOUT: f"{timeout:.3f}",
+            FORMAT: str(CURRENT),  # (an older owner ignores it: the layout is format 1's)
+        }
         try:
             msg = await self._nc.request(
                 control_subject(owner, op), payload, timeout=timeout, headers=headers
@@ -158,7 +165,11 @@ class Router:
 
     async def _on_request(self, msg: Msg) -> None:
         op = msg.subject.rsplit(".", 1)[-1]
-        serve = {"cancel": self._serve_cancel, "push": self._serve_push}.get(op, self._serve_send)
+        serve = {
+            "cancel": self._serve_cancel,
+            "push": self._serve_push,
+            "send": self._serve_send,
+        }.get(op, self._serve_unknown)
         task = asyncio.create_task(self._serve(msg, serve), name=f"{TASK_PREFIX}:routed-{op}")
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
@@ -167,8 +178,11 @@ class Router:
         headers = msg.headers or {}
         received = asyncio.get_running_loop().time()
         try:
+            check_header(headers, "a routed request")
+            if CALLER not in headers:
+                raise UnknownFormatError("a routed request without its caller", "none")
             timeout = float(headers.get(TIMEOUT, self._bound))
-            call = decode_caller(headers.get(CALL_HEADERS, "[]"), headers.get(CALLER, ""), timeout)
+            call = decode_caller(headers.get(CALL_HEADERS, "[]"), headers[CALLER], timeout)
             if timeout < ANSWER_MARGIN:
                 raise OwnerTimeoutError("the request reached the task's owner too late to act")
             with tracing.routed(msg.subject.rsplit(".", 1)[-1], call.headers):
@@ -185,6 +199,9 @@ class Router:
             await self._nc.publish(msg.reply, reply, headers=reply_headers)
         except nats.errors.Error as exc:
             logger.warning("could not answer routed %s: %s", msg.subject, type(exc).__name__)
+
+    async def _serve_unknown(self, msg: Msg, call: Caller) -> bytes:
+        raise UnknownFormatError("a routed request", f"operation {msg.subject.rsplit('.', 1)[-1]}")
 
     async def _serve_cancel(self, msg: Msg, call: Caller) -> bytes:
         assert self._local is not None

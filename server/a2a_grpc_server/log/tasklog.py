@@ -22,7 +22,10 @@ Who closes what:
   frame whose state is not terminal, ``answer`` ends it with the agent's
   message-only answer, and ``sever`` refuses a log that is not a relay. A
   writer that finds its task ended elsewhere seals with the recorded outcome
-  (``LiveTask``), numbered as recorded (``seal(..., at=seq)``).
+  (``LiveTask``), numbered as recorded (``seal(..., at=seq)``). The one
+  exception is a task that has not ended: ``hand_over(error)`` lets go of a
+  task waiting for input whose continuation another instance serves from the
+  shared record (cluster mode); it refuses any other task.
 * The writer never waits for a reader, and a reader is never dropped for being
   behind. A reader ends early only when the frame it needs next has left the
   log (see "What is kept"): it then raises ``FrameNotKeptError``
@@ -196,6 +199,11 @@ class LogPool:
         self.peak = max(self.peak, self.used)
 
     def _retain(self, log: TaskLog) -> None:
+        older = self._retained.get(log.task_id)
+        if older is not None and older is not log:
+            # A relay of a task this instance then took over (cluster mode): the
+            # newer log carries the task's end; the older one goes.
+            older.release()
         self._retained[log.task_id] = log
         self._retained.move_to_end(log.task_id)
         self._watched.pop(log, None)
@@ -582,6 +590,26 @@ class TaskLog:
             raise ValueError(f"task {self.task_id}: its own log ends only with a final frame")
         if self._closed:
             return
+        self._severed = error
+        self._close()
+
+    def hand_over(self, error: Exception) -> None:
+        """Stop carrying a waiting task left to another instance; idempotent, no final frame.
+
+        The one way a task's own log ends without a final frame: the task has
+        not ended, it waits for input (its last state is INPUT_REQUIRED or
+        AUTH_REQUIRED), and whoever continues it does so from the shared
+        record, where every reader can follow it. Readers drain what is kept,
+        then raise ``error``. Close callbacks run as for ``seal``.
+
+        Raises:
+            ValueError: The task is not waiting for input.
+        """
+        if self._closed:
+            return
+        state = self.snapshot.status.state if self.snapshot is not None else 0
+        if state not in taskops.INTERRUPTED:
+            raise ValueError(f"task {self.task_id}: only a task waiting for input is handed over")
         self._severed = error
         self._close()
 

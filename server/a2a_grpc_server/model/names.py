@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+A2A_SERVICE = "lf.a2a.v1.A2AService"
+"""The gRPC service this server implements."""
 TASK_PREFIX = "a2a-grpc-server"
 """Every asyncio task this package creates is named with this prefix."""
 MAX_ID_CHARS = 256

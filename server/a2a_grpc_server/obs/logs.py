@@ -85,6 +85,10 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
+QUIET_LIBRARIES = ("httpx", "httpcore")
+"""Libraries whose INFO lines are per request: logged from WARNING (DEBUG: everything)."""
+
+
 def configure(level: str, log_format: str, instance: str = "") -> None:
     """Log to stderr at ``level`` in ``log_format`` (``text`` or ``json``).
 
@@ -103,6 +107,11 @@ def configure(level: str, log_format: str, instance: str = "") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # The webhook client logs a line per POST at INFO; ours say what matters (a frame
+    # given up, a webhook failing). Its own lines come back with --log-level DEBUG.
+    quiet = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(quiet)
 
 
 def set_instance(instance: str) -> None:

@@ -54,6 +54,11 @@ class Metrics:
     """Tasks of other instances this instance relays to its subscribers (cluster mode)."""
     tasks_reaped: int = 0
     """Tasks of a lost instance this instance ended FAILED (cluster mode)."""
+    tasks_released: int = 0
+    """Waiting tasks this instance left to the cluster: its own at shutdown, and a lost
+    instance's when it swept (cluster mode)."""
+    tasks_claimed: int = 0
+    """Waiting tasks owned by nobody that this instance took over to continue (cluster mode)."""
     cancel_seconds: Histogram = field(default_factory=lambda: Histogram(CANCEL_BUCKETS))
     """CancelTask received -> the task's final frame in every buffer."""
     push_deliveries: Counter[str] = field(default_factory=Counter)

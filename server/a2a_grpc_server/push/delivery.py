@@ -288,8 +288,10 @@ class PushDispatcher:
             left = give_up_at - loop.time()
             if attempt.outcome is Outcome.REFUSED or left <= 0:
                 metrics.push_deliveries["given_up"] += 1
+                failing = (task_id, config.id) in metrics.push_failing
                 metrics.push_failing.add((task_id, config.id))
-                logger.warning(
+                # Once per webhook while it fails (each later frame: DEBUG), not per frame.
+                (logger.debug if failing else logger.warning)(
                     "push to config %s of task %s: frame %d given up (%s)%s",
                     config.id,
                     task_id,

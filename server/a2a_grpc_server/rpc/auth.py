@@ -41,6 +41,7 @@ from ..errors import (  # re-exported: the error tree lives in errors
     AuthenticationError as AuthenticationError,
 )
 from ..errors import UnguardableHandlerError
+from ..model.names import A2A_SERVICE
 from ..model.principal import (
     MAX_PRINCIPAL_CHARS,
     Principal,
@@ -67,7 +68,7 @@ __all__ = [  # (Principal and its helpers live in model.principal; these are re-
 
 logger = logging.getLogger(__name__)
 
-SERVICE = "lf.a2a.v1.A2AService"
+SERVICE = A2A_SERVICE
 
 
 @dataclass(frozen=True, slots=True)

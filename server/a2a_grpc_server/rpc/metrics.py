@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from ..model.names import A2A_SERVICE
 from ..obs.metrics import Histogram
 from .intercept import Behavior, WrappingInterceptor, status_code
 
@@ -58,6 +59,16 @@ class RpcMetrics:
     handled: Counter[tuple[str, str, str, str]] = field(default_factory=Counter)
     """By (service, method, type, code name)."""
     seconds: dict[Labels, Histogram] = field(default_factory=dict)
+    a2a_in_flight: int = 0
+    """A2A calls being served now (not health or admin calls, whose watches stay open)."""
+    _quiet: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self._quiet.set()
+
+    async def wait_quiet(self) -> None:
+        """Wait until no A2A call is being served."""
+        await self._quiet.wait()
 
 
 class MetricsInterceptor(WrappingInterceptor):
@@ -87,8 +98,13 @@ class MetricsInterceptor(WrappingInterceptor):
             handled[grpc.StatusCode.DEADLINE_EXCEEDED],
         )
 
+        a2a = service == A2A_SERVICE
+
         async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             metrics.started[labels] += 1
+            if a2a:
+                metrics.a2a_in_flight += 1
+                metrics._quiet.clear()
             start = time.perf_counter()
             outcome = unknown
             try:
@@ -108,5 +124,9 @@ class MetricsInterceptor(WrappingInterceptor):
             finally:
                 metrics.handled[outcome] += 1
                 histogram.observe(time.perf_counter() - start)
+                if a2a:
+                    metrics.a2a_in_flight -= 1
+                    if not metrics.a2a_in_flight:
+                        metrics._quiet.set()
 
         return run

@@ -84,7 +84,12 @@ def test_every_setting_has_a_flag_a_variable_and_a_description() -> None:
         ),
         ([], {"A2A_GRPC_SERVER_PUSH": "maybe"}, "", "expected true or false"),
         ([], {}, 'quota_streams = "many"', "quota_streams = 'many': not an integer"),
-        ([], {}, "cancel_timout = 3", "cancel_timout is not"),  # a typo is not ignored
+        (
+            [],
+            {},
+            "cancel_timout = 3",
+            "cancel_timout (did you mean cancel_timeout?) is not a setting",
+        ),  # a typo is not ignored
         ([], {}, "log_format = 'xml'", "choose one of text, json"),
         ([], {}, "port = ", "not TOML"),
         (["--cancel-timeout", "0"], {}, "", "cancel_timeout must be positive"),
@@ -95,7 +100,13 @@ def test_every_setting_has_a_flag_a_variable_and_a_description() -> None:
         (["--extended-card", "/nonexistent"], {}, "", "is for authenticated callers"),
         (["--tls-cert", "/nonexistent"], {}, "", "--tls-cert and --tls-key go together"),
         (["--agent", "no_such_module:Agent"], {}, "", "cannot import 'no_such_module'"),
-        ([], {"A2A_GRPC_SERVER_CANCEL_TIMOUT": "3"}, "", "A2A_GRPC_SERVER_CANCEL_TIMOUT is not"),
+        (
+            [],
+            {"A2A_GRPC_SERVER_CANCEL_TIMOUT": "3"},
+            "",
+            "A2A_GRPC_SERVER_CANCEL_TIMOUT (did you mean A2A_GRPC_SERVER_CANCEL_TIMEOUT?) "
+            "is not a setting",
+        ),
     ],
 )
 def test_check_config_names_the_bad_value(

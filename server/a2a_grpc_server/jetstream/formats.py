@@ -1,0 +1,175 @@
+"""The formats of what instances share on NATS, and the rule that lets two versions share a cluster.
+
+Everything one instance writes and another reads says its format:
+
+* a message of the record (``A2A_EVENTS``): header ``A2a-Format``;
+* a task's snapshot (``A2A_TASKS``) and a push config (``A2A_PUSH``): the
+  value starts with ``MAGIC``, the format's number and a newline;
+* a routed request (``a2a.ctl.<instance>.<op>``): header ``A2a-Format``;
+* a heartbeat (``A2A_INSTANCES``): its value, JSON ``{"formats": [...],
+  "version": "..."}``: the formats that instance reads, and its version.
+
+Format 1 is what versions before formats were versioned wrote: the same
+layouts without any of these marks (no header, no prefix, an empty
+heartbeat). Format 2 is format 1 with them. A reader refuses a format it
+does not know with ``UnknownFormatError`` naming it, and never guesses: a
+record change of an unknown kind, a routed operation it does not serve, a
+routed request that does not say who asked are refused the same way.
+
+The upgrade rule: this version reads formats 1 and 2 and writes format 2
+only once every live instance's heartbeat says it reads 2 (and it has heard
+them all, a lease after it came up); until then it writes format 1, which the
+previous version reads. A rolling update, old and new side by side, never
+leaves an instance a value it cannot read; once the last old instance is
+gone, the new format follows within a heartbeat. A version that brings
+format 3 does the same with 2 and 3. Headers an older reader does not know
+it ignores, so they are written in every format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib.metadata
+import json
+import logging
+from collections.abc import Mapping
+from typing import NoReturn
+
+from ..errors import UnknownFormatError
+
+logger = logging.getLogger(__name__)
+
+HEADER = "A2a-Format"
+LEGACY = 1
+"""The unmarked layouts of versions before formats were versioned."""
+CURRENT = 2
+"""The newest format this version writes (once every instance reads it)."""
+READS = frozenset({LEGACY, CURRENT})
+"""The formats this version reads."""
+MAGIC = b"\x00a2a-format "
+"""How a format-2 (or later) snapshot or push config value starts (no format-1 value can:
+a snapshot starts with its owner's id, a push config with a big-endian creation number
+below 2**56)."""
+
+
+@functools.cache
+def version() -> str:
+    """This package's version ("unknown" when it is not installed as a distribution)."""
+    try:
+        return importlib.metadata.version("a2a-grpc-server")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def mark(value: bytes, fmt: int) -> bytes:
+    """``value`` as written in format ``fmt`` (format 1: unmarked)."""
+    return value if fmt == LEGACY else MAGIC + str(fmt).encode() + b"\n" + value
+
+
+def unmark(value: bytes, what: str) -> bytes:
+    """The layout inside a stored value, after checking its format.
+
+    Raises:
+        UnknownFormatError: The value is in a format this version does not read.
+    """
+    if not value.startswith(MAGIC):
+        return value
+    number, _, rest = value[len(MAGIC) :].partition(b"\n")
+    fmt = _number(number.decode(errors="replace"), what)
+    return rest if fmt in READS else _refuse(what, fmt)
+
+
+def check_header(headers: Mapping[str, str] | None, what: str) -> int:
+    """The format a message's headers say (1 when they say none).
+
+    Raises:
+        UnknownFormatError: A format this version does not read.
+    """
+    given = (headers or {}).get(HEADER)
+    if given is None:
+        return LEGACY
+    fmt = _number(given, what)
+    return fmt if fmt in READS else _refuse(what, fmt)
+
+
+@functools.cache
+def heartbeat() -> bytes:
+    """This instance's heartbeat value: the formats it reads, and its version."""
+    return json.dumps({"formats": sorted(READS), "version": version()}).encode()
+
+
+def read_heartbeat(value: bytes) -> frozenset[int]:
+    """The formats an instance reads, from its heartbeat (an empty one: format 1 only)."""
+    if not value:
+        return frozenset({LEGACY})
+    try:
+        found = json.loads(value)
+        formats = frozenset(int(f) for f in found["formats"])
+    except (ValueError, TypeError, KeyError):
+        logger.warning("a heartbeat this version cannot read: %r (taken for format 1)", value[:80])
+        return frozenset({LEGACY})
+    return formats or frozenset({LEGACY})
+
+
+class Formats:
+    """Which format this instance writes now (see the module docstring's upgrade rule).
+
+    The lease tells it what each live instance reads (``heard``, ``gone``)
+    and when it has heard them all (``settle``, a lease after start).
+    """
+
+    def __init__(self) -> None:
+        self._reads: dict[str, frozenset[int]] = {}
+        self._settled = False
+        self.writing = LEGACY
+        """The format written now."""
+        self._changed = asyncio.Event()
+
+    def heard(self, instance: str, value: bytes) -> None:
+        """``instance``'s heartbeat, as its value says."""
+        reads = read_heartbeat(value)
+        if self._reads.get(instance) != reads:
+            self._reads[instance] = reads
+            self._update()
+
+    def gone(self, instance: str) -> None:
+        """``instance`` left the cluster (released its lease, or was lost)."""
+        if self._reads.pop(instance, None) is not None:
+            self._update()
+
+    def settle(self) -> None:
+        """Every live instance has been heard from (a lease in touch after start)."""
+        if not self._settled:
+            self._settled = True
+            self._update()
+
+    async def wait_for(self, fmt: int) -> None:
+        """Wait until this instance writes format ``fmt`` (a rolling update's progress)."""
+        while self.writing != fmt:
+            self._changed.clear()
+            await self._changed.wait()
+
+    def _update(self) -> None:
+        everyone = self._settled and all(CURRENT in reads for reads in self._reads.values())
+        writing = CURRENT if everyone else LEGACY
+        if writing != self.writing:
+            old = [i for i, reads in self._reads.items() if CURRENT not in reads]
+            logger.info(
+                "writing format %d%s",
+                writing,
+                f" (instances {', '.join(old)} read format {LEGACY} only)" if old else "",
+            )
+            self.writing = writing
+            self._changed.set()
+
+
+def _number(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UnknownFormatError(what, text) from None
+
+
+def _refuse(what: str, fmt: int) -> NoReturn:
+    raise UnknownFormatError(what, str(fmt))

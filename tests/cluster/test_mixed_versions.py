@@ -1,0 +1,112 @@
+"""Two versions side by side in one cluster (issue 21): the previous one (0.1.0, before
+formats were versioned: tests/fixtures/previous) and this one, as in a rolling update.
+
+While the old instance runs, the new one writes format 1 (what the old one reads); tasks
+started through either are read and continued through the other. Once the old instance is
+replaced, the new ones write format 2 (a lease later). See ``jetstream.formats``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import zipfile
+from pathlib import Path
+
+import grpc
+import nats
+from a2a.types import a2a_pb2_grpc
+from a2a.types.a2a_pb2 import GetTaskRequest, SendMessageRequest, Task, TaskState
+
+from a2a_grpc_server.jetstream import formats
+from a2a_grpc_server.jetstream.conn import TASKS_BUCKET
+from tests.support import ROOT
+from tests.support.harness import V1, send_request, user_message
+from tests.support.serveproc import Process, start
+
+S = TaskState
+WHEEL = ROOT / "tests" / "fixtures" / "previous" / "a2a_grpc_server-0.1.0-py3-none-any.whl"
+AGENT = ("--agent", "tests.support.agents:InputAgent")
+
+
+def previous_version(into: Path) -> dict[str, str]:
+    """The environment that runs 0.1.0's code (its wheel, unpacked) instead of this one's."""
+    with zipfile.ZipFile(WHEEL) as wheel:
+        wheel.extractall(into)
+    return {"PYTHONPATH": f"{into}:{ROOT}"}
+
+
+async def ask(stub: a2a_pb2_grpc.A2AServiceStub) -> Task:
+    task: Task = (await stub.SendMessage(send_request("hi"), metadata=V1, timeout=10)).task
+    assert task.status.state == S.TASK_STATE_INPUT_REQUIRED
+    return task
+
+
+async def answer(stub: a2a_pb2_grpc.A2AServiceStub, task: Task) -> Task:
+    message = user_message("Ada", task_id=task.id, context_id=task.context_id)
+    request = SendMessageRequest(message=message)
+    done: Task = (await stub.SendMessage(request, metadata=V1, timeout=10)).task
+    return done
+
+
+async def logged(process: Process, text: str) -> None:
+    """Wait until the process logs a line holding ``text``."""
+    assert process.proc.stderr is not None
+    while text not in (line := (await process.proc.stderr.readline()).decode()):
+        assert line, f"exited before it logged {text!r}"
+
+
+async def snapshot_marked(nats_url: str, task_id: str) -> bool:
+    """Whether the task's snapshot is in format 2 (marked) rather than format 1."""
+    client = await nats.connect(nats_url)
+    try:
+        entry = await (await client.jetstream().key_value(TASKS_BUCKET)).get(task_id)
+        assert entry.value is not None
+        return entry.value.startswith(formats.MAGIC)
+    finally:
+        await client.close()
+
+
+async def test_the_previous_version_and_this_one_share_a_cluster_through_a_rolling_update(
+    nats_url: str, tmp_path: Path
+) -> None:
+    lease = ("--nats", nats_url, "--lease", "1")
+    processes: list[Process] = []
+    channels: list[grpc.aio.Channel] = []
+
+    async def launch(env: dict[str, str] | None = None) -> a2a_pb2_grpc.A2AServiceStub:
+        process = await start(*AGENT, *lease, env=env)
+        processes.append(process)
+        channel = grpc.aio.insecure_channel(process.grpc_addr)
+        channels.append(channel)
+        return a2a_pb2_grpc.A2AServiceStub(channel)
+
+    try:
+        async with asyncio.timeout(90):
+            old = await launch(previous_version(tmp_path / "0.1.0"))
+            new = await launch()
+            # Each reads and continues what the other started (the new one writes format 1).
+            from_old, from_new = await ask(old), await ask(new)
+            for task, reader in ((from_old, new), (from_new, old)):
+                seen = await reader.GetTask(GetTaskRequest(id=task.id), metadata=V1)
+                assert seen.status.state == S.TASK_STATE_INPUT_REQUIRED
+            assert not await snapshot_marked(nats_url, from_new.id), "format 1 beside 0.1.0"
+            assert (await answer(new, from_old)).status.state == S.TASK_STATE_COMPLETED
+            assert (await answer(old, from_new)).status.state == S.TASK_STATE_COMPLETED
+            # The old instance is replaced by a new one: format 2 follows, read by both.
+            processes[0].proc.send_signal(signal.SIGTERM)
+            assert await processes[0].proc.wait() == 0
+            other = await launch()
+            await logged(processes[1], "writing format 2")  # the old one left
+            later = await ask(new)
+            assert await snapshot_marked(nats_url, later.id)
+            assert (await answer(other, later)).status.state == S.TASK_STATE_COMPLETED
+            finished = await new.GetTask(GetTaskRequest(id=from_old.id), metadata=V1)
+            assert finished.status.state == S.TASK_STATE_COMPLETED, "format 1 read after"
+    finally:
+        for channel in channels:
+            await channel.close()
+        for process in processes:
+            if process.proc.returncode is None:
+                process.proc.kill()
+                await process.proc.wait()
