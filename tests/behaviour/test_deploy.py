@@ -252,3 +252,18 @@ def test_push_follows_an_agent_card_that_says_it_sends_none() -> None:
     assert service.push is not None and service.card.capabilities.push_notifications
     service = A2AService(EchoAgent(), silent, config=ServerConfig(push=False))
     assert service.push is None and not service.card.capabilities.push_notifications
+
+
+def test_links_of_other_services_named_after_ours_and_stray_names_get_no_wild_guess() -> None:
+    metrics_links = {
+        "A2A_GRPC_SERVER_METRICS_SERVICE_HOST": "10.96.14.8",
+        "A2A_GRPC_SERVER_METRICS_SERVICE_PORT": "9090",
+        "A2A_GRPC_SERVER_METRICS_PORT": "tcp://10.96.14.8:9090",
+        "A2A_GRPC_SERVER_METRICS_PORT_9090_TCP_ADDR": "10.96.14.8",
+    }
+    assert settings.resolve({}, metrics_links, None)["port"] == (50051, "default")
+    with pytest.raises(SettingError) as refused:
+        settings.resolve({}, {"A2A_GRPC_SERVER_FOO": "1"}, None)
+    assert "did you mean" not in str(refused.value)
+    with pytest.raises(SettingError, match="not a port"):
+        settings.resolve({}, {"A2A_GRPC_SERVER_HTTP_PORT": "99999"}, None)

@@ -22,7 +22,7 @@ from a2a_grpc_server.jetstream import formats
 from a2a_grpc_server.jetstream.conn import TASKS_BUCKET
 from tests.support import ROOT
 from tests.support.harness import V1, send_request, user_message
-from tests.support.serveproc import Process, start
+from tests.support.serveproc import Process, logged, start
 
 S = TaskState
 WHEEL = ROOT / "tests" / "fixtures" / "previous" / "a2a_grpc_server-0.1.0-py3-none-any.whl"
@@ -47,13 +47,6 @@ async def answer(stub: a2a_pb2_grpc.A2AServiceStub, task: Task) -> Task:
     request = SendMessageRequest(message=message)
     done: Task = (await stub.SendMessage(request, metadata=V1, timeout=10)).task
     return done
-
-
-async def logged(process: Process, text: str) -> None:
-    """Wait until the process logs a line holding ``text``."""
-    assert process.proc.stderr is not None
-    while text not in (line := (await process.proc.stderr.readline()).decode()):
-        assert line, f"exited before it logged {text!r}"
 
 
 async def snapshot_marked(nats_url: str, task_id: str) -> bool:

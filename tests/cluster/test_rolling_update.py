@@ -26,6 +26,8 @@ from tests.support.serveproc import Process, start
 S = TaskState
 AGENT = "tests.support.agents:InputAgent"
 INSTANCES = 3
+RETRY_BACKOFF = 0.3
+"""Seconds a client waits before its one retry (gRPC retry policies start near this)."""
 MOST_CALLS = 5000
 """Most calls the load makes (it stops once the restarts are done and every task answered)."""
 
@@ -37,6 +39,8 @@ class Member:
     process: Process
     channel: grpc.aio.Channel
     stub: a2a_pb2_grpc.A2AServiceStub
+    stopping: bool = False
+    """Its SIGTERM was sent (a load balancer would take it out of rotation now)."""
 
 
 @dataclass
@@ -46,6 +50,8 @@ class Load:
     waiting: list[Task] = field(default_factory=list)
     completed: list[str] = field(default_factory=list)
     retried: int = 0
+    took_effect: int = 0
+    """Retried follow-ups whose first attempt had taken effect (see ``call``)."""
     failed: list[str] = field(default_factory=list)
 
 
@@ -58,20 +64,47 @@ async def launch(nats_url: str) -> Member:
 
 
 async def call(members: list[Member], request: SendMessageRequest, load: Load) -> Task | None:
-    """SendMessage through a random instance; once more through another if refused."""
-    order = random.sample(members, len(members))
-    for attempt, member in enumerate(order[:2]):
+    """SendMessage through a random instance; once more through another if refused.
+
+    A follow-up whose first attempt was refused UNAVAILABLE may have taken effect all
+    the same (the owner ran it, its answer was lost as an instance left): its retry is
+    then refused because the task ended, and the task holds the answer. That is the
+    retried-SendMessage problem issue 24's idempotency keys solve; here the client
+    checks the task, as a client without them must.
+    """
+    member = random.choice(members)
+    for attempt in range(2):
+        if attempt:  # one retry, as a client's retry policy makes it: a back-off, elsewhere
+            await asyncio.sleep(RETRY_BACKOFF)  # sync-ok: the client's own back-off
+            member = random.choice([m for m in members if m is not member and not m.stopping])
         try:
             reply = await member.stub.SendMessage(request, metadata=V1, timeout=10)
         except grpc.aio.AioRpcError as err:
-            if err.code() != grpc.StatusCode.UNAVAILABLE or attempt == 1:
-                load.failed.append(f"{err.code().name}: {err.details()}")
+            code = err.code()
+            if attempt == 1 and code == grpc.StatusCode.FAILED_PRECONDITION:
+                task = await took_effect(member, request)
+                if task is not None:
+                    load.took_effect += 1
+                    return task
+            if code != grpc.StatusCode.UNAVAILABLE or attempt == 1:
+                load.failed.append(f"{code.name}: {err.details()}")
                 return None
             load.retried += 1
             continue
-        task: Task = reply.task
-        return task
+        answered: Task = reply.task
+        return answered
     return None
+
+
+async def took_effect(member: Member, request: SendMessageRequest) -> Task | None:
+    """The task, if the follow-up ``request`` is already in its history (it took effect)."""
+    if not request.message.task_id:
+        return None
+    task: Task = await member.stub.GetTask(
+        GetTaskRequest(id=request.message.task_id), metadata=V1, timeout=10
+    )
+    ids = {m.message_id for m in task.history}
+    return task if request.message.message_id in ids else None
 
 
 async def drive(members: list[Member], load: Load, done: asyncio.Event) -> None:
@@ -111,6 +144,7 @@ async def test_a_rolling_restart_under_load_fails_nothing_after_one_retry_and_lo
             driving = asyncio.ensure_future(drive(members, load, done))
             for i in range(INSTANCES):
                 old = members[i]
+                old.stopping = True
                 old.process.proc.send_signal(signal.SIGTERM)
                 assert await old.process.proc.wait() == 0, "a clean drain"
                 members[i] = await launch(nats_url)

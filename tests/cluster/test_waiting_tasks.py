@@ -26,10 +26,11 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 
+from a2a_grpc_server.jetstream import formats
 from tests.support.agents import InputAgent
 from tests.support.clusterharness import Instance, instances
 from tests.support.harness import V1, rich_status, send_request, serve, user_message
-from tests.support.serveproc import owner_process
+from tests.support.serveproc import logged, owner_process
 
 S = TaskState
 AGENT = "tests.support.agents:InputAgent"
@@ -76,6 +77,13 @@ async def continued_through(b: Instance, task: Task) -> Task:
     raise AssertionError("the follow-up was never taken")
 
 
+async def both_read_format_2(*members: Instance) -> None:
+    """Wait until every instance writes format 2 (a lease after start, every one heard):
+    only then is a waiting task released (``jetstream.formats``)."""
+    for member in members:
+        await member.cluster.formats.wait_for(formats.CURRENT)
+
+
 def assert_completed(task: Task) -> None:
     assert task.status.state == S.TASK_STATE_COMPLETED, S.Name(task.status.state)
     assert task.status.message.parts[0].text == "hello Ada"
@@ -86,11 +94,12 @@ async def test_a_waiting_task_goes_on_through_another_instance_after_its_owner_g
 ) -> None:
     async with (
         asyncio.timeout(40),
-        owner_process(nats_url, 60, agent=AGENT) as (owner, _),
-        instances(InputAgent(), [nats_url], names=("B",), lease=60) as [b],
+        owner_process(nats_url, 2.0, agent=AGENT) as (owner, _),
+        instances(InputAgent(), [nats_url], names=("B",), lease=2.0) as [b],
         grpc.aio.insecure_channel(owner.grpc_addr) as channel,
     ):
         a = a2a_pb2_grpc.A2AServiceStub(channel)
+        await logged(owner, "writing format 2")  # (a lease after start: B reads it too)
         task = await ask(a)
         through_owner = a.SubscribeToTask(SubscribeToTaskRequest(id=task.id), metadata=V1)
         relayed = b.stub.SubscribeToTask(SubscribeToTaskRequest(id=task.id), metadata=V1)
@@ -145,6 +154,7 @@ async def test_a_waiting_task_out_of_its_owners_memory_goes_on_after_the_owner_l
         instances(InputAgent(), [nats_url], names=("A", "B"), lease=2.0) as (a, b),
     ):
         task = await ask(a.stub)
+        await both_read_format_2(a, b)
         engine = a.service.engine
         horizon = engine.tasks.pool.clock() + a.service.config.parked_timeout
         assert engine.tasks.parking.evict_idle(now=horizon) == 1
@@ -179,9 +189,10 @@ async def test_two_instances_racing_for_a_released_task_run_it_once(nats_url: st
     agent = InputAgent()
     async with (
         asyncio.timeout(40),
-        instances(agent, [nats_url], names=("A", "B", "C"), lease=60) as (a, b, c),
+        instances(agent, [nats_url], names=("A", "B", "C"), lease=2.0) as (a, b, c),
     ):
         task = await ask(a.stub)
+        await both_read_format_2(a, b, c)
         await a.service.shutdown(grace=0)
         replies = await asyncio.gather(
             b.stub.SendMessage(answer_request(task), metadata=V1, timeout=10),
@@ -205,9 +216,10 @@ async def test_two_instances_racing_for_a_released_task_run_it_once(nats_url: st
 async def test_a_released_task_can_be_canceled_through_any_instance(nats_url: str) -> None:
     async with (
         asyncio.timeout(40),
-        instances(InputAgent(), [nats_url], names=("A", "B"), lease=60) as (a, b),
+        instances(InputAgent(), [nats_url], names=("A", "B"), lease=2.0) as (a, b),
     ):
         task = await ask(a.stub)
+        await both_read_format_2(a, b)
         await a.service.shutdown(grace=0)
         canceled = await b.stub.CancelTask(CancelTaskRequest(id=task.id), metadata=V1, timeout=10)
         assert canceled.status.state == S.TASK_STATE_CANCELED

@@ -25,6 +25,7 @@ from a2a.utils.errors import TaskNotCancelableError, UnsupportedOperationError
 from a2a_grpc_server import A2AService
 from a2a_grpc_server.cluster import Cluster
 from a2a_grpc_server.errors import OwnerUnavailableError
+from a2a_grpc_server.jetstream import formats
 from a2a_grpc_server.journal import RecordedTask
 from a2a_grpc_server.log.tasklog import LogReader
 from a2a_grpc_server.model.caller import Caller
@@ -220,6 +221,10 @@ async def test_a_waiting_task_is_released_only_by_its_owner_and_claimed_once(
         await asked.outcome(immediately=False)
         await p.a.engine.wait_idle()
         task_id = asked.live.task_id
+        for member in (p.a_cluster, p.b_cluster):
+            written = getattr(member, "formats", None)  # (on NATS: a lease after start)
+            if written is not None:
+                await written.wait_for(formats.CURRENT)
         assert not await p.b_cluster.release(task_id), "not B's to release"
         assert await p.a_cluster.release(task_id)
         free = await p.recorded(task_id)

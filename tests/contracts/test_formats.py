@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
 import grpc
 import nats
 import pytest
-from a2a.types.a2a_pb2 import GetTaskRequest, TaskState
+from a2a.types.a2a_pb2 import GetTaskRequest, Message, Role, StreamResponse, TaskState
 from nats.aio.msg import Msg
 
 from a2a_grpc_server.errors import UnknownFormatError
 from a2a_grpc_server.jetstream import formats, pushstore
-from a2a_grpc_server.jetstream.journal import Entry, Snapshot
+from a2a_grpc_server.jetstream.conn import NatsConfig, connect
+from a2a_grpc_server.jetstream.journal import Entry, JetStreamJournal, Snapshot
+from a2a_grpc_server.jetstream.requests import JetStreamRequests
 from a2a_grpc_server.jetstream.routing import control_subject
+from a2a_grpc_server.journal import Change, VersionConflictError
 from tests.support import formatfixtures as fx
 from tests.support.agents import InputAgent
 from tests.support.clusterharness import instances
@@ -183,3 +187,33 @@ class _Empty:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._kv, name)
+
+
+async def test_a_claim_holds_the_released_version_so_no_message_runs_twice(nats_url: str) -> None:
+    conn = await connect(NatsConfig(servers=[nats_url], instance_id="writer"))
+    requests = JetStreamRequests(conn.nc)
+    await requests.start()
+    settled = formats.Formats()
+    settled.settle()  # (alone: every instance reads format 2)
+    a = JetStreamJournal(requests, conn.js, conn.tasks, "a", formats=settled)
+    b = JetStreamJournal(requests, conn.js, conn.tasks, "b", formats=settled)
+    try:
+        for late in ("before the claim", "after the claim"):
+            waiting = fx.sample_task()
+            waiting.id = f"t-{uuid.uuid4()}"
+            frame = StreamResponse(task=waiting).SerializeToString()
+            version = await a.create(waiting, [Change(1, frame, waiting.status.state)])
+            assert await a.release(waiting.id, "a") and not await b.release(waiting.id, "a")
+            message = Message(message_id=f"m-{late}", role=Role.ROLE_USER, task_id=waiting.id)
+            if late == "before the claim":  # the former owner, partitioned, appends anyway
+                await a.update(waiting, version, [Change(2, message=message)])
+                assert await b.claim(waiting.id) is None, "written after the release"
+            else:
+                claimed = await b.claim(waiting.id)
+                assert claimed is not None and claimed.owner == "b"
+                await a.update(waiting, version, [Change(2, message=message)])
+                with pytest.raises(VersionConflictError):  # so b never runs a second message
+                    await b.update(claimed.task, claimed.version, [Change(2, message=message)])
+    finally:
+        await requests.close()
+        await conn.close()

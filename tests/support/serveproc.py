@@ -81,6 +81,13 @@ async def owner_process(
             await owner.proc.wait()
 
 
+async def logged(process: Process, text: str) -> None:
+    """Wait until the process logs a line holding ``text`` (after its ready line)."""
+    assert process.proc.stderr is not None
+    while text not in (line := (await process.proc.stderr.readline()).decode()):
+        assert line, f"exited before it logged {text!r}"
+
+
 def refusal(*args: str) -> str:
     """Run ``serve`` with ``args``, which it must refuse at start; return what it said."""
     done = subprocess.run(

@@ -538,6 +538,7 @@ class A2AServer:
             flush = self.service.config.shutdown_flush
             loop = asyncio.get_running_loop()
             until = loop.time() + flush
+            self.service.servicer.closing = True  # (new calls: UNAVAILABLE, not cut)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(flush):
                     await self.service.rpc_metrics.wait_quiet()

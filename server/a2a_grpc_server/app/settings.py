@@ -421,7 +421,8 @@ def _read(path: Path) -> dict[str, Any]:
 
 _SERVICE_LINK = re.compile(
     ENV_PREFIX
-    + r"(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)"
+    + r"(\w+_)?(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?"
+    + r"|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)"
 )
 _LINK_VALUE = re.compile(r"(tcp|udp|sctp)://")
 
@@ -432,12 +433,13 @@ def service_link(name: str, value: str) -> bool:
     Kubernetes gives every pod, for each Service of its namespace,
     ``<NAME>_SERVICE_HOST``, ``<NAME>_SERVICE_PORT[_<port name>]``,
     ``<NAME>_PORT=tcp://10.…:50051`` and ``<NAME>_PORT_<port>_TCP[_PROTO|_PORT|_ADDR]``
-    (unless the pod sets ``enableServiceLinks: false``). For that Service they
-    begin as our settings do; they are not settings and are ignored (one of
-    them is recognised by its value: ``A2A_GRPC_SERVER_PORT=tcp://…``).
+    (unless the pod sets ``enableServiceLinks: false``). For that Service, and
+    any whose name starts ``a2a-grpc-server-``, they begin as our settings
+    do; they are not settings and are ignored (``<NAME>_PORT`` is recognised
+    by its ``tcp://`` value: ``A2A_GRPC_SERVER_PORT`` is a setting too).
     """
-    if name == ENV_PREFIX + "PORT":
-        return bool(_LINK_VALUE.match(value))
+    if name.endswith("_PORT") and _LINK_VALUE.match(value):
+        return True  # (<NAME>_PORT=tcp://…: no setting takes a URL there)
     return bool(_SERVICE_LINK.fullmatch(name))
 
 
@@ -445,8 +447,11 @@ def _not_settings(unknown: list[str], known: list[str]) -> str:
     """Which names are not settings, and the setting each one probably meant."""
     named = []
     for name in unknown:
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-        named.append(f"{name} (did you mean {close[0]}?)" if close else name)
+        # (Compared without the prefix every variable shares, which would match anything.)
+        prefix = ENV_PREFIX if name.startswith(ENV_PREFIX) else ""
+        stems = {k.removeprefix(prefix): k for k in known if k.startswith(prefix)}
+        close = difflib.get_close_matches(name.removeprefix(prefix), stems, n=1, cutoff=0.75)
+        named.append(f"{name} (did you mean {stems[close[0]]}?)" if close else name)
     verb = "is not a setting" if len(unknown) == 1 else "are not settings"
     return f"{', '.join(named)} {verb} (see `a2a-grpc-server serve --help`)"
 

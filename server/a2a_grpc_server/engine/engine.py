@@ -147,6 +147,10 @@ class TaskEngine:
             tasks.listen(push)
         self._config = tasks.config
         self._accepting = True
+        self._starting = 0
+        """Messages accepted whose run is not spawned yet (shutdown waits for them)."""
+        self._started = asyncio.Event()
+        self._started.set()
 
     async def send(
         self,
@@ -175,8 +179,24 @@ class TaskEngine:
             ServerShuttingDownError: The server is draining.
             QuotaExceededError: A new task would exceed one of the caller's quotas.
         """
-        if found is None and not self._accepting:  # (given ``found``, the caller checked)
+        if found is None and not self._accepting:  # (a follow-up: see _admit)
             raise ServerShuttingDownError("server is shutting down; retry on another instance")
+        self._starting += 1  # (shutdown waits for it: see _wait_started)
+        try:
+            return await self._send(request, call, subscribe, resumable, found)
+        finally:
+            self._starting -= 1
+            if not self._starting:
+                self._started.set()
+
+    async def _send(
+        self,
+        request: SendMessageRequest,
+        call: Caller,
+        subscribe: bool,
+        resumable: bool,
+        found: RecordedTask | None,
+    ) -> Started:
         message = request.message
         follow_up = bool(message.task_id)
         if follow_up:
@@ -473,6 +493,10 @@ class TaskEngine:
             grace = min(grace, max(0.0, deadline - loop.time()))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
+                # Messages accepted before the shutdown get their run (and then the grace).
+                while self._starting:
+                    self._started.clear()
+                    await self._started.wait()
                 await self.runs.wait_interrupted()
         if release is not None:
             await self._release_waiting(release, deadline)
@@ -501,13 +525,22 @@ class TaskEngine:
     async def _release_waiting(
         self, release: Callable[[str], Awaitable[bool]], deadline: float | None
     ) -> None:
-        """Leave every waiting task to the cluster, each handed over here (see ``shutdown``)."""
+        """Leave every waiting task to the cluster, each handed over here (see ``shutdown``).
+
+        A task the cluster refuses (an older version is present, or it is no
+        longer this instance's) is left for the FAILED ending, as before; one
+        whose release could not be written (NATS did not answer) is handed over
+        all the same: a survivor decides once this instance's lease is gone.
+        """
         waiting = [live for live in self.tasks.all() if self._waiting(live)]
+        kept: set[str] = set()
 
         async def one(live: LiveTask) -> None:
             try:
-                if await release(live.task_id):
-                    self.tasks.metrics.tasks_released += 1
+                if not await release(live.task_id):
+                    kept.add(live.task_id)
+                    return
+                self.tasks.metrics.tasks_released += 1
             except StoreError as exc:
                 logger.warning("task %s: not released (%s); a survivor will", live.task_id, exc)
 
@@ -515,7 +548,7 @@ class TaskEngine:
             async with asyncio.timeout_at(deadline):
                 await asyncio.gather(*(one(live) for live in waiting))
         for live in waiting:
-            if self._waiting(live):
+            if live.task_id not in kept and self._waiting(live):
                 self.tasks.hand_over(live, "this instance is shutting down")
 
     async def wait_idle(self) -> None:
@@ -551,6 +584,10 @@ class TaskEngine:
         return found
 
     def _admit(self, found: RecordedTask) -> LiveTask:
+        if not self._accepting:
+            # (Checked again here: a follow-up whose read began before the shutdown
+            # must not run while this instance leaves its waiting tasks to the cluster.)
+            raise ServerShuttingDownError("server is shutting down; retry on another instance")
         recorded = found.task
         live = self.tasks.revivable(found)
         if live is None or live.log.closed:

@@ -134,14 +134,24 @@ class Formats:
             self._update()
 
     def gone(self, instance: str) -> None:
-        """``instance`` left the cluster (released its lease, or was lost)."""
+        """``instance`` left the cluster: its heartbeat key was deleted or expired.
+
+        (An instance only taken for lost is not gone: it may come back, and
+        must be able to read what is written meanwhile.)
+        """
         if self._reads.pop(instance, None) is not None:
             self._update()
 
     def settle(self) -> None:
-        """Every live instance has been heard from (a lease in touch after start)."""
+        """Every live instance has been heard from (a lease in touch)."""
         if not self._settled:
             self._settled = True
+            self._update()
+
+    def unsettle(self) -> None:
+        """This instance lost touch: an instance may have joined unheard; format 1 until settled."""
+        if self._settled:
+            self._settled = False
             self._update()
 
     async def wait_for(self, fmt: int) -> None:

@@ -95,6 +95,7 @@ from ..journal import (
 )
 from ..model import taskops
 from .conn import EVENTS_STREAM, EVENTS_SUBJECT, TASKS_BUCKET
+from .formats import CURRENT as CURRENT_FORMAT
 from .formats import HEADER as FORMAT
 from .formats import LEGACY, Formats, check_header, mark, unmark
 from .requests import JetStreamRequests, WrongLastSequenceError
@@ -452,32 +453,51 @@ class JetStreamJournal:
     async def release(self, task_id: str, owner: str) -> bool:
         """Record a waiting task of ``owner``'s as owned by nobody (compare-and-set).
 
-        For a task that waits for input (INPUT_REQUIRED, AUTH_REQUIRED) with
-        nothing recorded after its snapshot: whoever takes its next message
-        claims it (``claim``). ``owner`` is this instance at shutdown, or a
-        lost instance when a survivor sweeps.
+        For a task that waits for input (INPUT_REQUIRED, AUTH_REQUIRED) as its
+        record says: whoever takes its next message claims it (``claim``).
+        ``owner`` is this instance at shutdown, or a lost instance when a
+        survivor sweeps. The snapshot is rewritten from the record, so one
+        behind it (its last write failed) is brought up to date. Only once
+        every live instance reads format 2 (``formats``): a version before it
+        would take a task owned by nobody for its own.
 
         Returns:
-            Whether it was released (False: not ``owner``'s, not waiting, or
-            written meanwhile).
+            Whether it was released (False: not ``owner``'s, not waiting,
+            written meanwhile, or an older version is in the cluster).
 
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        snap = await self.snapshot(task_id)
-        if snap is None or snap.owner != owner or snap.state not in taskops.INTERRUPTED:
+        if self._formats.writing < CURRENT_FORMAT:
             return False
-        last = await self.last_entry(task_id)
-        if last is not None and last.seq > snap.seq:
-            return False  # changes after the snapshot: not the waiting task it shows
-        return await self._set_owner(snap, "") is not None
+        snap = await self.snapshot(task_id)
+        if snap is None or snap.owner != owner or snap.final:
+            return False
+        recorded = await self._fold(task_id, snap)
+        if recorded.task.status.state not in taskops.INTERRUPTED:
+            return False
+        value = encode(
+            "", recorded.task, recorded.seq, recorded.version, snap.scope, self._formats.writing
+        )
+        try:
+            await self._write_snapshot(task_id, value, snap.rev)
+        except VersionConflictError:
+            return False
+        self._snapshotted.pop(task_id, None)
+        return True
 
     async def claim(self, task_id: str) -> RecordedTask | None:
         """Take over a waiting task nobody owns (compare-and-set on its snapshot).
 
+        The claim holds the version the release recorded: a change anyone
+        appends after it (a partitioned former owner's, say) makes the
+        claimer's first write fail its compare-and-set, so no message runs on
+        two instances.
+
         Returns:
             The task, now owned by this instance; None if it is not a waiting
-            task owned by nobody (another instance claimed it first).
+            task owned by nobody (another instance claimed it first), or its
+            record moved past the release.
 
         Raises:
             StoreUnavailableError: NATS did not answer.
@@ -485,8 +505,12 @@ class JetStreamJournal:
         snap = await self.snapshot(task_id)
         if snap is None or snap.owner or snap.state not in taskops.INTERRUPTED:
             return None
-        claimed = await self._set_owner(snap, self._owner)
-        return await self._fold(task_id, claimed) if claimed is not None else None
+        last = await self.last_entry(task_id)
+        if last is not None and (last.seq != snap.seq or last.pos != snap.pos):
+            return None  # written after the release: not the waiting task it shows
+        if await self._set_owner(snap, self._owner) is None:
+            return None
+        return RecordedTask(snap.task(), snap.pos, self._owner, snap.seq, snap.scope)
 
     async def _set_owner(self, snap: Snapshot, owner: str) -> Snapshot | None:
         task = snap.task()

@@ -71,6 +71,8 @@ from .journal import JetStreamJournal, Snapshot
 logger = logging.getLogger(__name__)
 
 DELETED = ("DEL", "PURGE")
+FORGET_LEASES = 10
+"""Leases after which an instance taken for lost no longer holds back a newer format."""
 CLAIM_CONCURRENCY = 16
 """Tasks one sweep claims at once (each a read and a compare-and-set write)."""
 
@@ -117,6 +119,8 @@ class Lease:
         self._lease = conn.config.lease
         self._journal = journal
         self._metrics = metrics
+        self._lost_at: dict[str, float] = {}
+        """When each instance taken for lost was judged (until it is heard again or forgotten)."""
         self._seen: dict[str, tuple[float, int]] = {}
         """When each other instance was last heard from, and its key's revision then."""
         self._task: asyncio.Task[None] | None = None
@@ -225,8 +229,9 @@ class Lease:
                 self._reconnects = reconnects
                 self._after_beat(began, now)
             lost = await self._judge()
+            self._forget_long_lost(loop.time())
             due = self._judging() and not self._swept_at_start
-            if due:
+            if self._judging():
                 self._formats.settle()  # (a lease in touch: every live instance was heard)
             if (lost or due or self._sweep_requested) and not self._sweep_running():
                 self._swept_at_start = self._swept_at_start or due
@@ -241,6 +246,18 @@ class Lease:
                 async with asyncio.timeout(period):
                     await self._stopping.wait()
 
+    def _forget_long_lost(self, now: float) -> None:
+        """Stop writing for instances lost ``FORGET_LEASES`` leases ago (see ``formats``).
+
+        One only taken for lost may come back, so the formats it reads still
+        count for a while; one silent that long is gone (its key is not deleted
+        when it dies, and expires only after ``INSTANCES_TTL``).
+        """
+        for instance, since in list(self._lost_at.items()):
+            if now - since > FORGET_LEASES * self._lease:
+                del self._lost_at[instance]
+                self._formats.gone(instance)
+
     def _connection_changes(self) -> int:
         """How often the NATS connection was lost or re-established so far."""
         nc = self._nc
@@ -254,6 +271,7 @@ class Lease:
                 "out of touch with the cluster (%s): judging no instance for a lease", why
             )
         self._healthy_since = None
+        self._formats.unsettle()
 
     def _judging(self) -> bool:
         """Whether this instance has been in touch for a whole lease (it may judge others)."""
@@ -289,7 +307,7 @@ class Lease:
                 self._seen[instance] = (asyncio.get_running_loop().time(), entry.revision or 0)
                 continue  # alive: the watch had not delivered its heartbeats yet
             del self._seen[instance]
-            self._formats.gone(instance)
+            self._lost_at[instance] = loop.time()
             lost.append(instance)
             logger.warning("instance %s lost (no heartbeat for %.1f s)", instance, self._lease)
         return lost
@@ -353,6 +371,7 @@ class Lease:
             meta = msg.metadata
             rev = int(meta.sequence.stream) if meta is not None else 0
             self._seen[key] = (asyncio.get_running_loop().time(), rev)
+            self._lost_at.pop(key, None)
             self._formats.heard(key, msg.data)
 
     async def _sweep_logged(self) -> None:
@@ -415,12 +434,18 @@ class Lease:
         if taskops.is_final(recorded.task):
             await self._journal.repair(recorded)
             return 0
+        if recorded.owner != owner:
+            return 0  # claimed or written by another instance since the scan
         if recorded.task.status.state in taskops.INTERRUPTED:
-            if not await self._journal.release(task_id, owner):
-                return 0  # written meanwhile (claimed, continued): the next sweep looks again
-            self._metrics.tasks_released += 1
-            logger.warning("task %s waits for input: released (%s)", task_id, text)
-            return 1
+            if await self._journal.release(task_id, owner):
+                self._metrics.tasks_released += 1
+                logger.warning("task %s waits for input: released (%s)", task_id, text)
+                return 1
+            # Not released (an older version is in the cluster, or it was written
+            # meanwhile): ended FAILED, as before waiting tasks belonged to the cluster.
+            recorded = await self._journal.get(task_id)
+            if recorded is None or recorded.owner != owner or taskops.is_final(recorded.task):
+                return 0
         task = taskops.copy(recorded.task)
         frame = taskops.apply(task, taskops.status_event(task, TaskState.TASK_STATE_FAILED, text))
         change = Change(recorded.seq + 1, frame.SerializeToString(), TaskState.TASK_STATE_FAILED)

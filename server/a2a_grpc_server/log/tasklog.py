@@ -652,7 +652,9 @@ class TaskLog:
                     logger.exception("a close callback of task %s's log failed", self.task_id)
         finally:
             self._wake()
-            if self.resumable:
+            if self.resumable and self._severed is None:
+                # (A severed or handed-over log is not kept for resuming: the task goes
+                # on elsewhere, and a resumption reads it from there.)
                 self._ended_at = self._pool.clock()
                 self._pool._retain(self)
             elif not self._readers:

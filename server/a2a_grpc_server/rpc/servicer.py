@@ -54,7 +54,12 @@ from .. import errors
 from ..config import ServerConfig
 from ..engine.engine import TaskEngine
 from ..engine.ports import TaskOperations
-from ..errors import AnswerTooLargeError, FrameNotKeptError, InvalidFieldError
+from ..errors import (
+    AnswerTooLargeError,
+    FrameNotKeptError,
+    InvalidFieldError,
+    ServerShuttingDownError,
+)
 from ..journal import InvalidPageTokenError, TaskQuery
 from ..log.tasklog import LogReader
 from ..model import taskops
@@ -119,6 +124,10 @@ def _handled(
     @functools.wraps(fn)
     async def call(self: Any, request: Any, context: Context) -> R:
         try:
+            if self.closing:
+                raise ServerShuttingDownError(
+                    "server is closing its connections; retry on another instance"
+                )
             if type(request) is Undecodable:
                 raise request.problem()
             return await fn(self, request, context)
@@ -154,6 +163,9 @@ class RpcServicer:
     ) -> None:
         self._engine = engine
         self._push_service = push
+        self.closing = False
+        """Set just before the gRPC server closes: every new call is refused UNAVAILABLE
+        (retryable), so none is in flight to be cut (CANCELLED) when it closes."""
         self._ops: TaskOperations = operations if operations is not None else engine
         self._input_modes = validation.input_modes(
             [*card.default_input_modes, *(m for s in card.skills for m in s.input_modes)]
