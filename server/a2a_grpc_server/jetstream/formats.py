@@ -48,9 +48,9 @@ CURRENT = 2
 READS = frozenset({LEGACY, CURRENT})
 """The formats this version reads."""
 MAGIC = b"\x00a2a-format "
-"""How a format-2 (or later) snapshot or push config value starts (no format-1 value can:
-a snapshot starts with its owner's id, a push config with a big-endian creation number
-below 2**56)."""
+"""How a format-2 (or later) snapshot or push config value starts. No format-1 value can:
+a snapshot starts with its owner's id (text), a push config with its creation number, big-
+endian nanoseconds since 1970, whose first byte is not 0 for any time after 1972."""
 
 
 @functools.cache
