@@ -26,9 +26,11 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-SERVICE = "lf.a2a.v1.A2AService"
-PREFIX = "A2A_GRPC_SERVER_"
-WILDCARDS = {"0.0.0.0", "::", ""}
+from ..model.names import A2A_SERVICE
+from . import settings
+from .service import WILDCARDS
+
+SERVICE = A2A_SERVICE
 NAMES = ("host", "port", "tls_cert", "tls_key", "tls_client_ca")
 """The settings of ``serve`` the probe reads."""
 
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-key", type=Path)
     parser.add_argument("--tls-client-ca", type=Path)
     parser.add_argument("--ca", type=Path, help="trust anchor for the server's certificate")
-    parser.add_argument("--config", type=Path, help=f"the TOML file (env {PREFIX}CONFIG)")
+    parser.add_argument("--config", type=Path, help=f"the TOML file (env {settings.CONFIG_ENV})")
     parser.add_argument("--service", default=SERVICE, help='"" for the whole server')
     parser.add_argument("--timeout", type=float, default=3.0)
     args = parser.parse_args(argv)
@@ -126,8 +128,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """host, port, tls_cert, tls_key, tls_client_ca as ``serve`` would take them."""
-    from . import settings  # (the probe itself stays light until it needs them)
-
     given = {name: value for name in NAMES if (value := getattr(args, name)) is not None}
     given = {k: str(v) if isinstance(v, Path) else v for k, v in given.items()}
     path = args.config or os.environ.get(settings.CONFIG_ENV)
