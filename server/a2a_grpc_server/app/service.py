@@ -45,6 +45,7 @@ from ..obs.metrics import Metrics
 from ..push.service import PushService
 from ..rpc import servicer as rpc
 from ..rpc.auth import Authenticator, AuthInterceptor, declared_scheme
+from ..rpc.closing import Closing
 from ..rpc.metrics import MetricsInterceptor, RpcMetrics
 from ..rpc.resume import extension as resume_extension
 from ..rpc.servicer import RpcServicer
@@ -199,8 +200,16 @@ class A2AService:
             ClusterFront(self.engine, cluster) if cluster is not None else self.engine
         )
         """What the servicer asks of tasks (the engine alone, or the cluster front)."""
+        self.closing = Closing(self.rpc_metrics)
+        """How new calls are held, then refused, while the gRPC server closes."""
         self.servicer = RpcServicer(
-            self.engine, self.config, self.card, extended_card, self.operations, self.push
+            self.engine,
+            self.config,
+            self.card,
+            extended_card,
+            self.operations,
+            self.push,
+            self.closing,
         )
 
     async def start(self) -> None:
@@ -264,6 +273,12 @@ class A2AService:
         if self.cluster is not None:
             await self.cluster.leave()
 
+
+TAKE_SETTLE = 0.05
+"""Seconds a closing server waits, once quiet, for calls grpc core received to be taken."""
+GOAWAY_SETTLE = 0.1
+"""Seconds between the gRPC server's stop (its GOAWAY) and refusing the calls held meanwhile:
+time for clients to read the GOAWAY, so their retries take a new connection."""
 
 CHANNELZ = "grpc.channelz.v1.Channelz"
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
@@ -535,18 +550,38 @@ class A2AServer:
         if self._http is not None:
             await self._http.stop()
         if self._grpc is not None:
-            flush = self.service.config.shutdown_flush
-            loop = asyncio.get_running_loop()
-            until = loop.time() + flush
-            self.service.servicer.closing = True  # (new calls: UNAVAILABLE, not cut)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(flush):
-                    await self.service.rpc_metrics.wait_quiet()
-            # Streams have their final frames already; this only flushes them.
-            await self._grpc.stop(grace=max(0.1, until - loop.time()))
+            await self._close_grpc(self._grpc)
             self._grpc = None
         if self.service.cluster is not None:
             await self.service.cluster.close()
+
+    async def _close_grpc(self, server: grpc.aio.Server) -> None:
+        """Close the gRPC server without cutting a call CANCELLED (see ``rpc.closing``).
+
+        New calls are held from now on; the calls being served get
+        ``shutdown_flush`` seconds to answer (streams have their final frames
+        already); once they have (and a moment more, for calls on their way to
+        be taken), the server stops: its GOAWAY goes out while every new call is
+        held, and ``GOAWAY_SETTLE`` later the held calls are refused
+        UNAVAILABLE, to be retried on a new connection.
+        """
+        closing, flush = self.service.closing, self.service.config.shutdown_flush
+        loop = asyncio.get_running_loop()
+        until = loop.time() + flush
+        closing.begin()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(flush):
+                await self.service.rpc_metrics.wait_quiet()
+                await asyncio.sleep(TAKE_SETTLE)  # sync-ok: calls on their way are taken
+        grace = max(GOAWAY_SETTLE * 2, until - loop.time())
+        stopping = asyncio.ensure_future(server.stop(grace=grace))
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(GOAWAY_SETTLE):
+                    await asyncio.shield(stopping)  # (it ends early only if nothing is held)
+        finally:
+            closing.release()
+        await stopping
 
     async def __aenter__(self) -> A2AServer:
         await self.start()

@@ -61,14 +61,32 @@ class RpcMetrics:
     seconds: dict[Labels, Histogram] = field(default_factory=dict)
     a2a_in_flight: int = 0
     """A2A calls being served now (not health or admin calls, whose watches stay open)."""
+    held: int = 0
+    """Of those, calls a closing server holds to refuse them (``closing.Closing``)."""
     _quiet: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self._quiet.set()
 
     async def wait_quiet(self) -> None:
-        """Wait until no A2A call is being served."""
+        """Wait until no A2A call is being served (held calls aside)."""
         await self._quiet.wait()
+
+    def hold(self) -> None:
+        """A call being served is now held (it no longer keeps the server from quiet)."""
+        self.held += 1
+        self._settle()
+
+    def unhold(self) -> None:
+        """A held call goes on (to its refusal)."""
+        self.held -= 1
+        self._settle()
+
+    def _settle(self) -> None:
+        if self.a2a_in_flight <= self.held:
+            self._quiet.set()
+        else:
+            self._quiet.clear()
 
 
 class MetricsInterceptor(WrappingInterceptor):
@@ -104,7 +122,7 @@ class MetricsInterceptor(WrappingInterceptor):
             metrics.started[labels] += 1
             if a2a:
                 metrics.a2a_in_flight += 1
-                metrics._quiet.clear()
+                metrics._settle()
             start = time.perf_counter()
             outcome = unknown
             try:
@@ -126,7 +144,6 @@ class MetricsInterceptor(WrappingInterceptor):
                 histogram.observe(time.perf_counter() - start)
                 if a2a:
                     metrics.a2a_in_flight -= 1
-                    if not metrics.a2a_in_flight:
-                        metrics._quiet.set()
+                    metrics._settle()
 
         return run

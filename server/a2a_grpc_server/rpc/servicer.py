@@ -58,7 +58,6 @@ from ..errors import (
     AnswerTooLargeError,
     FrameNotKeptError,
     InvalidFieldError,
-    ServerShuttingDownError,
 )
 from ..journal import InvalidPageTokenError, TaskQuery
 from ..log.tasklog import LogReader
@@ -67,6 +66,7 @@ from ..model.caller import EXTENSIONS_KEY, Caller, caller
 from ..push.configs import check_config
 from . import resume, validation
 from .auth import AuthenticationError
+from .closing import Closing
 
 if TYPE_CHECKING:
     from ..push.service import PushService
@@ -124,10 +124,8 @@ def _handled(
     @functools.wraps(fn)
     async def call(self: Any, request: Any, context: Context) -> R:
         try:
-            if self.closing:
-                raise ServerShuttingDownError(
-                    "server is closing its connections; retry on another instance"
-                )
+            if self.closing.started:
+                await self.closing.refuse(context)
             if type(request) is Undecodable:
                 raise request.problem()
             return await fn(self, request, context)
@@ -150,6 +148,8 @@ class RpcServicer:
         operations: What tasks are asked (default ``engine``; in a cluster the
             ``ClusterFront`` above it).
         push: Push notifications (None: push is off, its RPCs are refused).
+        closing: How new calls are refused while the server closes (default: a
+            ``Closing`` of its own).
     """
 
     def __init__(
@@ -160,12 +160,13 @@ class RpcServicer:
         extended_card: AgentCard | None = None,
         operations: TaskOperations | None = None,
         push: PushService | None = None,
+        closing: Closing | None = None,
     ) -> None:
         self._engine = engine
         self._push_service = push
-        self.closing = False
-        """Set just before the gRPC server closes: every new call is refused UNAVAILABLE
-        (retryable), so none is in flight to be cut (CANCELLED) when it closes."""
+        self.closing = closing if closing is not None else Closing()
+        """Begun just before the gRPC server closes: every new call is held, then refused
+        UNAVAILABLE (retryable), so none is in flight to be cut (CANCELLED) when it closes."""
         self._ops: TaskOperations = operations if operations is not None else engine
         self._input_modes = validation.input_modes(
             [*card.default_input_modes, *(m for s in card.skills for m in s.input_modes)]
