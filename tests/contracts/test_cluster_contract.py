@@ -24,9 +24,9 @@ from a2a.utils.errors import TaskNotCancelableError, UnsupportedOperationError
 
 from a2a_grpc_server import A2AService
 from a2a_grpc_server.cluster import Cluster
-from a2a_grpc_server.errors import OwnerUnavailableError
+from a2a_grpc_server.errors import OwnerUnavailableError, TaskHandedOverError
 from a2a_grpc_server.jetstream import formats
-from a2a_grpc_server.journal import RecordedTask
+from a2a_grpc_server.journal import RecordedTask, Released
 from a2a_grpc_server.log.tasklog import LogReader
 from a2a_grpc_server.model.caller import Caller
 from tests.support import clusterharness, fakecluster
@@ -236,3 +236,30 @@ async def test_a_waiting_task_is_released_only_by_its_owner_and_claimed_once(
         assert (await p.recorded(task_id)).owner == p.b_cluster.instance_id
         assert not await p.a_cluster.release(task_id), "no longer A's"
         p.a.engine.tasks.hand_over(asked.live, "another instance took it over")
+
+
+async def test_a_copy_another_instance_claimed_meanwhile_is_handed_over_at_shutdown(
+    backend: Backend,
+) -> None:
+    # A kept a waiting task in memory while it was released and claimed by B (A was out of
+    # touch, say, and its recheck had not run yet). A's shutdown must not end its copy
+    # FAILED: its readers are handed over, and the record stays B's, still waiting.
+    async with asyncio.timeout(30), pair(backend, InputAgent()) as p:
+        asked = await p.a.engine.send(send_request("hi"), ANYONE, subscribe=False)
+        await asked.outcome(immediately=False)
+        await p.a.engine.wait_idle()
+        task_id = asked.live.task_id
+        for member in (p.a_cluster, p.b_cluster):
+            written = getattr(member, "formats", None)  # (on NATS: a lease after start)
+            if written is not None:
+                await written.wait_for(formats.CURRENT)
+        assert await p.a_cluster.release(task_id)
+        assert await p.b_cluster.claim(await p.recorded(task_id)) is not None
+        _, reader = await p.a.engine.subscribe(task_id, ANYONE.scope)
+        assert await p.a_cluster.release(task_id) is Released.MOVED_ON
+        await p.a.engine.shutdown(0.0, release=p.a_cluster.release)
+        with pytest.raises(TaskHandedOverError):
+            await frames(reader)
+        after = await p.recorded(task_id)
+        assert after.owner == p.b_cluster.instance_id
+        assert after.task.status.state == S.TASK_STATE_INPUT_REQUIRED, "not ended FAILED"

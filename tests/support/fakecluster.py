@@ -88,7 +88,14 @@ from a2a_grpc_server.errors import (
     ServerError,
     quote,
 )
-from a2a_grpc_server.journal import Change, RecordedTask, StoreUnavailableError, TaskPage, TaskQuery
+from a2a_grpc_server.journal import (
+    Change,
+    RecordedTask,
+    Released,
+    StoreUnavailableError,
+    TaskPage,
+    TaskQuery,
+)
 from a2a_grpc_server.journal.memory import MemoryJournal
 from a2a_grpc_server.log.tasklog import LogReader, TaskLog
 from a2a_grpc_server.model import taskops
@@ -441,15 +448,17 @@ class FakeCluster:
         self._hub._owners[task_id] = self._id
         return RecordedTask(found.task, found.version, self._id, found.seq, found.scope)
 
-    async def release(self, task_id: str) -> bool:
+    async def release(self, task_id: str) -> Released:
         """Leave a waiting task of this instance's to the cluster (owned by nobody)."""
         found = await self._journal.get(task_id)
-        if found is None or found.owner != self._id:
-            return False
+        if found is None:
+            return Released.KEPT
+        if found.owner != self._id or taskops.is_final(found.task):
+            return Released.MOVED_ON
         if found.task.status.state not in taskops.INTERRUPTED:
-            return False
+            return Released.KEPT
         self._hub._owners[task_id] = ""
-        return True
+        return Released.RELEASED
 
     async def end_as_survivor(self, task_id: str, text: str) -> bool:
         """End the task FAILED through this instance, as a survivor ends a lost owner's task.

@@ -44,7 +44,7 @@ from a2a.utils.errors import (
 from ..errors import FrameNotKeptError, InvalidFieldError, ServerShuttingDownError, quote
 from ..execution.live import LiveTask
 from ..execution.supervisor import ExecutionSupervisor
-from ..journal import FinalTaskError, RecordedTask, StoreError
+from ..journal import FinalTaskError, RecordedTask, Released, StoreError
 from ..log.tasklog import LogClosedError, LogReader, TaskLog
 from ..model import taskops
 from ..model.caller import Caller, request_context
@@ -465,7 +465,7 @@ class TaskEngine:
         self,
         grace: float,
         deadline: float | None = None,
-        release: Callable[[str], Awaitable[bool]] | None = None,
+        release: Callable[[str], Awaitable[Released]] | None = None,
     ) -> None:
         """Stop accepting work, let runs finish for ``grace`` s, then end the rest FAILED.
 
@@ -482,9 +482,8 @@ class TaskEngine:
             grace: Seconds runs may take to finish on their own.
             deadline: Event-loop time by which shutdown returns (None: no bound
                 beyond the journal's own retries).
-            release: Leaves a waiting task to the cluster; False or an error:
-                not released now (a survivor releases it once this
-                instance's lease is gone).
+            release: Leaves a waiting task to the cluster (see
+                ``_release_waiting`` for what each answer does).
         """
         self._accepting = False
         self.tasks.close()
@@ -523,22 +522,29 @@ class TaskEngine:
         self.tasks.pool.close()
 
     async def _release_waiting(
-        self, release: Callable[[str], Awaitable[bool]], deadline: float | None
+        self, release: Callable[[str], Awaitable[Released]], deadline: float | None
     ) -> None:
         """Leave every waiting task to the cluster, each handed over here (see ``shutdown``).
 
-        A task the cluster refuses (an older version is present, or it is no
-        longer this instance's) is left for the FAILED ending, as before; one
-        whose release could not be written (NATS did not answer) is handed over
-        all the same: a survivor decides once this instance's lease is gone.
+        A task the cluster keeps this instance's (an older version is
+        present) is left for the FAILED ending, as before. One that moved on
+        (another instance claimed it, or a survivor released it, while this
+        one was out of touch: the copy here is out of date) is handed over,
+        its readers to resubscribe and read what it became; so is one whose
+        release could not be written (NATS did not answer): a survivor
+        decides once this instance's lease is gone.
         """
         waiting = [live for live in self.tasks.all() if self._waiting(live)]
         kept: set[str] = set()
 
         async def one(live: LiveTask) -> None:
             try:
-                if not await release(live.task_id):
+                released = await release(live.task_id)
+                if released is Released.KEPT:
                     kept.add(live.task_id)
+                    return
+                if released is Released.MOVED_ON:
+                    logger.info("task %s: moved on elsewhere; handed over", live.task_id)
                     return
                 self.tasks.metrics.tasks_released += 1
             except StoreError as exc:

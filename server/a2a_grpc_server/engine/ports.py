@@ -16,7 +16,7 @@ from a2a.types.a2a_pb2 import Message, SendMessageRequest, Task, TaskPushNotific
 
 if TYPE_CHECKING:
     from ..execution.live import LiveTask
-    from ..journal import RecordedTask
+    from ..journal import RecordedTask, Released
     from ..log.tasklog import LogReader
     from ..model.caller import Caller
 
@@ -147,12 +147,14 @@ class Peers(Protocol):
         """
         ...
 
-    async def release(self, task_id: str) -> bool:
+    async def release(self, task_id: str) -> Released:
         """Leave a waiting task of this instance's to the cluster (owned by nobody).
 
         Returns:
-            Whether it was released (False: it is not this instance's, or no
-            longer waits).
+            ``RELEASED``; ``MOVED_ON`` if it is not this instance's any more
+            (its copy here is out of date); ``KEPT`` if it stays this
+            instance's (its record does not show it waiting, or an older
+            version is in the cluster).
 
         Raises:
             StoreUnavailableError: The shared record could not be written.

@@ -84,6 +84,7 @@ from ..journal import (
     FinalTaskError,
     PartialWriteError,
     RecordedTask,
+    Released,
     StoreError,
     TaskExistsError,
     TaskPage,
@@ -450,7 +451,7 @@ class JetStreamJournal:
                 found.append(snap)
         return found
 
-    async def release(self, task_id: str, owner: str) -> bool:
+    async def release(self, task_id: str, owner: str) -> Released:
         """Record a waiting task of ``owner``'s as owned by nobody (compare-and-set).
 
         For a task that waits for input (INPUT_REQUIRED, AUTH_REQUIRED) as its
@@ -462,29 +463,35 @@ class JetStreamJournal:
         would take a task owned by nobody for its own.
 
         Returns:
-            Whether it was released (False: not ``owner``'s, not waiting,
-            written meanwhile, or an older version is in the cluster).
+            ``RELEASED``; ``MOVED_ON`` if it is not ``owner``'s any more (owned
+            by another instance or nobody, ended, or written meanwhile);
+            ``KEPT`` if its record does not show it waiting, or an older
+            version is in the cluster.
 
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
         if self._formats.writing < CURRENT_FORMAT:
-            return False
+            return Released.KEPT
         snap = await self.snapshot(task_id)
-        if snap is None or snap.owner != owner or snap.final:
-            return False
+        if snap is None:
+            return Released.KEPT
+        if snap.owner != owner or snap.final:
+            return Released.MOVED_ON
         recorded = await self._fold(task_id, snap)
+        if taskops.is_final(recorded.task):
+            return Released.MOVED_ON
         if recorded.task.status.state not in taskops.INTERRUPTED:
-            return False
+            return Released.KEPT
         value = encode(
             "", recorded.task, recorded.seq, recorded.version, snap.scope, self._formats.writing
         )
         try:
             await self._write_snapshot(task_id, value, snap.rev)
         except VersionConflictError:
-            return False
+            return Released.MOVED_ON
         self._snapshotted.pop(task_id, None)
-        return True
+        return Released.RELEASED
 
     async def claim(self, task_id: str) -> RecordedTask | None:
         """Take over a waiting task nobody owns (compare-and-set on its snapshot).

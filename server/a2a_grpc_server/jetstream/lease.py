@@ -60,7 +60,14 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
-from ..journal import Change, FinalTaskError, StoreError, UnknownTaskError, VersionConflictError
+from ..journal import (
+    Change,
+    FinalTaskError,
+    Released,
+    StoreError,
+    UnknownTaskError,
+    VersionConflictError,
+)
 from ..model import taskops
 from ..model.names import TASK_PREFIX
 from ..obs.metrics import Metrics
@@ -437,12 +444,15 @@ class Lease:
         if recorded.owner != owner:
             return 0  # claimed or written by another instance since the scan
         if recorded.task.status.state in taskops.INTERRUPTED:
-            if await self._journal.release(task_id, owner):
+            released = await self._journal.release(task_id, owner)
+            if released:
                 self._metrics.tasks_released += 1
                 logger.warning("task %s waits for input: released (%s)", task_id, text)
                 return 1
-            # Not released (an older version is in the cluster, or it was written
-            # meanwhile): ended FAILED, as before waiting tasks belonged to the cluster.
+            if released is Released.MOVED_ON:
+                return 0  # claimed, ended or written by another instance since
+            # Kept (an older version is in the cluster): ended FAILED, as before
+            # waiting tasks belonged to the cluster.
             recorded = await self._journal.get(task_id)
             if recorded is None or recorded.owner != owner or taskops.is_final(recorded.task):
                 return 0

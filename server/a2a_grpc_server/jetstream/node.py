@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from a2a.types.a2a_pb2 import SendMessageRequest, Task
 from a2a.utils.errors import TaskNotFoundError
 
-from ..journal import RecordedTask
+from ..journal import RecordedTask, Released
 from ..log.tasklog import LogReader
 from ..model import taskops
 from ..model.caller import Caller
@@ -198,7 +198,7 @@ class NatsCluster:
         """Take over a waiting task owned by nobody (see ``Peers.claim``)."""
         return await self._journal.claim(recorded.task.id)
 
-    async def release(self, task_id: str) -> bool:
+    async def release(self, task_id: str) -> Released:
         """Leave a waiting task of this instance's to the cluster (see ``Peers.release``)."""
         return await self._journal.release(task_id, self.instance_id)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, TypeVar
@@ -56,6 +57,22 @@ class PartialWriteError(StoreError):
     def __init__(self, recorded: int, version: int) -> None:
         super().__init__(f"{recorded} change(s) recorded, then the write failed")
         self.recorded, self.version = recorded, version
+
+
+class Released(enum.Enum):
+    """What a release of a waiting task did (``JetStreamJournal.release``); true only if done."""
+
+    RELEASED = "released"
+    """Recorded as owned by nobody: the next message, through any instance, continues it."""
+    MOVED_ON = "moved on"
+    """Not this owner's any more: another instance owns it, nobody does, it ended, or it was
+    written meanwhile. A copy of it in this owner's memory is out of date."""
+    KEPT = "kept"
+    """Left as it is, this owner's: its record does not show it waiting, or an instance of a
+    version that cannot continue a task owned by nobody is in the cluster."""
+
+    def __bool__(self) -> bool:
+        return self is Released.RELEASED
 
 
 @dataclass(frozen=True, slots=True)
