@@ -8,6 +8,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -193,7 +194,7 @@ def test_quota_and_transport_flags_reach_the_settings() -> None:
 
 
 async def test_the_client_certificate_names_the_caller(tmp_path: Path) -> None:
-    def certs(name: str, **names: tuple[str, ...]) -> Issued:
+    def certs(name: str, **names: Any) -> Issued:
         (tmp_path / name).mkdir()
         return issue(tmp_path / name, **names)
 

@@ -32,8 +32,12 @@ def issue(
     dns: tuple[str, ...] = (),
     ips: tuple[str, ...] = (),
     uris: tuple[str, ...] = (),
+    common: str | None = None,
 ) -> Issued:
-    """A new CA, and a certificate for ``dns`` names, ``ips`` and ``uris`` signed by it."""
+    """A new CA, and a certificate for ``dns`` names, ``ips`` and ``uris`` signed by it.
+
+    ``common``: its subject's common name (default: the first DNS name, else "server").
+    """
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name(f"test CA {x509.random_serial_number():x}")  # unique: CAs can share a bundle
@@ -54,7 +58,7 @@ def issue(
     names += [x509.UniformResourceIdentifier(u) for u in uris]
     cert = (
         x509.CertificateBuilder()
-        .subject_name(_name(dns[0] if dns else "server"))
+        .subject_name(_name(common or (dns[0] if dns else "server")))
         .issuer_name(ca.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())

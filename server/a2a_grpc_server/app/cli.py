@@ -111,6 +111,7 @@ def _authenticator(args: argparse.Namespace) -> Authenticator | None:
                 args.auth_jwt_issuer,
                 args.auth_jwt_audience,
                 args.auth_jwt_claim,
+                allow_http_loopback=args.auth_jwt_allow_http_loopback,
             )
         except ValueError as exc:
             raise SettingError(str(exc)) from None

@@ -37,12 +37,19 @@ class A2ACollector(Collector):
         metrics: The server's counters.
         rpc: The per-RPC counters (None: no metrics interceptor).
         pool: The server's task logs, read for their gauges (``LogPool.statistics``).
+        auth: The authenticator: one that reads its credentials again at run
+            time (``TokenFile``) says how many it holds (``credentials``) and
+            how many re-reads failed (``reload_failures``).
     """
 
     def __init__(
-        self, metrics: Metrics, rpc: RpcMetrics | None = None, pool: LogPool | None = None
+        self,
+        metrics: Metrics,
+        rpc: RpcMetrics | None = None,
+        pool: LogPool | None = None,
+        auth: object | None = None,
     ) -> None:
-        self._metrics, self._rpc, self._pool = metrics, rpc, pool
+        self._metrics, self._rpc, self._pool, self._auth = metrics, rpc, pool, auth
 
     def collect(self) -> Iterator[Metric]:
         """The current values."""
@@ -117,6 +124,18 @@ class A2ACollector(Collector):
         )
         if self._rpc is not None:
             yield from self._rpc_metrics(self._rpc)
+        failures = getattr(self._auth, "reload_failures", None)
+        if isinstance(failures, int):
+            yield _counter(
+                "a2a_auth_reload_failures",
+                "Re-reads of the credentials file that failed (each revoked every credential).",
+                failures,
+            )
+            yield _gauge(
+                "a2a_auth_credentials",
+                "Credentials held now (0 while the file does not read well).",
+                getattr(self._auth, "credentials", 0),
+            )
 
     def _rpc_metrics(self, rpc: RpcMetrics) -> Iterator[Metric]:
         started = CounterMetricFamily(

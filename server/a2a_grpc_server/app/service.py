@@ -227,9 +227,12 @@ class A2AService:
         if self.cluster is not None:
             await self.cluster.wait_idle()
 
-    def collector(self) -> A2ACollector:
-        """This service's metrics, for a ``prometheus_client`` registry (see ``collector``)."""
-        return A2ACollector(self.metrics, self.rpc_metrics, self.engine.tasks.pool)
+    def collector(self, auth: Authenticator | None = None) -> A2ACollector:
+        """This service's metrics, for a ``prometheus_client`` registry (see ``collector``).
+
+        ``auth``: the server's authenticator, for its credential gauges.
+        """
+        return A2ACollector(self.metrics, self.rpc_metrics, self.engine.tasks.pool, auth)
 
     def metrics_interceptor(self) -> MetricsInterceptor:
         """The interceptor that counts every call (first among the server's interceptors)."""
@@ -325,10 +328,10 @@ def _add_reflection(services: list[str], server: grpc.aio.Server) -> None:
     )
 
 
-def metrics_registry(service: A2AService) -> CollectorRegistry:
+def metrics_registry(service: A2AService, auth: Authenticator | None = None) -> CollectorRegistry:
     """A registry of ``service``'s metrics and this process's (CPU, memory, GC, Python)."""
     registry = CollectorRegistry()
-    registry.register(service.collector())
+    registry.register(service.collector(auth))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
@@ -490,7 +493,7 @@ class A2AServer:
         self._grpc = server
         card = with_grpc_endpoint(self.service.card, self.advertised_address)
         if self._http_port is not None:
-            registry = self.registry = metrics_registry(self.service)
+            registry = self.registry = metrics_registry(self.service, self._auth)
             routes: dict[str, Route] = {
                 WELL_KNOWN_PATH: Fixed(
                     json_format.MessageToJson(card, indent=2).encode(), "application/json"

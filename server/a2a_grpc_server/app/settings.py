@@ -195,6 +195,12 @@ SERVE = (
     _serve("auth_jwt_audience", str, None, "the 'aud' JWTs must carry", metavar="AUD"),
     _serve("auth_jwt_claim", str, "sub", "the JWT claim naming the caller", metavar="CLAIM"),
     _serve(
+        "auth_jwt_allow_http_loopback",
+        bool,
+        False,
+        "accept an http:// auth_jwt_jwks URL to a loopback host (otherwise https is required)",
+    ),
+    _serve(
         "admin",
         bool,
         False,

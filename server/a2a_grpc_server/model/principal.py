@@ -21,6 +21,20 @@ MAX_PRINCIPAL_CHARS = 256
 """Longest principal name (it is stored with every task of the principal)."""
 
 
+def principal_problem(name: str) -> str | None:
+    """What is wrong with ``name`` as a principal's name (None: nothing).
+
+    1 to ``MAX_PRINCIPAL_CHARS`` printable characters: no control
+    characters (a newline or NUL in a name would forge log lines and header
+    values downstream).
+    """
+    if not name or len(name) > MAX_PRINCIPAL_CHARS:
+        return f"has {len(name)} characters (this server takes 1 to {MAX_PRINCIPAL_CHARS})"
+    if not name.isprintable():
+        return "holds a control character (a principal's name is printable)"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Principal:
     """Who a call comes from.

@@ -10,12 +10,19 @@ sees it as a2a-sdk expects: ``context.call_context.user`` (``user_name``,
 
 Built in: ``TokenFile`` (``serve --auth-tokens FILE``), static bearer tokens,
 one ``principal:token`` per line, compared in constant time, the file re-read
-when it changes (a revoked token stops working at once); ``ClientCertificate``
-(``--auth-mtls``), the client certificate's SPIFFE ID or common name; and
-``TrustedHeader`` (``--auth-trusted-header NAME``), a header a mesh sidecar set
-after authenticating the caller; and ``jwtauth.JwtAuthenticator``
+when it changes (a revoked token stops working at once; a file that goes
+missing or stops parsing revokes them all); ``ClientCertificate``
+(``--auth-mtls``), the client certificate's SPIFFE ID (from its one
+``spiffe://`` URI SAN) or common name; and ``TrustedHeader``
+(``--auth-trusted-header NAME``), a header a mesh sidecar set after
+authenticating the caller; and ``jwtauth.JwtAuthenticator``
 (``--auth-jwt-*``), JWTs verified against a JWKS. Embedders write their own ``Authenticator``
 (one method) and add the interceptor to their server.
+
+Credentials are read exactly: a header the authenticator reads that comes
+twice is refused (whoever could add the second value would choose the
+principal), and a principal name must be 1 to ``MAX_PRINCIPAL_CHARS``
+printable characters (no control characters: names reach logs and headers).
 
 Who runs what: ``authenticate`` runs on the event loop at the start of every
 call, before the RPC's own code (the interceptor wraps each A2A handler);
@@ -47,6 +54,7 @@ from ..model.principal import (
     Principal,
     PrincipalUser,
     current_principal,
+    principal_problem,
     serving_as,
 )
 from .intercept import Behavior, WrappingInterceptor
@@ -69,6 +77,7 @@ __all__ = [  # (Principal and its helpers live in model.principal; these are re-
 logger = logging.getLogger(__name__)
 
 SERVICE = A2A_SERVICE
+SPIFFE = "spiffe://"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +85,26 @@ class Credentials:
     """What a call shows of its caller.
 
     Attributes:
-        metadata: The call's text metadata (keys lower-case).
+        metadata: The call's text metadata (keys lower-case; the last value of
+            a key given more than once).
         peer: gRPC's auth context of the connection (e.g. ``x509_common_name``,
-            ``x509_subject_alternative_name``; empty for plaintext).
+            ``peer_uri``: the URI SANs; empty for plaintext).
+        repeated: Keys of ``metadata`` the call gave more than once.
     """
 
     metadata: Mapping[str, str]
     peer: Mapping[str, Iterable[bytes]]
+    repeated: frozenset[str] = frozenset()
+
+    def single(self, key: str) -> str:
+        """The value of metadata ``key`` ("" if absent).
+
+        Raises:
+            AuthenticationError: The call gave ``key`` more than once.
+        """
+        if key in self.repeated:
+            raise AuthenticationError(f"metadata {key!r} was sent more than once; send it once")
+        return self.metadata.get(key, "")
 
 
 class Authenticator(Protocol):
@@ -122,22 +144,42 @@ def declared_scheme(authenticator: Authenticator) -> tuple[str, SecurityScheme]:
 class TokenFile:
     """Static bearer tokens from a file (see the module docstring).
 
+    The file holds one ``principal:token`` per line; blank lines and lines
+    whose first non-blank character is ``#`` are skipped. The token is
+    everything after the first colon, exactly (``#`` included; only the
+    line's surrounding blanks are dropped). A token on two lines is refused,
+    naming both.
+
+    Fail closed: when the file goes missing, cannot be read or holds a
+    malformed line, every token is revoked (one ERROR line per change, and
+    ``reload_failures`` counts it: ``a2a_auth_reload_failures_total``) until
+    the file reads well again.
+
     Args:
-        path: The file: ``principal:token`` per line; ``#`` starts a comment.
+        path: The file.
 
     Raises:
-        ValueError: The file is missing or holds a malformed line (saying which).
+        ValueError: At start, the file is missing or holds a malformed line
+            (saying which).
     """
 
     def __init__(self, path: Path) -> None:
         self._path = path
         self._stamp: tuple[int, int] | None = None
         self._tokens: list[tuple[bytes, Principal]] = []
+        self._problem: str | None = None
+        self.reload_failures = 0
+        """Re-reads that failed (each revoked every token until the next good one)."""
         self._load()
+
+    @property
+    def credentials(self) -> int:
+        """Tokens held now (0 while the file does not read well)."""
+        return len(self._tokens)
 
     def authenticate(self, credentials: Credentials) -> Principal:
         """The principal whose token the call's ``authorization: Bearer`` carries."""
-        header = credentials.metadata.get("authorization", "")
+        header = credentials.single("authorization")
         scheme, _, token = header.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise AuthenticationError(
@@ -161,56 +203,96 @@ class TokenFile:
         try:
             status = self._path.stat()
         except OSError as exc:
-            logger.error("tokens file %s cannot be read (%s); keeping the last", self._path, exc)
+            self._fail(f"cannot be read ({exc})", None)
             return
-        if (status.st_mtime_ns, status.st_size) != self._stamp:
+        stamp = (status.st_mtime_ns, status.st_size)
+        if stamp != self._stamp:
             try:
                 self._load()
-                logger.info("tokens file %s re-read: %d tokens", self._path, len(self._tokens))
             except ValueError as exc:
-                logger.error("tokens file %s not re-read: %s; keeping the last", self._path, exc)
+                self._fail(str(exc), stamp)
+                return
+            logger.info("tokens file %s re-read: %d tokens", self._path, len(self._tokens))
+
+    def _fail(self, problem: str, stamp: tuple[int, int] | None) -> None:
+        """Revoke every token: the file does not read well (logged once per change)."""
+        self._tokens, self._stamp = [], stamp
+        if problem != self._problem:
+            self._problem = problem
+            self.reload_failures += 1
+            logger.error(
+                "tokens file %s: %s; every token is revoked until it reads well",
+                self._path,
+                problem,
+            )
 
     def _load(self) -> None:
         path = self._path
         try:
             status = path.stat()
             lines = path.read_text().splitlines()
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"tokens file {path} cannot be read: {exc}") from exc
         tokens: list[tuple[bytes, Principal]] = []
+        where: dict[bytes, int] = {}
         for number, line in enumerate(lines, 1):
-            line = line.split("#", 1)[0].strip()
-            if not line:
+            line = line.strip()
+            if not line or line.startswith("#"):
                 continue
             name, colon, token = line.partition(":")
-            if not colon or not name.strip() or not token.strip():
+            name, token = name.strip(), token.strip()
+            if not colon or not name or not token:
                 raise ValueError(f"{path}:{number}: expected 'principal:token'")
-            tokens.append((token.strip().encode(), Principal(name.strip())))
+            problem = principal_problem(name)
+            if problem is not None:
+                raise ValueError(f"{path}:{number}: {problem}")
+            secret = token.encode()
+            if secret in where:
+                raise ValueError(
+                    f"{path}:{number}: the token of line {where[secret]} again "
+                    "(each token names one principal, once)"
+                )
+            where[secret] = number
+            tokens.append((secret, Principal(name)))
         self._tokens = tokens
         self._stamp = (status.st_mtime_ns, status.st_size)
+        self._problem = None
 
 
 class ClientCertificate:
     """The principal is the client certificate's identity (``serve --auth-mtls``, with mTLS).
 
-    Its SPIFFE ID (a ``spiffe://`` URI SAN) if it has one, else its subject's
-    common name. The TLS handshake already proved the certificate is signed by
-    the client CA.
+    Its SPIFFE ID if it has one: a ``spiffe://`` URI SAN, exactly one (a
+    certificate with two is refused); SPIFFE IDs are read from URI SANs only,
+    never from a DNS SAN or the subject. Else its subject's common name, which
+    may not look like a SPIFFE ID (a CA that signs ``CN=spiffe://…`` would
+    otherwise let it pass for that ID). The TLS handshake already proved the
+    certificate is signed by the client CA.
     """
 
     def authenticate(self, credentials: Credentials) -> Principal:
         """The certificate's SPIFFE ID or common name."""
         peer = credentials.peer
-        for san in peer.get("x509_subject_alternative_name", ()):
-            text = san.decode(errors="replace")
-            if text.startswith("spiffe://"):
-                return Principal(text)
-        for name in peer.get("x509_common_name", ()):
-            if name:
-                return Principal(name.decode(errors="replace"))
+        uris = [san.decode(errors="replace") for san in peer.get("peer_uri", ())]
+        spiffe = [uri for uri in uris if uri.lower().startswith(SPIFFE)]
+        if len(spiffe) > 1:
+            raise AuthenticationError(
+                f"the client certificate has {len(spiffe)} SPIFFE IDs; a caller has exactly one"
+            )
+        if spiffe:
+            return Principal(spiffe[0])
+        names = [name for name in peer.get("x509_common_name", ()) if name]
+        if len(names) == 1:
+            name = names[0].decode(errors="replace")
+            if name.lower().startswith(SPIFFE):
+                raise AuthenticationError(
+                    "the client certificate's common name looks like a SPIFFE ID; SPIFFE IDs "
+                    "are read from a URI SAN only"
+                )
+            return Principal(name)
         raise AuthenticationError(
             "this server identifies callers by their client certificate: connect with one "
-            "(mTLS) that has a SPIFFE ID or a common name"
+            "(mTLS) that has a SPIFFE ID (URI SAN) or one common name"
         )
 
     def card_scheme(self) -> tuple[str, SecurityScheme]:
@@ -233,7 +315,7 @@ class TrustedHeader:
 
     def authenticate(self, credentials: Credentials) -> Principal:
         """The header's value."""
-        value = credentials.metadata.get(self._name, "").strip()
+        value = credentials.single(self._name).strip()
         if not value:
             raise AuthenticationError(f"metadata {self._name!r} (set by the proxy) is missing")
         return Principal(value)
@@ -270,19 +352,21 @@ class AuthInterceptor(WrappingInterceptor):
         authenticator = self._authenticator
 
         async def run(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            metadata = {
-                key.lower(): value
-                for key, value in context.invocation_metadata() or ()
-                if isinstance(value, str)
-            }
+            metadata: dict[str, str] = {}
+            repeated: set[str] = set()
+            for key, value in context.invocation_metadata() or ():
+                if isinstance(value, str):
+                    key = key.lower()
+                    if key in metadata:
+                        repeated.add(key)
+                    metadata[key] = value
             try:
-                named = authenticator.authenticate(Credentials(metadata, context.auth_context()))
+                credentials = Credentials(metadata, context.auth_context(), frozenset(repeated))
+                named = authenticator.authenticate(credentials)
                 principal = await named if inspect.isawaitable(named) else named
-                if not principal.name or len(principal.name) > MAX_PRINCIPAL_CHARS:
-                    raise AuthenticationError(
-                        f"the credentials name a principal of {len(principal.name)} characters; "
-                        f"this server takes 1 to {MAX_PRINCIPAL_CHARS}"
-                    )
+                problem = principal_problem(principal.name)
+                if problem is not None:
+                    raise AuthenticationError(f"the credentials name a principal that {problem}")
             except AuthenticationError as exc:
                 await errors.abort(context, exc)
             with serving_as(principal):

@@ -3,10 +3,12 @@
 A call carries ``authorization: Bearer <JWT>``. The token must be signed by a
 key of the JWKS (selected by its ``kid``), unexpired, issued by ``issuer``
 for ``audience``; its ``claim`` (``sub`` by default) names the principal.
-The JWKS comes from a file or an https URL; it is read at start and read
-again when a token names a key it does not hold (a key rotation), at most
-once per ``REFRESH_EVERY`` seconds, so unknown key ids cannot make the
-server hammer the JWKS endpoint.
+The JWKS comes from a file or an https URL (``http://`` only to a loopback
+host, and only when allowed explicitly); it is read at start (a URL: at the
+first call) and read again when a token names a key it does not hold (a key
+rotation), at most once per ``REFRESH_EVERY`` seconds whatever the endpoint
+answers, and one read at a time (concurrent calls share it), so neither
+unknown key ids nor a failing endpoint can make the server hammer it.
 
 Who runs what: ``authenticate`` runs on the event loop at the start of each
 call (see ``auth``); a refresh from a URL is an ``await`` there (httpx).
@@ -14,11 +16,14 @@ call (see ``auth``); a refresh from a URL is an ``await`` there (httpx).
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import jwt
@@ -44,15 +49,33 @@ class JwtAuthenticator:
         issuer: The ``iss`` every token must carry.
         audience: The ``aud`` every token must carry.
         claim: The claim that names the principal.
+        allow_http_loopback: Accept an ``http://`` URL to a loopback host
+            (127.0.0.1, ::1, localhost): a JWKS served beside the server.
 
     Raises:
-        ValueError: The JWKS file cannot be read or holds no usable key.
+        ValueError: The JWKS file cannot be read or holds no usable key, or
+            the URL is not https (nor an allowed loopback http one).
     """
 
-    def __init__(self, jwks: str, issuer: str, audience: str, claim: str = "sub") -> None:
+    def __init__(
+        self,
+        jwks: str,
+        issuer: str,
+        audience: str,
+        claim: str = "sub",
+        *,
+        allow_http_loopback: bool = False,
+    ) -> None:
         self._source, self._issuer, self._audience, self._claim = jwks, issuer, audience, claim
         self._keys: dict[str, jwt.PyJWK] = {}
-        self._read_at = 0.0
+        self._read_at: float | None = None
+        self._reading: asyncio.Future[bool] | None = None
+        if jwks.startswith("http://") and not (allow_http_loopback and _loopback(jwks)):
+            raise ValueError(
+                f"JWKS URL {jwks} is not https: keys fetched in the clear can be replaced on "
+                "the way (http is accepted only for a loopback host, with "
+                "--auth-jwt-allow-http-loopback)"
+            )
         if not self._is_url():
             self._use(self._read_file())
 
@@ -63,7 +86,7 @@ class JwtAuthenticator:
 
     async def authenticate(self, credentials: Credentials) -> Principal:
         """The principal the call's verified JWT names."""
-        scheme, _, token = credentials.metadata.get("authorization", "").strip().partition(" ")
+        scheme, _, token = credentials.single("authorization").strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             raise AuthenticationError(
@@ -102,11 +125,25 @@ class JwtAuthenticator:
         return Principal(name)
 
     async def _refresh(self) -> bool:
-        """Read the JWKS again (at most once per ``REFRESH_EVERY``); whether it was read."""
-        now = time.monotonic()
-        if self._keys and now - self._read_at < REFRESH_EVERY:
-            return False
-        self._read_at = now
+        """Read the JWKS again (at most once per ``REFRESH_EVERY``, one read at a time).
+
+        Returns:
+            Whether it was read (by this call or by the one it joined).
+        """
+        reading = self._reading
+        if reading is None:
+            now = time.monotonic()
+            if self._read_at is not None and now - self._read_at < REFRESH_EVERY:
+                return False
+            self._read_at = now
+            reading = self._reading = asyncio.ensure_future(self._read_again())
+            reading.add_done_callback(self._read_done)
+        return await asyncio.shield(reading)
+
+    def _read_done(self, reading: asyncio.Future[bool]) -> None:
+        self._reading = None
+
+    async def _read_again(self) -> bool:
         try:
             document = await self._fetch() if self._is_url() else self._read_file()
             self._use(document)
@@ -142,3 +179,14 @@ class JwtAuthenticator:
         if not keys:
             raise ValueError(f"JWKS {self._source} holds no usable key")
         self._keys = keys
+
+
+def _loopback(url: str) -> bool:
+    """Whether ``url``'s host is a loopback address (or ``localhost``)."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -45,7 +45,7 @@ def token(key: ec.EllipticCurvePrivateKey, kid: str, **claims: Any) -> str:
 async def jwt_server(
     agent: WhoAgent, jwks: Path | str
 ) -> AsyncIterator[a2a_pb2_grpc.A2AServiceStub]:
-    auth = JwtAuthenticator(str(jwks), ISSUER, AUDIENCE)
+    auth = JwtAuthenticator(str(jwks), ISSUER, AUDIENCE, allow_http_loopback=True)
     server = A2AServer(agent, host="127.0.0.1", port=0, http_port=None, auth=auth)
     await server.start()
     try:
@@ -152,3 +152,67 @@ async def test_a_jwks_url_is_fetched_and_not_hammered_by_unknown_key_ids() -> No
             assert len(seen) == 1, f"read again at most once per {REFRESH_EVERY} s"
             await call(stub, token(key, "k1"))
     assert agent.users == [("alice", True), ("alice", True)]
+
+
+@contextlib.contextmanager
+def failing_endpoint() -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server on 127.0.0.1 answering 503 (slowly) to every request."""
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            time.sleep(0.2)  # sync-ok: a slow endpoint, so concurrent calls overlap its answer
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/jwks", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+async def test_a_failing_jwks_endpoint_is_read_once_however_many_calls_wait(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    key, _ = keypair("k1")
+    with failing_endpoint() as (url, seen):
+        auth = JwtAuthenticator(url, ISSUER, AUDIENCE, allow_http_loopback=True)
+        agent = WhoAgent()
+        server = A2AServer(agent, host="127.0.0.1", port=0, http_port=None, auth=auth)
+        await server.start()
+        try:
+            async with asyncio.timeout(20), grpc.aio.insecure_channel(server.grpc_address) as ch:
+                stub = a2a_pb2_grpc.A2AServiceStub(ch)
+                calls = [call(stub, token(key, "k1")) for _ in range(40)]
+                refused = await asyncio.gather(*calls, return_exceptions=True)
+                again = await asyncio.gather(call(stub, token(key, "k1")), return_exceptions=True)
+        finally:
+            await server.stop(grace=0)
+    for err in [*refused, *again]:
+        assert isinstance(err, grpc.aio.AioRpcError), err
+        assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert seen == ["/jwks"], f"one read for 40 calls, none again within {REFRESH_EVERY} s"
+    warnings = [r for r in caplog.records if "JWKS" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert agent.users == []
+
+
+def test_a_jwks_url_must_be_https_unless_loopback_http_is_allowed() -> None:
+    with pytest.raises(ValueError, match="is not https"):
+        JwtAuthenticator("http://keys.example/jwks", ISSUER, AUDIENCE)
+    with pytest.raises(ValueError, match="is not https"):
+        JwtAuthenticator("http://127.0.0.1:9/jwks", ISSUER, AUDIENCE)
+    with pytest.raises(ValueError, match="is not https"):  # allowed for loopback only
+        JwtAuthenticator("http://keys.example/jwks", ISSUER, AUDIENCE, allow_http_loopback=True)
+    for url in ("http://127.0.0.1:9/jwks", "http://[::1]:9/jwks", "https://keys.example/j"):
+        JwtAuthenticator(url, ISSUER, AUDIENCE, allow_http_loopback=True)  # (read at first call)
