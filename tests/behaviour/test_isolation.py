@@ -11,6 +11,9 @@ from typing import Any
 
 import grpc
 import pytest
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.tasks import TaskUpdater
 from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
@@ -19,7 +22,9 @@ from a2a.types.a2a_pb2 import (
     GetTaskRequest,
     ListTaskPushNotificationConfigsRequest,
     ListTasksRequest,
+    Part,
     SubscribeToTaskRequest,
+    Task,
     TaskPushNotificationConfig,
     TaskState,
 )
@@ -164,3 +169,48 @@ async def test_isolation_holds_through_either_instance_of_a_cluster(
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND
         canceled = await a.stub.CancelTask(CancelTaskRequest(id=other.id), metadata=ALICE)
         assert canceled.status.state == S.TASK_STATE_CANCELED
+
+
+class MemoryAgent(AgentExecutor):
+    """Keeps memory per context (a common pattern): answers each message with every earlier
+    message of its context."""
+
+    def __init__(self) -> None:
+        self.memory: dict[str, list[str]] = {}
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.task_id is not None and context.context_id is not None
+        earlier = self.memory.setdefault(context.context_id, [])
+        reply = " | ".join(earlier) or "(nothing earlier)"
+        earlier.append(context.get_user_input())
+        updater = TaskUpdater(event_queue, context.task_id, context.context_id)
+        await updater.complete(updater.new_agent_message([Part(text=reply)]))
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        return None
+
+
+async def test_a_context_belongs_to_the_caller_that_created_it(tmp_path: Path) -> None:
+    async def reply(stub: Stub, text: str, context_id: str, who: Any) -> Task:
+        request = send_request(text, context_id=context_id)
+        task: Task = (await stub.SendMessage(request, metadata=who)).task
+        return task
+
+    async with asyncio.timeout(30), serve(MemoryAgent(), auth=tokens(tmp_path)) as h:
+        first = await reply(h.stub, "alice's secret plan", "", ALICE)
+        mine = first.context_id
+        again = await reply(h.stub, "and more", mine, ALICE)
+        assert again.context_id == mine, "the creator joins its own context"
+        assert again.status.message.parts[0].text == "alice's secret plan"
+        # Bob names alice's context: he gets a fresh one, exactly as for an id never issued.
+        stolen = await reply(h.stub, "what did alice say?", mine, BOB)
+        invented = await reply(h.stub, "hello", "a-context-nobody-made", BOB)
+        for task, asked in ((stolen, mine), (invented, "a-context-nobody-made")):
+            assert task.context_id not in (asked, mine), "a fresh context"
+            assert task.status.message.parts[0].text == "(nothing earlier)"
+        listed = await h.stub.ListTasks(ListTasksRequest(context_id=mine), metadata=BOB)
+        assert not listed.tasks
+        # Bob's own context is his to continue.
+        more = await reply(h.stub, "and again", stolen.context_id, BOB)
+        assert more.context_id == stolen.context_id
+        assert more.status.message.parts[0].text == "what did alice say?"

@@ -31,7 +31,7 @@ from ..execution.quotas import Quotas
 from ..journal import RecordedTask, TaskJournal
 from ..log.tasklog import LogLimits, LogPool, TaskLog
 from ..model import taskops
-from ..model.scope import not_found, principal_of
+from ..model.scope import context_for, not_found, principal_of
 from ..obs.metrics import Metrics
 from .finals import FinalRetries
 
@@ -166,7 +166,7 @@ class LiveTasks:
         """
         self.parking.make_room()
         task_id = str(uuid.uuid4())
-        context_id = message.context_id or str(uuid.uuid4())
+        context_id = context_for(scope, message.context_id)
         message.task_id, message.context_id = task_id, context_id
         self.metrics.tasks_started += 1
         live = LiveTask(

@@ -11,11 +11,19 @@ caller's task from a missing one.
 The key is stored with the task in every journal. Without an authenticator
 and without tenants every call has the empty scope, so everything is as if
 there were no scopes at all.
+
+A context belongs to its scope too (``context_for``): an executor that keeps
+memory per context (a common pattern) must never hand one caller another's
+conversation, so a new task joins a context only if that context id was
+issued for the caller's scope.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import uuid
 
 from a2a.utils.errors import TaskNotFoundError
 
@@ -30,6 +38,32 @@ def scope_key(tenant: str, principal: str) -> str:
     if not tenant and not principal:
         return ANONYMOUS
     return json.dumps([tenant, principal], separators=(",", ":"))
+
+
+def context_for(scope: str, asked: str) -> str:
+    """The context id of a new task of ``scope`` whose message named ``asked`` ("" for none).
+
+    The anonymous scope takes ``asked`` as it is (or a fresh id), as if there
+    were no scopes. Any other scope is issued ids that carry its tag
+    (``<uuid>.<tag>``, a hash of the scope and the uuid): ``asked`` is taken
+    only if it carries this scope's tag; any other id, another scope's or one
+    never issued, gets a fresh context: the same answer for both, so a
+    caller can neither join another's context nor learn that it exists.
+    """
+    if scope == ANONYMOUS:
+        return asked or str(uuid.uuid4())
+    if asked:
+        base, dot, tag = asked.rpartition(".")
+        if dot and hmac.compare_digest(tag, _context_tag(scope, base)):
+            return asked
+    base = str(uuid.uuid4())
+    return f"{base}.{_context_tag(scope, base)}"
+
+
+def _context_tag(scope: str, base: str) -> str:
+    return hashlib.blake2s(
+        f"{scope}\n{base}".encode(), digest_size=8, person=b"a2a-ctx"
+    ).hexdigest()
 
 
 def principal_of(scope: str) -> str:
