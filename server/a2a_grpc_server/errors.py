@@ -169,6 +169,17 @@ class OwnerTimeoutError(ServerError):
     reason = "OWNER_TIMEOUT"
 
 
+class UnsignedMessageError(ServerError):
+    """A routed request or answer without a valid signature of the cluster's key (cluster mode).
+
+    Whoever sent it is not an instance of this cluster, or holds another key
+    (see ``jetstream.signing``): nothing was done.
+    """
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "UNSIGNED_ROUTED_REQUEST"
+
+
 class RelayLostError(ServerError):
     """This instance stopped relaying a task another instance runs (cluster mode)."""
 

@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from a2a_grpc_server.agents.echo import EchoAgent
 from a2a_grpc_server.app.cli import AgentLoadError, load_agent
-from tests.support import ROOT
+from tests.support import ROOT, cluster_key_file
 from tests.support.harness import samples, send_request
 from tests.support.serveproc import Process, start
 
@@ -208,7 +208,8 @@ async def test_an_unreachable_nats_exits_1_with_a_message_not_a_retry_loop() -> 
     from tests.support.natsserver import free_port
 
     url = f"nats://127.0.0.1:{free_port()}"
-    code, err = await serve_until_exit("--nats", url, "--port", "0", "--http-port", "0")
+    key = ("--nats-key-file", str(cluster_key_file()))
+    code, err = await serve_until_exit("--nats", url, *key, "--port", "0", "--http-port", "0")
     assert code == 1
     assert f"cannot connect to NATS at {url}".encode() in err
     assert b"Traceback" not in err

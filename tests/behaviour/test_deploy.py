@@ -78,6 +78,10 @@ def test_the_shipped_manifest_starts_with_the_service_links_kubernetes_injects(
     tokens = tmp_path / "tokens"  # (the manifest mounts its Secret there)
     tokens.write_text("billing-agent:replace-me-with-a-long-random-token\n")
     env["A2A_GRPC_SERVER_AUTH_TOKENS"] = str(tokens)
+    key = tmp_path / "cluster.key"  # (from the same Secret)
+    key.write_text("replace-me-with-the-output-of-openssl-rand-hex-32\n")
+    assert env["A2A_GRPC_SERVER_NATS_KEY_FILE"] == "/etc/a2a/cluster.key"
+    env["A2A_GRPC_SERVER_NATS_KEY_FILE"] = str(key)
     done = check_config(env=env)
     assert done.returncode == 0, done.stderr
     assert re.search(r"^port = 50051\b", done.stdout, re.M), "the link's tcp:// is no port"

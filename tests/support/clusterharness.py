@@ -25,6 +25,7 @@ from a2a_grpc_server.jetstream.conn import NatsConfig
 from a2a_grpc_server.jetstream.node import NatsCluster
 from a2a_grpc_server.rpc.auth import Authenticator
 from a2a_grpc_server.testing import INSTANCE_TASKS, assert_nothing_left
+from tests.support import CLUSTER_KEY
 from tests.support.harness import expose
 
 S = TaskState
@@ -70,6 +71,7 @@ async def start_instance(
             replicas=replicas,
             events_per_task=events_per_task,
             retry_for=retry_for,
+            key=CLUSTER_KEY,
         )
     )
     service = A2AService(

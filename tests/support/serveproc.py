@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import grpc
 from a2a.client.transports.grpc import GrpcTransport
 
-from tests.support import ROOT
+from tests.support import ROOT, cluster_key_file
 
 READY = re.compile(r"ready: grpc (\S+) \((?:plaintext|TLS|mTLS)\), agent card https?://(\S+)")
 
@@ -29,8 +29,12 @@ async def start(*args: str, env: dict[str, str] | None = None) -> Process:
     """Start ``serve`` on free ports with ``args``; return once it printed its ready line.
 
     ``env``: variables to set for it beside this process's (e.g. ``PYTHONPATH`` to run
-    another version's code).
+    another version's code). In cluster mode (``--nats``) it gets the test run's cluster
+    key unless ``args`` or ``env`` say otherwise (``env``: another version may not know
+    the flag).
     """
+    if "--nats" in args and env is None and "--nats-key-file" not in args:
+        args = (*args, "--nats-key-file", str(cluster_key_file()))
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -30,6 +30,7 @@ from typing import Any
 
 from ..config import ServerConfig
 from ..jetstream.natsconfig import NatsConfig
+from ..jetstream.signing import signer_for
 
 ENV_PREFIX = "A2A_GRPC_SERVER_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
@@ -224,6 +225,8 @@ CLUSTER_NAMES = {
     "lease": ("lease", "--lease"),
 }
 """``NatsConfig`` fields whose settings keep the names they had before (others: ``nats_*``)."""
+NOT_SETTINGS = frozenset({"key"})
+"""Fields set only in code (``NatsConfig.key``: a secret is read from a file, never a flag)."""
 
 
 def descriptions(cls: type) -> dict[str, str]:
@@ -251,6 +254,8 @@ def _from_dataclass(cls: type, group: str) -> list[Setting]:
     text = descriptions(cls)
     made = []
     for f in dataclasses.fields(cls):
+        if f.name in NOT_SETTINGS:
+            continue
         default = f.default if f.default is not dataclasses.MISSING else None
         if group == "cluster":
             name, flag = CLUSTER_NAMES.get(f.name, ("nats_" + f.name, ""))
@@ -378,7 +383,16 @@ def nats_config(values: Mapping[str, tuple[Any, str]]) -> NatsConfig | None:
         del kwargs["instance_id"]  # a new one per process
     if kwargs["lease"] <= 0 or kwargs["replicas"] < 1:
         raise SettingError("lease must be > 0 and nats_replicas >= 1")
-    return NatsConfig(**kwargs)
+    if kwargs["user"] and not kwargs["password_file"]:
+        raise SettingError("nats_user needs nats_password_file")
+    if bool(kwargs["tls_cert"]) != bool(kwargs["tls_key"]):
+        raise SettingError("nats_tls_cert and nats_tls_key go together")
+    config = NatsConfig(**kwargs)
+    try:
+        signer_for(config)
+    except ValueError as exc:
+        raise SettingError(str(exc)) from None
+    return config
 
 
 def render(values: Mapping[str, tuple[Any, str]]) -> str:

@@ -19,8 +19,12 @@ Control requests between instances use core NATS request/reply on
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
+import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import nats
 import nats.errors
@@ -41,6 +45,7 @@ EVENTS_SUBJECT = "a2a.events"
 CONTROL_SUBJECT = "a2a.ctl"
 SETUP_TIMEOUT = 20.0
 CONNECT_ATTEMPTS = 3
+CONNECT_TIMEOUT = 2.0
 """Tries per server URL before the first connect gives up."""
 INSTANCES_TTL = 3600.0
 """Seconds a lost instance's heartbeat key lingers (harmless: survivors judge by freshness)."""
@@ -79,26 +84,29 @@ async def connect(config: NatsConfig) -> NatsConnection:
     """Connect, then create or check the shared assets (waits for JetStream to be ready).
 
     Raises:
-        ConnectionError: NATS or JetStream did not become available within 20 s.
+        ConnectionError: NATS or JetStream did not become available within 20 s, it
+            refused the credentials, or a credentials or TLS file cannot be used.
     """
     name = f"a2a-grpc-server {config.instance_id}"
     events = ConnectionEvents()
     try:
-        nc = await nats.connect(
-            servers=config.servers,
-            name=name,
-            connect_timeout=2,
-            reconnect_time_wait=0.25,
-            # A bounded first connect (a wrong URL fails fast); once connected,
-            # reconnect forever (below): NATS failing over must not stop us.
-            max_reconnect_attempts=CONNECT_ATTEMPTS,
-            allow_reconnect=True,
-            error_cb=_log_error,
-            disconnected_cb=events.disconnected,
-            reconnected_cb=events.reconnected,
-        )
-    except (OSError, nats.errors.NoServersError, TimeoutError) as exc:
-        raise ConnectionError(f"cannot connect to NATS at {', '.join(config.servers)}") from exc
+        options = _auth_options(config)
+    except (ValueError, OSError, ssl.SSLError) as exc:
+        raise ConnectionError(f"cannot connect to NATS: {exc}") from None
+    errors: list[Exception] = []
+
+    async def first_errors(exc: Exception) -> None:  # (what the first connect met, reported)
+        errors.append(exc)
+        await _log_error(exc)
+
+    # nats-py can hang after a failed TLS handshake: the first connect is bounded here too.
+    bound = (CONNECT_TIMEOUT + 0.5) * CONNECT_ATTEMPTS * len(config.servers) + 2.0
+    try:
+        async with asyncio.timeout(bound):
+            nc = await _connect(config, name, options, events, first_errors)
+    except (nats.errors.Error, OSError, TimeoutError) as exc:
+        raise ConnectionError(_why_not(config, [*errors, exc])) from exc
+    nc._error_cb = _log_error  # (nats-py keeps it as this attribute; later errors: logged)
     nc.options["max_reconnect_attempts"] = -1
     js = nc.jetstream(timeout=5)
     try:
@@ -111,6 +119,74 @@ async def connect(config: NatsConfig) -> NatsConnection:
         await nc.close()  # whatever went wrong, no connection is left behind
         raise
     return NatsConnection(config, nc, js, tasks, instances, push, events)
+
+
+async def _connect(
+    config: NatsConfig,
+    name: str,
+    options: dict[str, Any],
+    events: ConnectionEvents,
+    error_cb: Callable[[Exception], Awaitable[None]],
+) -> Client:
+    return await nats.connect(
+        servers=config.servers,
+        name=name,
+        **options,
+        connect_timeout=CONNECT_TIMEOUT,
+        reconnect_time_wait=0.25,
+        # A bounded first connect (a wrong URL fails fast); once connected,
+        # reconnect forever (see ``connect``): NATS failing over must not stop us.
+        max_reconnect_attempts=CONNECT_ATTEMPTS,
+        allow_reconnect=True,
+        error_cb=error_cb,
+        disconnected_cb=events.disconnected,
+        reconnected_cb=events.reconnected,
+    )
+
+
+def _auth_options(config: NatsConfig) -> dict[str, Any]:
+    """The ``nats.connect`` arguments of ``config``'s credentials and TLS.
+
+    Raises:
+        ValueError: A file cannot be read, or the credentials need ``nkeys``.
+    """
+    options: dict[str, Any] = {}
+    if config.creds_file or config.nkey_seed_file:
+        if importlib.util.find_spec("nkeys") is None:  # (nats-py needs it for both)
+            raise ValueError(
+                "nats_creds_file and nats_nkey_seed_file need the nkeys package (pip install nkeys)"
+            ) from None
+        if config.creds_file:
+            options["user_credentials"] = _readable(config.creds_file)
+        if config.nkey_seed_file:
+            options["nkeys_seed"] = _readable(config.nkey_seed_file)
+    if config.token_file:
+        options["token"] = _secret(config.token_file)
+    if config.user:
+        options["user"] = config.user
+        options["password"] = _secret(config.password_file) if config.password_file else ""
+    if config.tls_ca or config.tls_cert:
+        context = ssl.create_default_context(cafile=config.tls_ca)
+        if config.tls_cert:
+            context.load_cert_chain(config.tls_cert, config.tls_key)
+        options["tls"] = context
+    return options
+
+
+def _readable(path: str) -> str:
+    try:
+        with open(path, "rb"):
+            return path
+    except OSError as exc:
+        raise ValueError(f"{path} cannot be read: {exc}") from None
+
+
+def _secret(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read().strip()
+    except OSError as exc:
+        raise ValueError(f"{path} cannot be read: {exc}") from None
 
 
 async def _ensure_assets(
@@ -175,6 +251,23 @@ async def _ensure_events(js: JetStreamContext, config: NatsConfig) -> None:
             existing.allow_direct = True
             await js.update_stream(existing)
         logger.warning("stream %s exists with other settings; using it as it is", EVENTS_STREAM)
+
+
+def _why_not(config: NatsConfig, errors: list[Exception]) -> str:
+    """Why the first connect failed, as an operator can act on it."""
+    where = ", ".join(config.servers)
+    texts = [f"{type(e).__name__}: {e}" for e in errors]
+    if any("authorization" in t.lower() or "authentication" in t.lower() for t in texts):
+        return (
+            f"NATS at {where} refused this instance's credentials; check nats_creds_file, "
+            "nats_nkey_seed_file, nats_token_file, nats_user and nats_password_file"
+        )
+    if any("certificate" in t.lower() or "ssl" in t.lower() for t in texts):
+        return (
+            f"cannot connect to NATS at {where}: TLS failed ({texts[0]}); check nats_tls_ca "
+            "(the CA of the NATS servers' certificates) and the URL's host"
+        )
+    return f"cannot connect to NATS at {where}"
 
 
 async def _log_error(exc: Exception) -> None:

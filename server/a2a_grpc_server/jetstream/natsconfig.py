@@ -41,6 +41,24 @@ class NatsConfig:
         retry_for: Seconds a read or write keeps retrying through a NATS outage
             or failover before it fails (a change that cannot be recorded ends
             its task FAILED; a final state is retried until it is recorded).
+        key_file: A file holding the secret every instance of the cluster shares
+            (at least 32 bytes, e.g. ``openssl rand -hex 32``): routed requests and
+            their answers are signed with it, so a client of the NATS bus alone
+            cannot act as an instance. Required unless ``trust_bus``.
+        trust_bus: Accept routed requests that are not signed (and join without
+            ``key_file``): only for a bus whose permissions keep every other
+            client off the ``a2a.ctl`` subjects, or while upgrading from a
+            version before signing.
+        creds_file: A NATS credentials file (JWT and nkey seed; needs the
+            ``nkeys`` package).
+        nkey_seed_file: A file holding a NATS nkey seed (needs ``nkeys``).
+        token_file: A file holding a NATS authentication token.
+        user: A NATS user name (with ``password_file``).
+        password_file: A file holding that user's password.
+        tls_ca: CA certificates (PEM) to verify the NATS servers with (TLS to NATS;
+            without it, with ``tls_cert``, the system's CAs).
+        tls_cert: A client certificate (PEM) to present to NATS (with ``tls_key``).
+        tls_key: The client certificate's private key (PEM).
     """
 
     servers: list[str] = field(default_factory=lambda: ["nats://127.0.0.1:4222"])
@@ -53,3 +71,16 @@ class NatsConfig:
     events_max_bytes: int = 1 << 30
     snapshot_every: int = 32
     retry_for: float = 30.0
+    key_file: str | None = None
+    trust_bus: bool = False
+    creds_file: str | None = None
+    nkey_seed_file: str | None = None
+    token_file: str | None = None
+    user: str | None = None
+    password_file: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    key: bytes | None = None
+    """The shared key itself, for embedders and tests (instead of ``key_file``; not a
+    setting)."""

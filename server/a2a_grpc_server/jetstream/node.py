@@ -29,6 +29,7 @@ from .relay import Relays
 from .requests import JetStreamRequests
 from .retry import Retry
 from .routing import Router
+from .signing import signer_for
 
 if TYPE_CHECKING:
     from ..cluster import Local
@@ -47,9 +48,14 @@ class NatsCluster:
     Args:
         conn: An open connection (see ``connect``).
         requests: Lean JetStream requests on it, started.
+
+    Raises:
+        ValueError: The config names no cluster key and does not trust the bus
+            (see ``signing``).
     """
 
     def __init__(self, conn: NatsConnection, requests: JetStreamRequests) -> None:
+        self._signer = signer_for(conn.config)
         self.conn = conn
         self._requests = requests
         self.formats = Formats()
@@ -78,7 +84,9 @@ class NatsCluster:
 
         Raises:
             ConnectionError: NATS or JetStream is not available.
+            ValueError: No cluster key, and the bus is not trusted (see ``signing``).
         """
+        signer_for(config)  # (a missing or short key fails before connecting)
         conn = await connect(config)
         requests = JetStreamRequests(conn.nc)
         await requests.start()
@@ -111,7 +119,9 @@ class NatsCluster:
         tasks = local.tasks
         self._local = local
         self._relays = Relays(self._journal, tasks.pool, tasks.metrics)
-        self._router = Router(self.conn.nc, self.instance_id, tasks.config.cancel_timeout)
+        self._router = Router(
+            self.conn.nc, self.instance_id, tasks.config.cancel_timeout, self._signer
+        )
         self.lease = Lease(
             self.conn,
             self._journal,

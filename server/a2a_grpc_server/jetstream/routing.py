@@ -37,18 +37,27 @@ from ..cluster.routed import (
     encode_caller,
     encode_error,
 )
-from ..errors import OwnerTimeoutError, OwnerUnavailableError, ServerError, UnknownFormatError
+from ..errors import (
+    OwnerTimeoutError,
+    OwnerUnavailableError,
+    RateLimitedLog,
+    ServerError,
+    UnknownFormatError,
+    UnsignedMessageError,
+)
 from ..model.caller import Caller
 from ..model.names import TASK_PREFIX
 from ..obs import tracing
 from .conn import CONTROL_SUBJECT
 from .formats import CURRENT, check_header
 from .formats import HEADER as FORMAT
+from .signing import Signer
 
 if TYPE_CHECKING:
     from ..cluster import Local
 
 logger = logging.getLogger(__name__)
+_refused_log = RateLimitedLog(logger, logging.WARNING, period=10.0)
 
 CALL_HEADERS = "A2a-Call-Headers"
 """The caller's gRPC metadata, a JSON list of [key, value] pairs (credentials left out)."""
@@ -70,10 +79,12 @@ class Router:
         nc: The NATS connection.
         instance_id: This instance's id.
         cancel_timeout: The engine's ``cancel_timeout`` (see ``routed.default_wait``).
+        signer: Signs requests and answers, and checks those received (``signing``).
     """
 
-    def __init__(self, nc: Client, instance_id: str, cancel_timeout: float) -> None:
+    def __init__(self, nc: Client, instance_id: str, cancel_timeout: float, signer: Signer) -> None:
         self._nc = nc
+        self._signer = signer
         self._id = instance_id
         self._bound = default_wait(cancel_timeout)
         self._subs: list[NatsSubscription] = []
@@ -138,10 +149,10 @@ class Router:
             TIMEOUT: f"{timeout:.3f}",
             FORMAT: str(CURRENT),  # (an older owner ignores it: the layout is format 1's)
         }
+        subject = control_subject(owner, op)
+        self._signer.sign(subject, headers, payload)
         try:
-            msg = await self._nc.request(
-                control_subject(owner, op), payload, timeout=timeout, headers=headers
-            )
+            msg = await self._nc.request(subject, payload, timeout=timeout, headers=headers)
         except nats.errors.NoRespondersError as exc:
             raise OwnerUnavailableError(
                 f"instance {owner}, which runs this task, is not reachable; if it is gone, "
@@ -158,6 +169,14 @@ class Router:
                 f"could not reach instance {owner}, which runs this task "
                 f"({type(exc).__name__}); retry"
             ) from exc
+        try:
+            self._signer.check(msg.subject, msg.headers or {}, msg.data)
+        except UnsignedMessageError as exc:
+            _refused_log.log("the answer to routed %s was refused: %s", subject, exc)
+            raise OwnerUnavailableError(
+                f"the answer from instance {owner} was not signed with the cluster's key "
+                f"({exc}); retry"
+            ) from None
         error = decode_error(msg.data, msg.headers or {})
         if error is not None:
             raise error
@@ -178,6 +197,11 @@ class Router:
         headers = msg.headers or {}
         received = asyncio.get_running_loop().time()
         try:
+            try:
+                self._signer.check(msg.subject, headers, msg.data)
+            except UnsignedMessageError as exc:
+                _refused_log.log("routed %s refused: %s", msg.subject, exc)
+                raise
             check_header(headers, "a routed request")
             if CALLER not in headers:
                 raise UnknownFormatError("a routed request without its caller", "none")
@@ -195,8 +219,10 @@ class Router:
             reply_headers = {ERROR: InternalError.__name__}
         if asyncio.get_running_loop().time() - received > float(headers.get(TIMEOUT, "inf")):
             logger.warning("routed %s took longer than its asker waits", msg.subject)
+        answer_headers = dict(reply_headers or {})
+        self._signer.sign(msg.reply, answer_headers, reply)
         try:
-            await self._nc.publish(msg.reply, reply, headers=reply_headers)
+            await self._nc.publish(msg.reply, reply, headers=answer_headers or None)
         except nats.errors.Error as exc:
             logger.warning("could not answer routed %s: %s", msg.subject, type(exc).__name__)
 

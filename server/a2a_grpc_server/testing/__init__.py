@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import types
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -44,6 +45,9 @@ from ..jetstream.natsconfig import NatsConfig
 from ..model.names import TASK_PREFIX
 from ..rpc.auth import Authenticator
 from .nats import running as nats_server
+
+CLUSTER_KEY = secrets.token_bytes(32)
+"""The cluster key ``running_server`` gives every instance it starts in this process."""
 
 __all__ = [
     "INSTANCE_TASKS",
@@ -120,7 +124,7 @@ async def running_server(
     Raises:
         OSError: A port could not be bound, or NATS could not be reached.
     """
-    nats = NatsConfig(servers=[nats_url]) if nats_url else None
+    nats = NatsConfig(servers=[nats_url], key=CLUSTER_KEY) if nats_url else None
     server = A2AServer(
         executor,
         card,

@@ -57,6 +57,8 @@ class Node:
     routes: list[int] = field(default_factory=list)
     max_payload: int = 0
     """The server's max_payload (0: its default, 1 MiB)."""
+    conf: str = ""
+    """More of its configuration file (e.g. ``authorization { token: "…" }``, ``tls { … }``)."""
     proc: subprocess.Popen[str] | None = None
     log: list[str] = field(default_factory=list)
     _reader: threading.Thread | None = None
@@ -74,9 +76,10 @@ class Node:
         """
         args = [binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js"]
         args += ["-sd", str(self.store_dir), "--server_name", self.name]
-        if self.max_payload:
+        if self.max_payload or self.conf:
             conf = self.store_dir.with_suffix(".conf")
-            conf.write_text(f"max_payload: {self.max_payload}\n")
+            text = f"max_payload: {self.max_payload}\n" if self.max_payload else ""
+            conf.write_text(text + self.conf + "\n")
             args += ["-c", str(conf)]
         if self.cluster_port:
             args += ["--cluster_name", "a2a-test", "--cluster"]
@@ -145,8 +148,11 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running(size: int = 1, max_payload: int = 0) -> Iterator[Cluster]:
-    """Start ``size`` nodes (1, or a cluster of 3) in a temp dir; kill them on exit."""
+def running(size: int = 1, max_payload: int = 0, conf: str = "") -> Iterator[Cluster]:
+    """Start ``size`` nodes (1, or a cluster of 3) in a temp dir; kill them on exit.
+
+    ``conf``: more configuration for each node (see ``Node.conf``).
+    """
     with tempfile.TemporaryDirectory(prefix="a2a-nats-") as tmp:
         nodes = [
             Node(
@@ -155,6 +161,7 @@ def running(size: int = 1, max_payload: int = 0) -> Iterator[Cluster]:
                 Path(tmp) / f"n{i}",
                 free_port() if size > 1 else 0,
                 max_payload=max_payload,
+                conf=conf,
             )
             for i in range(size)
         ]

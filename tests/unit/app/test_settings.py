@@ -31,7 +31,10 @@ CASES: list[tuple[str, str, str, Any, Any, Any, Any]] = [
 
 
 CHECK = [sys.executable, "-m", "a2a_grpc_server.cli", "check-config"]
-CHOSEN = ["--quota-streams", "5", "--push-allow-hosts", "a.x,b.x", "--nats", "nats://h:4222"]
+CHOSEN = [
+    *("--quota-streams", "5", "--push-allow-hosts", "a.x,b.x"),
+    *("--nats", "nats://h:4222", "--nats-trust-bus"),
+]
 
 
 def effective(argv: list[str], env: dict[str, str]) -> dict[str, tuple[Any, str]]:

@@ -1,0 +1,147 @@
+"""A NATS bus nobody trusts by default (issue 22): routed requests are signed with the
+cluster's key, so a plain client of the bus cannot act as an instance; NATS credentials and
+TLS to NATS; and an instance without a key (nor an explicit trust) does not join.
+
+Real nats-server processes (with token, user/password and TLS configurations), real
+instances, and a plain nats-py client playing the intruder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import nats
+from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, TaskState
+from nats.aio.msg import Msg
+
+from a2a_grpc_server.jetstream.formats import CURRENT
+from a2a_grpc_server.jetstream.formats import HEADER as FORMAT
+from a2a_grpc_server.jetstream.routing import CALL_HEADERS, CALLER, TIMEOUT, control_subject
+from a2a_grpc_server.jetstream.signing import SIGNATURE
+from a2a_grpc_server.testing.nats import running
+from tests.support import cluster_key_file
+from tests.support.agents import InputAgent
+from tests.support.certs import issue
+from tests.support.clusterharness import instances
+from tests.support.harness import V1, send_request
+from tests.support.serveproc import refusal, start
+
+S = TaskState
+AGENT = ("--agent", "tests.support.agents:InputAgent")
+
+
+def forged_headers(principal: str = "") -> dict[str, str]:
+    """What an instance's routed request carries, less its signature."""
+    return {
+        CALL_HEADERS: "[]",
+        CALLER: json.dumps([principal or None, ""]),
+        TIMEOUT: "5",
+        FORMAT: str(CURRENT),
+    }
+
+
+async def test_a_plain_client_of_the_bus_cannot_cancel_a_task_or_replay_a_request(
+    nats_url: str,
+) -> None:
+    async with asyncio.timeout(60), instances(InputAgent(), [nats_url]) as (a, b):
+        task = (await a.stub.SendMessage(send_request("hi"), metadata=V1)).task
+        assert task.status.state == S.TASK_STATE_INPUT_REQUIRED
+        owner = a.cluster.instance_id
+        intruder = await nats.connect(nats_url)
+        try:
+            subject = control_subject(owner, "cancel")
+            # Unsigned, as any client of the bus could send it.
+            reply = await intruder.request(
+                subject, task.id.encode(), timeout=5, headers=forged_headers()
+            )
+            assert "signature" in reply.data.decode(), reply.data
+            # Signed with a key of its own.
+            headers = forged_headers() | {SIGNATURE: "1:0:nonce:" + "0" * 64}
+            reply = await intruder.request(subject, task.id.encode(), timeout=5, headers=headers)
+            assert reply.headers and "A2a-Error" in reply.headers
+            seen = await a.stub.GetTask(GetTaskRequest(id=task.id), metadata=V1)
+            assert seen.status.state == S.TASK_STATE_INPUT_REQUIRED, "nothing was done"
+            # A real routed cancel (B asks A), overheard on the bus, then replayed.
+            overheard: asyncio.Future[Msg] = asyncio.Future()
+
+            async def overhear(msg: Msg) -> None:
+                if not overheard.done():
+                    overheard.set_result(msg)
+
+            await intruder.subscribe(subject, cb=overhear)
+            await intruder.flush()
+            canceled = await b.stub.CancelTask(CancelTaskRequest(id=task.id), metadata=V1)
+            assert canceled.status.state == S.TASK_STATE_CANCELED, "signed: served"
+            real = await overheard
+            assert real.headers is not None and SIGNATURE in real.headers
+            replay = await intruder.request(
+                subject, real.data, timeout=5, headers=dict(real.headers)
+            )
+            assert "replay" in replay.data.decode(), replay.data
+        finally:
+            await intruder.close()
+
+
+def test_an_instance_without_a_cluster_key_does_not_join(tmp_path: Path) -> None:
+    said = refusal("--nats", "nats://127.0.0.1:4222")
+    assert "nats_key_file" in said and "nats_trust_bus" in said, said
+    short = tmp_path / "short.key"
+    short.write_text("too short\n")
+    said = refusal("--nats", "nats://127.0.0.1:4222", "--nats-key-file", str(short))
+    assert "at least 32" in said, said
+    said = refusal("--nats", "nats://127.0.0.1:4222", "--nats-key-file", str(tmp_path / "nope"))
+    assert "cannot be read" in said, said
+
+
+async def test_nats_credentials_are_given_and_a_refusal_says_so(tmp_path: Path) -> None:
+    token = tmp_path / "nats.token"
+    token.write_text("s3cret-nats-token\n")
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text("not-it\n")
+    with running(conf='authorization { token: "s3cret-nats-token" }') as cluster:
+        url = cluster.urls[0]
+        said = refusal(*AGENT, "--nats", url, "--nats-key-file", str(cluster_key_file()))
+        assert "refused this instance's credentials" in said, said
+        said = refusal(
+            *AGENT, "--nats", url, "--nats-key-file", str(cluster_key_file()),
+            "--nats-token-file", str(wrong),
+        )  # fmt: skip
+        assert "refused this instance's credentials" in said, said
+        server = await start(*AGENT, "--nats", url, "--nats-token-file", str(token))
+        try:
+            assert server.proc.returncode is None, "joined with the token"
+        finally:
+            server.proc.kill()
+            await server.proc.wait()
+
+
+async def test_tls_to_nats_with_the_ca_given(tmp_path: Path) -> None:
+    issued = issue(tmp_path, dns=("localhost",), ips=("127.0.0.1",))
+    tls = f'tls {{ cert_file: "{issued.cert}", key_file: "{issued.key}" }}'
+    with running(conf=tls) as cluster:
+        url = cluster.urls[0].replace("nats://", "tls://")
+        said = refusal(*AGENT, "--nats", url, "--nats-key-file", str(cluster_key_file()))
+        assert "cannot connect to NATS" in said, "the server's certificate is not trusted"
+        server = await start(*AGENT, "--nats", url, "--nats-tls-ca", str(issued.ca))
+        try:
+            assert server.proc.returncode is None, "joined over TLS"
+        finally:
+            server.proc.kill()
+            await server.proc.wait()
+
+
+def test_credentials_that_need_nkeys_say_so(tmp_path: Path) -> None:
+    creds = tmp_path / "user.creds"
+    creds.write_text("-----BEGIN NATS USER JWT-----\n")
+    said = refusal(
+        *AGENT, "--nats", "nats://127.0.0.1:1", "--nats-key-file", str(cluster_key_file()),
+        "--nats-creds-file", str(creds),
+    )  # fmt: skip
+    try:
+        import nkeys  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        assert "need the nkeys package" in said, said
+    else:
+        assert "cannot connect to NATS" in said, said
