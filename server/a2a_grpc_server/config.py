@@ -105,6 +105,13 @@ class ServerConfig:
             (its SendStreamingMessage stream and resumed streams included);
             over it a new SubscribeToTask is refused (SUBSCRIBERS_QUOTA). 0:
             no quota.
+        max_live_tasks: Most live tasks on this instance, all principals
+            together (LIVE_TASKS_LIMIT); once half are taken, a principal gets
+            no more than a fair share (LIVE_TASKS_FAIR_SHARE: see the quotas
+            in the production guide). 0: no limit.
+        max_streams: Most open streams on this instance, all principals
+            together (STREAMS_LIMIT), shared fairly the same way
+            (STREAMS_FAIR_SHARE). 0: no limit.
         grpc_max_concurrent_streams: Most calls in flight on one client
             connection (HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS``); the client
             queues the others.
@@ -156,6 +163,8 @@ class ServerConfig:
     quota_parked_tasks: int = 1000
     quota_streams: int = 1000
     quota_subscribers: int = 256
+    max_live_tasks: int = 10_000
+    max_streams: int = 10_000
     grpc_max_concurrent_streams: int = 1000
     grpc_keepalive_time: float = 60.0
     grpc_keepalive_timeout: float = 20.0
@@ -197,6 +206,8 @@ class ServerConfig:
             self.quota_parked_tasks,
             self.quota_streams,
             self.quota_subscribers,
+            self.max_live_tasks,
+            self.max_streams,
         )
         if min(quotas) < 0:
             raise ValueError("quotas must not be negative (0: no quota)")

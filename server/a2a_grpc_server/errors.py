@@ -290,7 +290,7 @@ class PushConfigNotFoundError(ServerError):
 
 
 class QuotaExceededError(ServerError):
-    """A principal (or a task) is at one of its quotas.
+    """A principal (or a task) is at one of its quotas, or the instance at one of its limits.
 
     Args:
         reason: The quota's reason (``LIVE_TASKS_QUOTA``, ...).
@@ -300,7 +300,17 @@ class QuotaExceededError(ServerError):
     """
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    reasons = ("LIVE_TASKS_QUOTA", "PARKED_TASKS_QUOTA", "STREAMS_QUOTA", "SUBSCRIBERS_QUOTA")
+    reasons = (
+        "LIVE_TASKS_QUOTA",
+        "PARKED_TASKS_QUOTA",
+        "STREAMS_QUOTA",
+        "SUBSCRIBERS_QUOTA",
+        "LIVE_TASKS_LIMIT",
+        "STREAMS_LIMIT",
+        "LIVE_TASKS_FAIR_SHARE",
+        "PARKED_TASKS_FAIR_SHARE",
+        "STREAMS_FAIR_SHARE",
+    )
     """Every reason it may carry, one per quota."""
 
     def __init__(self, reason: str, setting: str, most: int, what: str) -> None:

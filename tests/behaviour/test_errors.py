@@ -277,3 +277,22 @@ def test_the_errors_page_lists_every_error_of_the_tree() -> None:
     assert table == errortable.markdown(), "docs/errors.md is stale: run scripts/errors_table"
     for reason in ("FRAME_NOT_KEPT", "RELAY_LOST", "STREAMS_QUOTA", "TASK_NOT_FOUND"):
         assert f"| {reason} |" in table
+
+
+async def test_ids_with_control_characters_are_refused_at_the_edge() -> None:
+    # Ids reach log lines and headers: a newline in one would forge a log line (issue 22).
+    async with asyncio.timeout(20), serve(GatedAgent()) as h:
+        forged = "x\nINFO a2a_grpc_server: forged"
+        message = user_message("hi", context_id=forged)
+        bad_tenant = SendMessageRequest(message=user_message("hi"), tenant="t\x00")
+        for attempt, field in (
+            (h.stub.GetTask(GetTaskRequest(id=forged), metadata=V1), "id"),
+            (h.stub.SendMessage(SendMessageRequest(message=message), metadata=V1), "context_id"),
+            (h.stub.SendMessage(bad_tenant, metadata=V1), "tenant"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await attempt
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "control character" in (caught.value.details() or ""), field
+            assert field in (caught.value.details() or "")
+        assert h.service.engine.tasks.count == 0, "nothing started"

@@ -140,6 +140,14 @@ REFUSED_URLS = [
     ("https://bücher.example/", "non-ASCII"),
     ("https://" + "a" * 64 + ".example/", "malformed host"),
     ("https://example.com/a\x00b", "control character"),
+    # Numeric IPv4 forms every resolver and HTTP client reads as 127.0.0.1 (issue 22).
+    ("https://2130706433/hook", "loopback"),
+    ("https://0x7f.1/hook", "loopback"),
+    ("https://127.1/hook", "loopback"),
+    ("https://0177.0.0.1/hook", "loopback"),
+    ("https://0x0a000001/hook", "not a public address"),
+    ("https://999.1/hook", "numeric host that is no address"),
+    ("https://example.com:0/hook", "port 0"),
 ]
 
 
@@ -160,6 +168,13 @@ async def test_refused_webhook_urls_answer_invalid_argument_naming_the_field() -
             await h.stub.CreateTaskPushNotificationConfig(bad_token, metadata=V1)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "token" in (caught.value.details() or "")
+        forged_id = TaskPushNotificationConfig(
+            task_id=task.id, id="c1\nINFO forged log line", url="https://example.com/"
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await h.stub.CreateTaskPushNotificationConfig(forged_id, metadata=V1)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "control character" in (caught.value.details() or "")
         inline = with_webhook(send_request("x"), "https://10.1.2.3/")
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await h.stub.SendMessage(inline, metadata=V1)

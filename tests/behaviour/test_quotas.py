@@ -27,6 +27,7 @@ from tests.support.harness import (
     ALICE,
     BOB,
     RESUME,
+    V1,
     Harness,
     error_of,
     rich_status,
@@ -212,14 +213,94 @@ async def test_a_new_task_that_fails_before_its_run_gives_its_slot_back(
 
 
 async def test_over_long_tenants_and_principals_are_refused(tmp_path: Path) -> None:
-    names = tmp_path / "tokens"
-    names.write_text(f"{'p' * 257}:long-token\nalice:alice-token\n")
-    async with asyncio.timeout(20), serve(InputAgent(), auth=TokenFile(names)) as h:
+    names = tmp_path / "long-names"
+    names.write_text(f"{'p' * 257}:long-token\n")
+    with pytest.raises(ValueError, match="has 257 characters"):  # refused as the file loads
+        TokenFile(names)
+    async with asyncio.timeout(20), serve(InputAgent(), auth=tokens(tmp_path)) as h:
         long_tenant = send_request("hi")
         long_tenant.tenant = "t" * 257
         failed = await error_of(h.stub.SendMessage(long_tenant, metadata=ALICE))
         assert failed.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "tenant" in (failed.details() or "")
-        long_name = (*ALICE[:-1], ("authorization", "Bearer long-token"))
-        failed = await error_of(h.stub.SendMessage(send_request("hi"), metadata=long_name))
-        assert failed.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def many(tmp_path: Path, names: list[str]) -> tuple[TokenFile, dict[str, Any]]:
+    """A tokens file for ``names``, and each one's call metadata."""
+    path = tmp_path / "many-tokens"
+    path.write_text("".join(f"{n}:{n}-token\n" for n in names))
+    return TokenFile(path), {n: (*V1, ("authorization", f"Bearer {n}-token")) for n in names}
+
+
+async def test_the_live_task_limit_is_shared_fairly_among_principals(tmp_path: Path) -> None:
+    # Within their quotas (100 each), principals could take every live task of the
+    # instance (8). Once half is taken, each gets at most its fair share: the other half
+    # split among the principals holding some (issue 22).
+    names = ["alice", "bob", "carol", "dave", "erin"]
+    auth, who = many(tmp_path, names)
+    limits = ServerConfig(cancel_timeout=1.0, quota_live_tasks=100, max_live_tasks=8)
+    async with asyncio.timeout(30), serve(InputAgent(), limits, auth=auth) as h:
+        for _ in range(4):  # alone, alice reaches half of the limit...
+            await parked(h, who["alice"])
+        request = send_request("hi")
+        await refused(h.stub.SendMessage(request, metadata=who["alice"]), "LIVE_TASKS_FAIR_SHARE")
+        for _ in range(2):  # ...and newcomers still get in: bob's share is 8 // (2 * 2)
+            await parked(h, who["bob"])
+        await refused(h.stub.SendMessage(request, metadata=who["bob"]), "LIVE_TASKS_FAIR_SHARE")
+        await parked(h, who["carol"])  # 8 // (2 * 3) = 1
+        await parked(h, who["dave"])  # 8 // (2 * 4) = 1
+        await refused(h.stub.SendMessage(request, metadata=who["erin"]), "LIVE_TASKS_LIMIT")
+        assert h.service.engine.tasks.quotas.live_total == 8
+
+
+async def test_the_anonymous_principal_has_the_whole_instance() -> None:
+    limits = ServerConfig(cancel_timeout=1.0, max_live_tasks=4)
+    async with asyncio.timeout(30), serve(InputAgent(), limits) as h:
+        for _ in range(4):
+            await parked(h, V1)
+        await refused(h.stub.SendMessage(send_request("hi"), metadata=V1), "LIVE_TASKS_LIMIT")
+
+
+async def test_parked_tasks_of_a_few_principals_do_not_block_the_others(tmp_path: Path) -> None:
+    # In memory, max_parked_tasks refuses every new task once reached: three principals
+    # parking their quota used to make everyone else's new task fail PARKED_TASKS_LIMIT.
+    names = ["alice", "bob", "carol", "dave"]
+    auth, who = many(tmp_path, names)
+    limits = ServerConfig(cancel_timeout=1.0, quota_parked_tasks=100, max_parked_tasks=12)
+    async with asyncio.timeout(30), serve(InputAgent(), limits, auth=auth) as h:
+        request = send_request("hi")
+        for name, share in (("alice", 6), ("bob", 3), ("carol", 2)):  # 12 // (2 * holders)
+            for _ in range(share):
+                await parked(h, who[name])
+            await refused(
+                h.stub.SendMessage(request, metadata=who[name]), "PARKED_TASKS_FAIR_SHARE"
+            )
+        assert h.service.engine.tasks.parking.count < 12, "the three did not fill it"
+        await parked(h, who["dave"])  # someone else still gets in
+
+
+async def test_open_streams_are_shared_fairly(tmp_path: Path) -> None:
+    auth, who = many(tmp_path, ["alice", "bob", "carol", "dave"])
+    limits = ServerConfig(cancel_timeout=1.0, quota_streams=100, max_streams=4)
+    async with asyncio.timeout(30), serve(InputAgent(), limits, auth=auth) as h:
+        tasks = {name: await parked(h, metadata) for name, metadata in who.items()}
+        streams = []
+
+        def subscribe(name: str) -> Any:
+            request = SubscribeToTaskRequest(id=tasks[name])
+            return h.stub.SubscribeToTask(request, metadata=who[name])
+
+        for name in ("alice", "alice", "bob", "carol"):  # contended from the third on
+            stream = subscribe(name)
+            assert (await stream.read()).task.id == tasks[name], name
+            streams.append(stream)
+        await refused(subscribe("alice"), "STREAMS_LIMIT")
+        streams.pop().cancel()  # carol's: 3 of 4 open, contended; alice is past her share
+        await h.service.servicer.wait_streams_closed(at_most=3)
+        await refused(subscribe("alice"), "STREAMS_FAIR_SHARE")
+        await refused(subscribe("bob"), "STREAMS_FAIR_SHARE")  # 4 // (2 * 2): he holds 1
+        stream = subscribe("dave")  # a newcomer below his share gets in
+        assert (await stream.read()).task.id == tasks["dave"]
+        streams.append(stream)
+        for stream in streams:
+            stream.cancel()

@@ -207,7 +207,7 @@ class TaskEngine:
             message.context_id = live.context_id
         else:
             principal = call.principal.name if call.principal is not None else ""
-            self.tasks.quotas.check_new_task(principal, self.tasks.parking.count_of(principal))
+            self.tasks.quotas.check_new_task(principal, self.tasks.parking)
             live = self.tasks.new(message, call.scope)
         snapshot, reader = None, None
         try:

@@ -87,6 +87,21 @@ class ParkingLot:
         """Parked tasks of ``principal`` this instance holds (as ``count``)."""
         return self._per_principal[principal]
 
+    @property
+    def holders(self) -> int:
+        """Principals with parked tasks here."""
+        return len(self._per_principal)
+
+    @property
+    def most(self) -> int:
+        """``max_parked_tasks``."""
+        return self._most
+
+    @property
+    def durable(self) -> bool:
+        """Whether a parked task can leave memory at no cost (the journal is elsewhere)."""
+        return self._durable
+
     def park(self, live: LiveTask) -> None:
         """``live`` is waiting for input from now on."""
         self._held.discard(live.task_id)

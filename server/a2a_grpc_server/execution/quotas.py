@@ -1,4 +1,4 @@
-"""Quotas per principal: what one caller may hold on this instance at once.
+"""Quotas per principal, and limits of the instance shared fairly among principals.
 
 Each quota is a ``ServerConfig`` setting (0 turns it off) and is counted
 per instance (in cluster mode, each instance counts what it serves):
@@ -9,6 +9,18 @@ per instance (in cluster mode, each instance counts what it serves):
 * open streams of one principal (``quota_streams``): checked before a stream
   call does anything;
 * SubscribeToTask streams of one task (``quota_subscribers``).
+
+Beside them, limits of the whole instance: live tasks (``max_live_tasks``),
+open streams (``max_streams``) and tasks waiting for input
+(``max_parked_tasks``, see ``parking``). One principal, or a few, within
+their quotas could still take all of one; so once half of a limit is taken
+(*contended*), a named principal gets no more than its *fair share*: the
+other half split evenly among the principals holding some (itself
+included), ``limit // (2 * holders)``. Past it, its new task or stream is
+refused (``*_FAIR_SHARE``) while a principal below its share (a newcomer
+holds none) still gets in, up to the limit itself (``*_LIMIT``). Nothing
+held is taken back. The anonymous principal (no authenticator: every
+caller) is not held to a share: it is the whole instance.
 
 A refused call answers RESOURCE_EXHAUSTED with an ErrorInfo whose reason
 names the quota; it changes nothing, and no other principal notices. Without
@@ -23,11 +35,15 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from ..config import ServerConfig
 from ..errors import (  # re-exported: the error tree lives in errors
     QuotaExceededError as QuotaExceededError,
 )
+
+if TYPE_CHECKING:
+    from .parking import ParkingLot
 
 
 class Quotas:
@@ -41,13 +57,18 @@ class Quotas:
         self._config = config
         self.live: Counter[str] = Counter()
         """Live tasks per principal (kept by the engine's ``LiveTasks``)."""
+        self.live_total = 0
+        """Live tasks on this instance."""
         self._streams: Counter[str] = Counter()
+        self.streams_total = 0
+        """Open streams on this instance."""
 
-    def check_new_task(self, principal: str, parked: int) -> None:
-        """Before a new task of ``principal``, who has ``parked`` tasks waiting for input.
+    def check_new_task(self, principal: str, parking: ParkingLot) -> None:
+        """Before a new task of ``principal`` (``parking``: the tasks waiting for input).
 
         Raises:
-            QuotaExceededError: LIVE_TASKS_QUOTA or PARKED_TASKS_QUOTA.
+            QuotaExceededError: LIVE_TASKS_QUOTA, PARKED_TASKS_QUOTA, or the
+                instance's LIVE_TASKS_LIMIT or a fair share of a limit.
         """
         config = self._config
         most = config.quota_live_tasks
@@ -55,6 +76,7 @@ class Quotas:
             raise QuotaExceededError(
                 "LIVE_TASKS_QUOTA", "quota_live_tasks", most, "live tasks of one caller"
             )
+        parked = parking.count_of(principal)
         most = config.quota_parked_tasks
         if most and parked >= most:
             raise QuotaExceededError(
@@ -62,6 +84,29 @@ class Quotas:
                 "quota_parked_tasks",
                 most,
                 "tasks of one caller waiting for input",
+            )
+        limit = config.max_live_tasks
+        if limit and self.live_total >= limit:
+            raise QuotaExceededError(
+                "LIVE_TASKS_LIMIT", "max_live_tasks", limit, "live tasks on this instance"
+            )
+        share = _share(principal, self.live[principal], self.live_total, limit, len(self.live))
+        if share is not None:
+            raise QuotaExceededError(
+                "LIVE_TASKS_FAIR_SHARE",
+                "max_live_tasks",
+                share,
+                "live tasks of one caller while this instance is busy (a fair share)",
+            )
+        share = None
+        if not parking.durable:  # (durable: a parked task leaves memory instead, see parking)
+            share = _share(principal, parked, parking.count, parking.most, parking.holders)
+        if share is not None:
+            raise QuotaExceededError(
+                "PARKED_TASKS_FAIR_SHARE",
+                "max_parked_tasks",
+                share,
+                "tasks of one caller waiting for input while this instance is busy (a fair share)",
             )
 
     def check_subscribers(self, subscribers: int) -> None:
@@ -83,15 +128,32 @@ class Quotas:
         Raises:
             QuotaExceededError: STREAMS_QUOTA (the block does not run).
         """
-        most = self._config.quota_streams
-        if most and self._streams[principal] >= most:
+        config = self._config
+        held = self._streams[principal]
+        most = config.quota_streams
+        if most and held >= most:
             raise QuotaExceededError(
                 "STREAMS_QUOTA", "quota_streams", most, "open streams of one caller"
             )
+        limit = config.max_streams
+        if limit and self.streams_total >= limit:
+            raise QuotaExceededError(
+                "STREAMS_LIMIT", "max_streams", limit, "open streams on this instance"
+            )
+        share = _share(principal, held, self.streams_total, limit, len(self._streams))
+        if share is not None:
+            raise QuotaExceededError(
+                "STREAMS_FAIR_SHARE",
+                "max_streams",
+                share,
+                "open streams of one caller while this instance is busy (a fair share)",
+            )
         self._streams[principal] += 1
+        self.streams_total += 1
         try:
             yield
         finally:
+            self.streams_total -= 1
             self._streams[principal] -= 1
             if not self._streams[principal]:
                 del self._streams[principal]
@@ -99,9 +161,24 @@ class Quotas:
     def task_added(self, principal: str) -> None:
         """A task of ``principal`` became live here."""
         self.live[principal] += 1
+        self.live_total += 1
 
     def task_removed(self, principal: str) -> None:
         """A task of ``principal`` stopped being live here (ended, or left memory)."""
         self.live[principal] -= 1
+        self.live_total -= 1
         if self.live[principal] <= 0:
             del self.live[principal]
+
+
+def _share(principal: str, held: int, total: int, limit: int, holders: int) -> int | None:
+    """``principal``'s fair share of ``limit`` if it holds that much already, else None.
+
+    Only while the limit is contended (half of it taken), and never for the
+    anonymous principal (see the module docstring). ``holders`` counts the
+    principals holding some (``principal`` is counted if it holds none yet).
+    """
+    if not limit or not principal or total < limit // 2:
+        return None
+    share = max(1, limit // (2 * (holders + (0 if held else 1))))
+    return share if held >= share else None

@@ -120,6 +120,8 @@ def caller(
     _check_version(version.strip() or LEGACY_VERSION, method)
     if len(tenant) > MAX_TENANT_CHARS:
         raise InvalidFieldError("tenant", f"is longer than {MAX_TENANT_CHARS} characters")
+    if not tenant.isprintable():
+        raise InvalidFieldError("tenant", "contains a control character; a tenant is printable")
     return Caller(headers, context.time_remaining(), current_principal(), tenant)
 
 

@@ -49,6 +49,10 @@ def check_config(config: TaskPushNotificationConfig, screen: Screen, prefix: str
     """
     if len(config.id) > MAX_ID_CHARS:
         raise InvalidFieldError(f"{prefix}id", f"is longer than {MAX_ID_CHARS} characters")
+    if not config.id.isprintable():
+        raise InvalidFieldError(
+            f"{prefix}id", "contains a control character (newline, NUL, ...); ids are printable"
+        )
     if len(config.tenant) > MAX_ID_CHARS:
         raise InvalidFieldError(f"{prefix}tenant", f"is longer than {MAX_ID_CHARS} characters")
     if not config.url:

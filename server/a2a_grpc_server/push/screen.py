@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
 from dataclasses import dataclass
 from urllib.parse import SplitResult, urlsplit
@@ -43,6 +44,7 @@ GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
 IPV6_REFUSED = (ipaddress.ip_network("3fff::/20"),)
 """Inside ``GLOBAL_UNICAST`` but not public (documentation, RFC 9637)."""
 MAX_HOST_CHARS = 253
+_NUMBER = re.compile(r"0x[0-9a-f]*|[0-9]+", re.IGNORECASE)
 MAX_LABEL_CHARS = 63
 
 
@@ -122,9 +124,11 @@ class Screen:
             raise RefusedTargetError(f"is {len(url)} characters; at most {MAX_URL_CHARS}")
         try:
             parts = urlsplit(url)
-            parts.port  # noqa: B018 (validates the port)
+            port = parts.port
         except ValueError as exc:
             raise RefusedTargetError(f"{quote(url)} is not a URL ({exc})") from None
+        if port == 0:
+            raise RefusedTargetError(f"{quote(url)} names port 0 (no server listens there)")
         schemes = ("https", "http") if self.allow_private else ("https",)
         if parts.scheme not in schemes:
             raise RefusedTargetError(
@@ -148,6 +152,8 @@ class Screen:
         ):
             raise RefusedTargetError(f"{quote(url)} has a malformed host name")
         literal = _literal(parts.hostname)
+        if literal is None and _numeric(host):
+            literal = _legacy_ipv4(url, host)
         if literal is not None and not self._trusted(parts.hostname):
             why = refused_address(literal)
             if why is not None and not self.allow_private:
@@ -166,6 +172,8 @@ class Screen:
         assert host is not None
         port = parts.port or (443 if parts.scheme == "https" else 80)
         literal = _literal(host)
+        if literal is None and _numeric(host):
+            literal = _legacy_ipv4(url, host)
         if literal is not None:
             addresses = [literal]
         else:
@@ -198,6 +206,29 @@ class Screen:
             elif host == allowed:
                 return True
         return False
+
+
+def _numeric(host: str) -> bool:
+    """Whether every label of ``host`` is a number (decimal, octal or 0x hex): no DNS name.
+
+    Such a host is an IPv4 address in one of the forms ``inet_aton`` (and so
+    the resolver, and every HTTP client) reads: ``2130706433``, ``0x7f.1``,
+    ``127.1``, ``0177.0.0.1`` are all 127.0.0.1.
+    """
+    labels = host.rstrip(".").split(".")
+    return all(_NUMBER.fullmatch(label) for label in labels)
+
+
+def _legacy_ipv4(url: str, host: str) -> Address:
+    """The IPv4 address a numeric host stands for.
+
+    Raises:
+        RefusedTargetError: It stands for none (``999.1``, a number too large).
+    """
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host.rstrip(".")))
+    except OSError:
+        raise RefusedTargetError(f"{quote(url)} has a numeric host that is no address") from None
 
 
 def _literal(host: str) -> Address | None:

@@ -131,9 +131,14 @@ def check_page(page_size: int, page_token: str) -> int:
 
 
 def _check_length(field: str, value: str, most: int = MAX_ID_CHARS) -> None:
+    """Refuse an overlong id, or one with a control character (ids reach logs and headers)."""
     if len(value) > most:
         raise InvalidFieldError(
             field, f"is {len(value)} characters long; at most {most} are accepted"
+        )
+    if not value.isprintable():
+        raise InvalidFieldError(
+            field, "contains a control character (newline, NUL, ...); ids are printable text"
         )
 
 
