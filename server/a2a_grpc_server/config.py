@@ -34,6 +34,10 @@ class ServerConfig:
         max_final_tasks: Final tasks kept in the in-memory journal; the oldest
             final task is evicted first.
         final_task_ttl: Seconds a final task is kept in the in-memory journal.
+        max_final_bytes: Bytes of final tasks (serialized) kept in the in-memory
+            journal. Over it, or over ``max_final_tasks``, the task evicted is the
+            oldest of the caller keeping the most: one caller's many (or large)
+            results never evict another's first.
         max_message_bytes: Largest request the server accepts (serialized); at
             most half of ``max_task_bytes``, so the task a message starts always
             fits.
@@ -141,6 +145,7 @@ class ServerConfig:
     cancel_timeout: float = 3.0
     max_final_tasks: int = 10_000
     final_task_ttl: float = 3600.0
+    max_final_bytes: int = 512 * 1024 * 1024
     max_message_bytes: int = DEFAULT_MAX_TASK_BYTES // 2
     max_task_bytes: int = DEFAULT_MAX_TASK_BYTES
     max_parts: int = 1000
@@ -184,7 +189,7 @@ class ServerConfig:
             raise ValueError("event_queue_size and event_queue_bytes must be positive")
         if self.cancel_timeout <= 0:
             raise ValueError("cancel_timeout must be positive")
-        if self.max_final_tasks < 0 or self.final_task_ttl < 0:
+        if self.max_final_tasks < 0 or self.final_task_ttl < 0 or self.max_final_bytes < 0:
             raise ValueError("retention limits must not be negative")
         if self.parked_timeout <= 0 or self.max_parked_tasks < 1:
             raise ValueError("parked_timeout and max_parked_tasks must be positive")

@@ -177,7 +177,11 @@ class A2AService:
         elif cluster is not None:
             self.journal = cluster.journal
         else:
-            self.journal = MemoryJournal(self.config.max_final_tasks, self.config.final_task_ttl)
+            self.journal = MemoryJournal(
+                self.config.max_final_tasks,
+                self.config.final_task_ttl,
+                max_final_bytes=self.config.max_final_bytes,
+            )
         self.metrics = Metrics()
         self.rpc_metrics = RpcMetrics()
         """Per-RPC counts, kept by ``metrics_interceptor()`` on the server it is added to."""

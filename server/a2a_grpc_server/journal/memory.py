@@ -4,15 +4,18 @@ Non-final tasks are kept until they end, as the very objects the core hands
 over (see ``TaskJournal``'s ownership rule): a write costs O(1) however large
 the task. Frames are not kept here: on a single instance the task's
 ``TaskLog`` is where readers find them. Final tasks are kept serialized
-(compact, immutable) for at most ``final_task_ttl`` seconds and at most
-``max_final_tasks`` of them (the oldest final task goes first), so memory
-stays flat under sustained load.
+(compact, immutable) for at most ``final_task_ttl`` seconds, at most
+``max_final_tasks`` of them and at most ``max_final_bytes`` of them, so
+memory stays flat under sustained load. Over a bound, the task that goes is
+the oldest of the scope (caller) keeping the most (tasks, or bytes, as the
+bound is): one caller completing many tasks, or large ones, evicts its own
+results, never another caller's first.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -56,6 +59,7 @@ class MemoryJournal:
         max_final_tasks: Most final tasks kept.
         final_task_ttl: Seconds a final task is kept after it ended.
         clock: Monotonic clock, replaceable in tests.
+        max_final_bytes: Most bytes of final tasks kept (serialized).
     """
 
     def __init__(
@@ -63,9 +67,16 @@ class MemoryJournal:
         max_final_tasks: int = 10_000,
         final_task_ttl: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
+        max_final_bytes: int = 512 * 1024 * 1024,
     ) -> None:
         self._entries: dict[str, _Entry] = {}
         self._final: OrderedDict[str, float] = OrderedDict()
+        """Final tasks, oldest first, with the time each ended (for ``final_task_ttl``)."""
+        self._by_scope: dict[str, OrderedDict[str, int]] = {}
+        """Final tasks of each scope, oldest first, with their sizes."""
+        self._scope_bytes: Counter[str] = Counter()
+        self._final_bytes = 0
+        self._max_final_bytes = max_final_bytes
         self._max_final = max_final_tasks
         self._ttl = final_task_ttl
         self._clock = clock
@@ -155,19 +166,41 @@ class MemoryJournal:
             scope=scope,
         )
         if final:
+            size = len(self._entries[task.id].blob)
             self._final[task.id] = self._clock()
+            self._by_scope.setdefault(scope, OrderedDict())[task.id] = size
+            self._scope_bytes[scope] += size
+            self._final_bytes += size
             self._prune()
 
     def _prune(self) -> None:
         horizon = self._clock() - self._ttl
         while self._final:
             task_id, ended = next(iter(self._final.items()))
-            if len(self._final) <= self._max_final and ended >= horizon:
+            if ended >= horizon:
                 break
-            del self._final[task_id]
-            self._entries.pop(task_id, None)
-            if self.on_forget is not None:
-                self.on_forget(task_id)
+            self._forget(task_id)
+        while len(self._final) > self._max_final:
+            self._forget_oldest_of(max(self._by_scope, key=lambda s: len(self._by_scope[s])))
+        while self._final_bytes > self._max_final_bytes:
+            self._forget_oldest_of(max(self._by_scope, key=self._scope_bytes.__getitem__))
+
+    def _forget_oldest_of(self, scope: str) -> None:
+        self._forget(next(iter(self._by_scope[scope])))
+
+    def _forget(self, task_id: str) -> None:
+        """Drop a final task (its push configs go too: ``on_forget``)."""
+        del self._final[task_id]
+        entry = self._entries.pop(task_id)
+        kept = self._by_scope[entry.scope]
+        size = kept.pop(task_id)
+        self._scope_bytes[entry.scope] -= size
+        self._final_bytes -= size
+        if not kept:
+            del self._by_scope[entry.scope]
+            del self._scope_bytes[entry.scope]
+        if self.on_forget is not None:
+            self.on_forget(task_id)
 
 
 def _copy(entry: _Entry) -> Task:
