@@ -29,6 +29,8 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 
+from a2a_grpc_server.journal import RecordedTask
+from a2a_grpc_server.journal.memory import MemoryJournal
 from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY, URI
 from tests.support.agents import InputAgent
 from tests.support.clusterharness import instances
@@ -214,3 +216,40 @@ async def test_a_context_belongs_to_the_caller_that_created_it(tmp_path: Path) -
         more = await reply(h.stub, "and again", stolen.context_id, BOB)
         assert more.context_id == stolen.context_id
         assert more.status.message.parts[0].text == "what did alice say?"
+
+
+class CountingJournal(MemoryJournal):
+    """The in-memory journal, counting the task bodies it reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    async def get(self, task_id: str) -> RecordedTask | None:
+        self.reads.append(task_id)
+        return await super().get(task_id)
+
+
+async def test_another_callers_task_is_refused_before_its_body_is_read(tmp_path: Path) -> None:
+    # The time to answer NOT_FOUND must not tell a large task of alice's from a missing id
+    # (z = 25 over 2,000 pairs for 1 MiB, before): the scope is checked first (issue 22).
+    journal = CountingJournal()
+    async with (
+        asyncio.timeout(30),
+        serve(InputAgent(), journal=journal, auth=tokens(tmp_path)) as h,
+    ):
+        task = (await h.stub.SendMessage(send_request("hi"), metadata=ALICE)).task
+        h.service.engine.tasks.parking.evict_idle(now=float("inf"))  # (out of memory: read)
+        journal.reads.clear()
+        attempts: list[Callable[[], Any]] = [
+            lambda: h.stub.GetTask(GetTaskRequest(id=task.id), metadata=BOB),
+            lambda: h.stub.CancelTask(CancelTaskRequest(id=task.id), metadata=BOB),
+            lambda: h.stub.SubscribeToTask(SubscribeToTaskRequest(id=task.id), metadata=BOB),
+            lambda: h.stub.SendMessage(send_request("me", task_id=task.id), metadata=BOB),
+        ]
+        for make in attempts:
+            err = await error_of(make())
+            assert err.code() == grpc.StatusCode.NOT_FOUND
+        assert journal.reads == [], "refused before the body was read"
+        await h.stub.GetTask(GetTaskRequest(id=task.id), metadata=ALICE)
+        assert journal.reads == [task.id], "the owner's read does read it"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -166,6 +167,28 @@ async def test_list_filters_pages_and_counts_most_recent_update_first(
     assert [t.id for t in working_page.tasks] == ["t0"]
     with pytest.raises(InvalidPageTokenError):
         await journal.list(TaskQuery(page_token="not-a-token"))
+
+
+async def test_page_tokens_are_opaque_and_good_for_their_scope_only(
+    journal: TaskJournal,
+) -> None:
+    for i in range(4):
+        mine = task(f"s{i}")
+        await journal.create(mine, [change(1, mine)], scope="alice")
+    page = await journal.list(TaskQuery(page_size=2, scope="alice"))
+    token = page.next_page_token
+    assert token
+    again = await journal.list(TaskQuery(page_size=2, scope="alice"))
+    assert again.next_page_token != token, "sealed: the same place reads differently each time"
+    rest = await journal.list(TaskQuery(page_size=2, page_token=token, scope="alice"))
+    assert [t.id for t in rest.tasks] == ["s1", "s0"]
+    with pytest.raises(InvalidPageTokenError):  # another caller's token
+        await journal.list(TaskQuery(page_size=2, page_token=token, scope="bob"))
+    raw = bytearray(base64.urlsafe_b64decode(token))
+    raw[12] ^= 1  # one bit of the revision changed
+    forged = base64.urlsafe_b64encode(bytes(raw)).decode()
+    with pytest.raises(InvalidPageTokenError):
+        await journal.list(TaskQuery(page_size=2, page_token=forged, scope="alice"))
 
 
 async def test_list_shows_a_running_task_with_every_change_recorded(

@@ -269,6 +269,10 @@ class InstanceJournal:
         self._hub = hub
         self._id = instance_id
 
+    def scope_of(self, task_id: str) -> str | None:
+        """The task's scope, as the shared record knows it without a read."""
+        return self._hub.record.scope_of(task_id)
+
     async def get(self, task_id: str) -> RecordedTask | None:
         """The task as recorded, with its owner."""
         found = await self._hub.record.get(task_id)

@@ -136,6 +136,13 @@ class LiveTasks:
             TaskNotFoundError: No such task, or it is not of ``scope`` (unless None).
         """
         unrecorded = self.finals.live(task_id)
+        if scope is not None:
+            # Another scope's task answers as a missing one, and as fast: its scope is
+            # checked before its body is read (a large task would take longer to copy).
+            live = unrecorded or self._live.get(task_id)
+            owner = live.scope if live is not None else self.journal.scope_of(task_id)
+            if owner is not None and owner != scope:
+                raise not_found(task_id)
         if unrecorded is not None and unrecorded.log.snapshot is not None:
             found = RecordedTask(
                 taskops.copy(unrecorded.log.snapshot),

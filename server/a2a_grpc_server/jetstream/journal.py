@@ -82,6 +82,7 @@ from ..errors import UnknownFormatError
 from ..journal import (
     Change,
     FinalTaskError,
+    PageTokens,
     PartialWriteError,
     RecordedTask,
     Released,
@@ -300,8 +301,10 @@ class JetStreamJournal:
         snapshot_every: int = 32,
         retry: Retry | None = None,
         formats: Formats | None = None,
+        page_tokens: PageTokens | None = None,
     ) -> None:
         self._requests = requests
+        self._tokens = page_tokens or PageTokens()
         self._formats = formats or Formats()
         self._retry = retry or Retry()
         self._js = js
@@ -315,6 +318,10 @@ class JetStreamJournal:
     def owner(self) -> str:
         """The instance id this journal records as owner."""
         return self._owner
+
+    def scope_of(self, task_id: str) -> str | None:
+        """None: a task's scope is in its snapshot, read over the network like its body."""
+        return None
 
     async def get(self, task_id: str) -> RecordedTask | None:
         """Return the task (its snapshot and the changes after it), or None.
@@ -427,7 +434,7 @@ class JetStreamJournal:
             snaps[task.id] = snap
             return task
 
-        page = paginate(found, query, "n", remember)
+        page = paginate(found, query, "n", remember, self._tokens)
         live = [i for i, task in enumerate(page.tasks) if not snaps[task.id].final]
         folded = await asyncio.gather(
             *(self._fold(page.tasks[i].id, snaps[page.tasks[i].id]) for i in live)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from a2a.types.a2a_pb2 import SendMessageRequest, Task
 from a2a.utils.errors import TaskNotFoundError
 
-from ..journal import RecordedTask, Released
+from ..journal import PageTokens, RecordedTask, Released
 from ..log.tasklog import LogReader
 from ..model import taskops
 from ..model.caller import Caller
@@ -68,6 +68,7 @@ class NatsCluster:
             conn.config.snapshot_every,
             Retry(conn.config.retry_for),
             self.formats,
+            PageTokens(self._signer.derive(b"page tokens")),
         )
         self._relays: Relays | None = None
         self._router: Router | None = None

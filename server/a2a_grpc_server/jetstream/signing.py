@@ -99,6 +99,15 @@ class Signer:
         self._key, self._trust = key, trust_bus
         self._seen: OrderedDict[str, float] = OrderedDict()
 
+    def derive(self, purpose: bytes) -> bytes:
+        """A key for ``purpose`` every instance of the cluster derives alike.
+
+        From the cluster key; without one (``trust_bus``), from a constant: a
+        key bound to its use, but not a secret.
+        """
+        key = self._key if self._key is not None else b"a2a-grpc-server: no cluster key"
+        return hmac.new(key, b"a2a-grpc-server derive\0" + purpose, hashlib.sha256).digest()
+
     def sign(self, subject: str, headers: MutableMapping[str, str], payload: bytes) -> None:
         """Add the signature header to ``headers`` (nothing without a key)."""
         if self._key is None:

@@ -12,6 +12,9 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import hashlib
+import hmac
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, TypeVar
@@ -169,43 +172,93 @@ def status_ns(task: Task) -> int:
     return int(ts.seconds) * 1_000_000_000 + int(ts.nanos)
 
 
+class PageTokens:
+    """Opaque page tokens, each good for the scope it was issued to only.
+
+    A token holds the revision the next page starts before, a server-wide
+    write counter that would tell a caller how much others wrote between two
+    of its pages; so it is encrypted (XOR with an HMAC-SHA256 keystream of a
+    random nonce) and authenticated over the journal kind and the caller's
+    scope: another caller's token, or a changed one, is refused as a token
+    this server never issued. Layout (base64url): version 1, nonce (8 bytes),
+    revision (8), tag (12).
+
+    Args:
+        key: The secret (the same on every instance that serves one journal:
+            in cluster mode, derived from the cluster key); a random one by
+            default (one process).
+    """
+
+    VERSION = 1
+
+    def __init__(self, key: bytes | None = None) -> None:
+        self._key = key if key is not None else secrets.token_bytes(32)
+
+    def encode(self, rev: int, mark: str, scope: str) -> str:
+        """The token of ``rev`` for ``scope``."""
+        nonce = secrets.token_bytes(8)
+        sealed = (rev ^ self._stream(nonce)).to_bytes(8, "big")
+        body = bytes([self.VERSION]) + nonce + sealed
+        return base64.urlsafe_b64encode(body + self._tag(body, mark, scope)).decode()
+
+    def decode(self, token: str, mark: str, scope: str) -> int:
+        """The revision ``token`` holds.
+
+        Raises:
+            InvalidPageTokenError: Not issued by this journal to ``scope``.
+        """
+        try:
+            raw = base64.urlsafe_b64decode(token.encode())
+        except (ValueError, binascii.Error):
+            raw = b""
+        body, tag = raw[:17], raw[17:]
+        if (
+            len(raw) != 29
+            or raw[0] != self.VERSION
+            or not hmac.compare_digest(tag, self._tag(body, mark, scope))
+        ):
+            raise InvalidPageTokenError(
+                f"page_token {quote(token)} was not issued by this server to this caller"
+            )
+        return int.from_bytes(body[9:17], "big") ^ self._stream(body[1:9])
+
+    def _stream(self, nonce: bytes) -> int:
+        digest = hmac.new(self._key, b"stream\0" + nonce, hashlib.sha256).digest()
+        return int.from_bytes(digest[:8], "big")
+
+    def _tag(self, body: bytes, mark: str, scope: str) -> bytes:
+        signed = b"tag\0" + mark.encode() + b"\0" + scope.encode() + b"\0" + body
+        return hmac.new(self._key, signed, hashlib.sha256).digest()[:12]
+
+
 def paginate(
-    matches: list[tuple[int, T]], query: TaskQuery, mark: str, to_task: Callable[[T], Task]
+    matches: list[tuple[int, T]],
+    query: TaskQuery,
+    mark: str,
+    to_task: Callable[[T], Task],
+    tokens: PageTokens,
 ) -> TaskPage:
     """One page of ``(revision, item)`` matches, newest revision first.
 
-    Page tokens are the last revision of the previous page, tagged with
-    ``mark`` so a token of one journal kind is refused by another.
+    Page tokens hold the last revision of the previous page (``PageTokens``:
+    opaque, good for ``query.scope`` only), tagged with ``mark`` so a token of
+    one journal kind is refused by another.
 
     Raises:
-        InvalidPageTokenError: ``query.page_token`` was not issued with ``mark``.
+        InvalidPageTokenError: ``query.page_token`` was not issued with ``mark``
+            to ``query.scope``.
     """
-    before = _decode_token(query.page_token, mark) if query.page_token else None
+    scope = query.scope
+    before = tokens.decode(query.page_token, mark, scope) if query.page_token else None
     matches.sort(key=lambda m: m[0], reverse=True)
     page = [m for m in matches if before is None or m[0] < before][: query.page_size]
     remaining = page and any(rev < page[-1][0] for rev, _ in matches)
     return TaskPage(
         tasks=[to_task(item) for _, item in page],
-        next_page_token=_encode_token(page[-1][0], mark) if remaining else "",
+        next_page_token=tokens.encode(page[-1][0], mark, scope) if remaining else "",
         total_size=len(matches),
-        after=[_encode_token(rev, mark) for rev, _ in page],
+        after=[tokens.encode(rev, mark, scope) for rev, _ in page],
     )
-
-
-def _encode_token(rev: int, mark: str) -> str:
-    return base64.urlsafe_b64encode(f"{mark}{rev}".encode()).decode()
-
-
-def _decode_token(token: str, mark: str) -> int:
-    try:
-        raw = base64.urlsafe_b64decode(token.encode()).decode()
-        if not raw.startswith(mark):
-            raise ValueError(raw)
-        return int(raw[len(mark) :])
-    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
-        raise InvalidPageTokenError(
-            f"page_token {quote(token)} was not issued by this server"
-        ) from exc
 
 
 class TaskJournal(Protocol):
@@ -230,6 +283,14 @@ class TaskJournal(Protocol):
     changes it afterwards only to build its next version and passes it to
     ``update`` with no ``await`` in between.
     """
+
+    def scope_of(self, task_id: str) -> str | None:
+        """The task's scope if the journal knows it without reading the task (else None).
+
+        Lets a caller of another scope be answered NOT_FOUND before the task's
+        body is read, in the time a missing task takes.
+        """
+        ...
 
     async def get(self, task_id: str) -> RecordedTask | None:
         """Return the task as last written, or None if the journal has no such task.

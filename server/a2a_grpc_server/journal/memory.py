@@ -26,6 +26,7 @@ from ..model.taskops import TERMINAL
 from . import (
     Change,
     FinalTaskError,
+    PageTokens,
     RecordedTask,
     TaskExistsError,
     TaskPage,
@@ -80,12 +81,18 @@ class MemoryJournal:
         self._max_final = max_final_tasks
         self._ttl = final_task_ttl
         self._clock = clock
+        self._tokens = PageTokens()
         self._rev = 0
         self.on_forget: Callable[[str], None] | None = None
         """Called with the id of each final task retention drops (its push configs go too)."""
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def scope_of(self, task_id: str) -> str | None:
+        """The task's scope, read without its body (None: not known without a read)."""
+        entry = self._entries.get(task_id)
+        return entry.scope if entry is not None else None
 
     async def get(self, task_id: str) -> RecordedTask | None:
         """Return the task, its version and the seq of its last change, or None."""
@@ -141,7 +148,7 @@ class MemoryJournal:
             for e in self._entries.values()
             if query.matches(e.context_id, e.state, e.status_ns, e.scope)
         ]
-        return paginate(found, query, "r", _copy)
+        return paginate(found, query, "r", _copy, self._tokens)
 
     def _put(self, task: Task, version: int, seq: int, scope: str) -> None:
         self._rev += 1
