@@ -22,7 +22,9 @@ from a2a_grpc_server.jetstream.conn import NatsConfig, connect
 from a2a_grpc_server.jetstream.journal import Entry, JetStreamJournal, Snapshot
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
 from a2a_grpc_server.jetstream.routing import control_subject
+from a2a_grpc_server.jetstream.signing import Signer
 from a2a_grpc_server.journal import Change, VersionConflictError
+from tests.support import CLUSTER_KEY
 from tests.support import formatfixtures as fx
 from tests.support.agents import InputAgent
 from tests.support.clusterharness import instances
@@ -135,9 +137,10 @@ async def test_routed_requests_of_an_unknown_format_or_without_their_caller_are_
         try:
 
             async def ask(op: str, headers: dict[str, str]) -> Msg:
-                return await client.request(
-                    control_subject(a.instance_id, op), task_id.encode(), timeout=5, headers=headers
-                )
+                # Signed with the cluster's key: what is refused is the format, not the sender.
+                subject, payload = control_subject(a.instance_id, op), task_id.encode()
+                Signer(CLUSTER_KEY).sign(subject, headers, payload)
+                return await client.request(subject, payload, timeout=5, headers=headers)
 
             caller = {"A2a-Caller": '[null, ""]', "A2a-Call-Headers": "[]"}
             for op, headers, what in [

@@ -5,11 +5,17 @@ Serves GET/HEAD of fixed paths: the agent card at
 ``ETag``; 304 on ``If-None-Match`` / ``If-Modified-Since``) and the metrics
 at ``/metrics`` (never cached). Anything else is 404, other methods 405.
 
-Bounds: at most ``MAX_CONNECTIONS`` connections (more are closed at once); a
-connection gets ``REQUEST_TIMEOUT`` seconds to send its first request head
-and may stay idle that long between requests; request lines and headers are
-limited by aiohttp (8 KiB each, 128 headers: 400 past them); no request may
-carry a body. A slow or oversized request costs its own connection only.
+Bounds: at most ``MAX_CONNECTIONS`` connections, and ``MAX_PER_PEER`` of
+one peer address (its next one is closed at once); at the budget, a new
+connection makes the connection quiet the longest close (idle keep-alive
+connections go first), so no client holding connections open can lock the
+others out of the card and the metrics. A connection gets
+``REQUEST_TIMEOUT`` seconds to send its first request head and may stay idle
+that long between requests; request lines and headers are limited by
+aiohttp (8 KiB each, 128 headers: 400 past them); no request may carry a
+body. A slow or oversized request costs its own connection only, and a
+malformed one a DEBUG line at most every 10 s (aiohttp's own ERROR line with
+a traceback, per request, is held back: any client could flood the log).
 
 Who runs what: aiohttp runs one task per connection on the server's event
 loop; ``stop()`` closes the listener and the open connections.
@@ -20,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import ssl
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from email.utils import formatdate, parsedate_to_datetime
@@ -29,8 +37,37 @@ from typing import Any
 
 from aiohttp import web
 
+from ..errors import RateLimitedLog
+
 MAX_CONNECTIONS = 256
+MAX_PER_PEER = 32
+"""Connections one peer address may hold open at once."""
 REQUEST_TIMEOUT = 10.0
+
+logger = logging.getLogger(__name__)
+_malformed_log = RateLimitedLog(logger, logging.DEBUG, period=10.0)
+
+
+class _HoldBackRequestErrors(logging.Filter):
+    """aiohttp logs each malformed request at ERROR with a traceback: one DEBUG line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("Error handling request"):
+            _malformed_log.log("malformed HTTP request: %s", record.exc_info and record.exc_info[1])
+            return False
+        return True
+
+
+_HOLD_BACK = _HoldBackRequestErrors()
+
+
+@dataclass(slots=True)
+class _Connection:
+    peer: str
+    timer: asyncio.TimerHandle | None
+    """Closes it unless its first request head arrives in time (None once it did)."""
+    last: float
+    """When it last received data (monotonic)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +102,7 @@ class HttpServer:
         max_connections: Most connections open at once.
         request_timeout: Seconds a connection gets for its first request head,
             and may stay idle between requests.
+        max_per_peer: Most connections of one peer address.
     """
 
     def __init__(
@@ -76,9 +114,15 @@ class HttpServer:
         tls: ssl.SSLContext | None = None,
         max_connections: int = MAX_CONNECTIONS,
         request_timeout: float = REQUEST_TIMEOUT,
+        max_per_peer: int = MAX_PER_PEER,
     ) -> None:
         self._host, self._port, self._tls = host, port, tls
-        self._most, self._timeout = max_connections, request_timeout
+        self._most, self._timeout, self._per_peer_most = (
+            max_connections,
+            request_timeout,
+            max_per_peer,
+        )
+        logging.getLogger("aiohttp.server").addFilter(_HOLD_BACK)  # (once: filters are a set)
         self._modified = int(time.time())
         app = web.Application(client_max_size=1024, middlewares=[self._started])
         for path, doc in routes.items():
@@ -87,7 +131,8 @@ class HttpServer:
             app, access_log=None, keepalive_timeout=request_timeout, handle_signals=False
         )
         self._server: asyncio.Server | None = None
-        self._connections: dict[asyncio.BaseTransport, asyncio.TimerHandle | None] = {}
+        self._connections: dict[asyncio.BaseTransport, _Connection] = {}
+        self._per_peer: Counter[str] = Counter()
 
     @property
     def port(self) -> int:
@@ -133,15 +178,47 @@ class HttpServer:
         """A connection's protocol: aiohttp's, bounded (see the module docstring)."""
         handler: Any = self._runner.server
         assert handler is not None
-        return _Bounded(handler(), self._connections, self._most, self._timeout)
+        return _Bounded(handler(), self)
+
+    def admit(self, transport: asyncio.BaseTransport) -> bool:
+        """Count a new connection in, shedding the quietest one at the budget; or refuse it."""
+        peer = _peer(transport)
+        if self._per_peer[peer] >= self._per_peer_most:
+            return False
+        if len(self._connections) >= self._most:
+            quietest = min(self._connections, key=lambda t: self._connections[t].last)
+            quietest.close()  # (connection_lost forgets it)
+            self.forget(quietest)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self._timeout, transport.close)
+        self._connections[transport] = _Connection(peer, timer, loop.time())
+        self._per_peer[peer] += 1
+        return True
+
+    def heard(self, transport: asyncio.BaseTransport) -> None:
+        """Data arrived on a connection."""
+        known = self._connections.get(transport)
+        if known is not None:
+            known.last = asyncio.get_running_loop().time()
+
+    def forget(self, transport: asyncio.BaseTransport) -> None:
+        """A connection closed (or was shed)."""
+        known = self._connections.pop(transport, None)
+        if known is None:
+            return
+        if known.timer is not None:
+            known.timer.cancel()
+        self._per_peer[known.peer] -= 1
+        if not self._per_peer[known.peer]:
+            del self._per_peer[known.peer]
 
     @web.middleware
     async def _started(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """A request head arrived in time: its connection's first-request deadline is off."""
-        timer = self._connections.get(request.transport) if request.transport else None
-        if timer is not None:
-            timer.cancel()
-            self._connections[request.transport] = None  # type: ignore[index]
+        known = self._connections.get(request.transport) if request.transport else None
+        if known is not None and known.timer is not None:
+            known.timer.cancel()
+            known.timer = None
         return await handler(request)
 
     def _fixed(self, doc: Fixed) -> Handler:
@@ -185,40 +262,36 @@ def _not_modified_since(request: web.Request, modified: int) -> bool:
         return False
 
 
+def _peer(transport: asyncio.BaseTransport) -> str:
+    peername = transport.get_extra_info("peername")
+    return str(peername[0]) if isinstance(peername, tuple) and peername else "?"
+
+
 class _Bounded(asyncio.Protocol):
     """aiohttp's protocol of one connection, behind the connection bounds.
 
     Args:
         inner: aiohttp's protocol.
-        connections: The open connections, each with its first-request deadline.
-        most: Most connections open at once.
-        timeout: Seconds for the first request head.
+        server: The server, which counts its connections (``HttpServer.admit``).
     """
 
-    def __init__(
-        self,
-        inner: Any,
-        connections: dict[asyncio.BaseTransport, asyncio.TimerHandle | None],
-        most: int,
-        timeout: float,
-    ) -> None:
+    def __init__(self, inner: Any, server: HttpServer) -> None:
         self._inner: Any = inner
-        self._connections = connections
-        self._most, self._timeout = most, timeout
+        self._server = server
         self._transport: asyncio.BaseTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if len(self._connections) >= self._most:
+        if not self._server.admit(transport):
             self._inner = None  # aiohttp never sees it
             transport.close()
             return
         self._transport = transport
-        loop = asyncio.get_running_loop()
-        self._connections[transport] = loop.call_later(self._timeout, transport.close)
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         if self._inner is not None:
+            if self._transport is not None:
+                self._server.heard(self._transport)
             self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -234,8 +307,6 @@ class _Bounded(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._transport is not None:
-            timer = self._connections.pop(self._transport, None)
-            if timer is not None:
-                timer.cancel()
+            self._server.forget(self._transport)
         if self._inner is not None:
             self._inner.connection_lost(exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
@@ -77,13 +78,29 @@ async def test_oversized_heads_are_refused_and_others_served(server: HttpServer)
 
 
 @pytest.mark.parametrize("server", [{"max_connections": 3}], indirect=True)
-async def test_connections_past_the_limit_are_closed_at_once(server: HttpServer) -> None:
+async def test_at_the_budget_the_quietest_connection_makes_room(server: HttpServer) -> None:
+    # One client holding idle connections used to lock everyone else out (issue 22).
     async with asyncio.timeout(10):
         idle = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(3)]
+        assert await get(server.port, request("/card")) == (200, b'{"name": "x"}')
+        reads = [asyncio.ensure_future(r.read()) for r, _ in idle]
+        done, pending = await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+        assert reads[0] in done and reads[0].result() == b"", "the quietest one made room"
+        for read in pending:
+            read.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for _, w in idle:
+            w.close()
+
+
+@pytest.mark.parametrize("server", [{"max_per_peer": 3}], indirect=True)
+async def test_one_peer_holds_at_most_its_share_of_connections(server: HttpServer) -> None:
+    async with asyncio.timeout(10):
+        held = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(3)]
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        assert await reader.read() == b"", "the fourth connection is closed"
+        assert await reader.read() == b"", "the peer's fourth connection is closed at once"
         writer.close()
-        _, first = idle.pop()
+        _, first = held.pop()
         first.close()
         await first.wait_closed()
         # The server learns of the close as its loop reads it; each attempt is a round trip.
@@ -93,5 +110,19 @@ async def test_connections_past_the_limit_are_closed_at_once(server: HttpServer)
             if statuses[-1] == 200:
                 break
         assert statuses[-1] == 200 and set(statuses) <= {0, 200}, statuses
-        for _, w in idle:
+        for _, w in held:
             w.close()
+
+
+async def test_malformed_requests_do_not_flood_the_log(
+    server: HttpServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with asyncio.timeout(10):
+        for _ in range(20):
+            assert (await get(server.port, "NOT HTTP AT ALL\r\n\r\n"))[0] in (0, 400)
+        assert await get(server.port, request("/card")) == (200, b'{"name": "x"}')
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert errors == [], [r.getMessage() for r in errors]
+    lines = [r for r in caplog.records if "malformed HTTP request" in r.getMessage()]
+    assert len(lines) <= 1, "at most one line per 10 s"
