@@ -109,6 +109,12 @@ class ServerConfig:
             (its SendStreamingMessage stream and resumed streams included);
             over it a new SubscribeToTask is refused (SUBSCRIBERS_QUOTA). 0:
             no quota.
+        quota_push_configs: Most push configs one principal keeps, over all its
+            tasks (with the in-memory journal; in cluster mode only
+            ``push_max_configs`` per task bounds them); over it a new config is
+            refused (PUSH_CONFIGS_QUOTA). A config is at most about 11 KB (its
+            URL, token and credentials are bounded), so this bounds a
+            principal's configs to about 11 MB. 0: no quota.
         max_live_tasks: Most live tasks on this instance, all principals
             together (LIVE_TASKS_LIMIT); once half are taken, a principal gets
             no more than a fair share (LIVE_TASKS_FAIR_SHARE: see the quotas
@@ -168,6 +174,7 @@ class ServerConfig:
     quota_parked_tasks: int = 1000
     quota_streams: int = 1000
     quota_subscribers: int = 256
+    quota_push_configs: int = 1000
     max_live_tasks: int = 10_000
     max_streams: int = 10_000
     grpc_max_concurrent_streams: int = 1000
@@ -211,6 +218,7 @@ class ServerConfig:
             self.quota_parked_tasks,
             self.quota_streams,
             self.quota_subscribers,
+            self.quota_push_configs,
             self.max_live_tasks,
             self.max_streams,
         )

@@ -310,6 +310,7 @@ class QuotaExceededError(ServerError):
         "LIVE_TASKS_FAIR_SHARE",
         "PARKED_TASKS_FAIR_SHARE",
         "STREAMS_FAIR_SHARE",
+        "PUSH_CONFIGS_QUOTA",
     )
     """Every reason it may carry, one per quota."""
 

@@ -40,7 +40,17 @@ from tests.support.agents import (
     MessageAgent,
 )
 from tests.support.certs import issue
-from tests.support.harness import V1, expose, read_all, rich_status, send_request, serve
+from tests.support.harness import (
+    ALICE,
+    BOB,
+    V1,
+    expose,
+    read_all,
+    rich_status,
+    send_request,
+    serve,
+    tokens,
+)
 from tests.support.webhook import Answer, Post, assert_complete, receiving, with_webhook
 
 S = TaskState
@@ -606,3 +616,36 @@ async def test_configs_of_a_message_only_answer_do_not_stay() -> None:
             push = h.service.push
             assert isinstance(push, PushService) and isinstance(push.store, MemoryPushConfigs)
             assert len(push.store) == 0
+
+
+async def test_one_callers_push_configs_are_bounded_over_all_its_tasks(tmp_path: Path) -> None:
+    # 10 configs per task bounded nothing per caller: 150 tasks held 1,500 (issue 22).
+    config = ServerConfig(
+        cancel_timeout=1.0, quota_push_configs=5, push_allow_private=True, push_retry_for=0
+    )
+    async with asyncio.timeout(20), serve(InputAgent(), config, auth=tokens(tmp_path)) as h:
+        alice = [(await h.stub.SendMessage(send_request("hi"), metadata=ALICE)).task for _ in "ab"]
+        theirs = (await h.stub.SendMessage(send_request("hi"), metadata=BOB)).task
+
+        def create(task_id: str, config_id: str, who: Any) -> Any:
+            made = TaskPushNotificationConfig(  # (nothing listens: given up at once)
+                task_id=task_id, id=config_id, url="http://127.0.0.1:9/"
+            )
+            return h.stub.CreateTaskPushNotificationConfig(made, metadata=who)
+
+        for i in range(5):  # over alice's two tasks
+            await create(alice[i % 2].id, f"c{i}", ALICE)
+        await create(alice[0].id, "c0", ALICE)  # replacing one is not another
+        assert await grpc_code(create(alice[1].id, "c9", ALICE)) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "PUSH_CONFIGS_QUOTA",
+        )
+        await create(theirs.id, "c0", BOB)  # another caller is not held up
+        await h.stub.DeleteTaskPushNotificationConfig(
+            DeleteTaskPushNotificationConfigRequest(task_id=alice[0].id, id="c0"), metadata=ALICE
+        )
+        await create(alice[1].id, "c9", ALICE)  # one deleted: room again
+        for task in (*alice, theirs):
+            who = BOB if task is theirs else ALICE
+            await h.stub.CancelTask(CancelTaskRequest(id=task.id), metadata=who)
+        await h.settle(within=10)

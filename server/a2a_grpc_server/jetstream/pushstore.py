@@ -93,9 +93,18 @@ class JetStreamPushConfigs:
         most ``REVISIONS_KEPT``; a config not among them costs one read more)."""
 
     async def put(
-        self, config: TaskPushNotificationConfig, most: int, seq: int, deliverer: str = ""
+        self,
+        config: TaskPushNotificationConfig,
+        most: int,
+        seq: int,
+        deliverer: str = "",
+        caller: tuple[str, int] = ("", 0),
     ) -> None:
-        """Keep ``config``; see ``PushConfigStore.put``."""
+        """Keep ``config``; see ``PushConfigStore.put``.
+
+        ``caller``'s quota is not counted here: the bucket has no index by
+        principal yet, so only ``most`` per task bounds a caller, through its tasks.
+        """
         task_id = config.task_id
         key = _key(task_id, config.id)
         existing = await self._entries(task_id)

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
 
-from ..errors import InvalidFieldError, quote
+from ..errors import InvalidFieldError, QuotaExceededError, quote
 from ..errors import (  # re-exported: the error tree lives in errors
     PushConfigLimitError as PushConfigLimitError,
 )
@@ -113,7 +114,12 @@ class PushConfigStore(Protocol):
     """
 
     async def put(
-        self, config: TaskPushNotificationConfig, most: int, seq: int, deliverer: str = ""
+        self,
+        config: TaskPushNotificationConfig,
+        most: int,
+        seq: int,
+        deliverer: str = "",
+        caller: tuple[str, int] = ("", 0),
     ) -> None:
         """Keep ``config``; its webhook gets the frames after ``seq``.
 
@@ -122,9 +128,13 @@ class PushConfigStore(Protocol):
             most: Most configs its task may have.
             seq: The last frame its webhook does not get.
             deliverer: The instance that delivers it (cluster mode: the task's owner).
+            caller: The principal creating it, and the most configs one principal
+                may keep (``quota_push_configs``; 0: no quota). A store that does
+                not count per principal (the shared one, in cluster mode) ignores it.
 
         Raises:
             PushConfigLimitError: The task has ``most`` other configs already.
+            QuotaExceededError: PUSH_CONFIGS_QUOTA.
         """
         ...
 
@@ -175,21 +185,45 @@ class _TaskConfigs:
 
 
 class MemoryPushConfigs:
-    """A ``PushConfigStore`` in this process's memory (the in-memory journal's companion)."""
+    """A ``PushConfigStore`` in this process's memory (the in-memory journal's companion).
+
+    Counts each principal's configs (``caller`` of ``put``): one caller's
+    configs are bounded whatever the number of its tasks.
+    """
 
     def __init__(self) -> None:
         self._tasks: dict[str, _TaskConfigs] = {}
+        self._principal_of: dict[str, str] = {}
+        """The principal whose configs a task's are (as ``put`` was told)."""
+        self._per_principal: Counter[str] = Counter()
 
     def __len__(self) -> int:
         return sum(len(t.by_id) for t in self._tasks.values())
 
     async def put(
-        self, config: TaskPushNotificationConfig, most: int, seq: int, deliverer: str = ""
+        self,
+        config: TaskPushNotificationConfig,
+        most: int,
+        seq: int,
+        deliverer: str = "",
+        caller: tuple[str, int] = ("", 0),
     ) -> None:
         """Keep ``config`` (a copy); see ``PushConfigStore.put`` (one instance: no deliverer)."""
-        kept = self._tasks.setdefault(config.task_id, _TaskConfigs())
-        if config.id not in kept.by_id and len(kept.by_id) >= most:
+        kept = self._tasks.get(config.task_id)
+        new = kept is None or config.id not in kept.by_id
+        if new and kept is not None and len(kept.by_id) >= most:
             raise PushConfigLimitError(config.task_id, most)
+        principal, quota = caller
+        principal = self._principal_of.get(config.task_id, principal)
+        if new and quota and self._per_principal[principal] >= quota:
+            raise QuotaExceededError(
+                "PUSH_CONFIGS_QUOTA", "quota_push_configs", quota, "push configs of one caller"
+            )
+        if kept is None:
+            kept = self._tasks[config.task_id] = _TaskConfigs()
+            self._principal_of[config.task_id] = principal
+        if new:
+            self._per_principal[principal] += 1
         copy = TaskPushNotificationConfig()
         copy.CopyFrom(config)
         old = kept.by_id.pop(config.id, None)
@@ -227,8 +261,10 @@ class MemoryPushConfigs:
         kept = self._tasks.get(task_id)
         if kept is None or kept.by_id.pop(config_id, None) is None:
             return False
+        self._count_out(task_id, 1)
         if not kept.by_id:
             del self._tasks[task_id]
+            del self._principal_of[task_id]
         return True
 
     async def cursor(self, task_id: str, config_id: str) -> int | None:
@@ -248,7 +284,16 @@ class MemoryPushConfigs:
 
     def forget(self, task_id: str) -> None:
         """Drop the task's configs."""
-        self._tasks.pop(task_id, None)
+        kept = self._tasks.pop(task_id, None)
+        if kept is not None:
+            self._count_out(task_id, len(kept.by_id))
+            del self._principal_of[task_id]
+
+    def _count_out(self, task_id: str, configs: int) -> None:
+        principal = self._principal_of[task_id]
+        self._per_principal[principal] -= configs
+        if self._per_principal[principal] <= 0:
+            del self._per_principal[principal]
 
 
 def decode_page_token(token: str) -> int:

@@ -25,6 +25,7 @@ from ..log.tasklog import LogReader
 from ..model import taskops
 from ..model.caller import Caller
 from ..model.names import TASK_PREFIX
+from ..model.scope import principal_of
 from ..obs.metrics import Metrics
 from .configs import ConfigPage, MemoryPushConfigs, PushConfigNotFoundError, PushConfigStore, new_id
 from .delivery import EndedSource, PushDispatcher
@@ -69,6 +70,7 @@ class PushService:
         self._cluster = cluster
         self._metrics = metrics
         self._most = config.push_max_configs
+        self._quota = config.quota_push_configs
         self.screen = screen_of(config)
         self.store: PushConfigStore = store if store is not None else MemoryPushConfigs()
         self.dispatcher = PushDispatcher(
@@ -108,7 +110,8 @@ class PushService:
             return config
         # Ended, parked out of memory (its deliveries resume with it), or run by
         # another instance, which is asked to deliver it.
-        await self.store.put(config, self._most, recorded.seq, recorded.owner)
+        caller = (principal_of(recorded.scope), self._quota)
+        await self.store.put(config, self._most, recorded.seq, recorded.owner, caller)
         if tasks.owned_elsewhere(recorded) and not taskops.is_final(recorded.task):
             assert self._cluster is not None
             try:
@@ -168,7 +171,9 @@ class PushService:
         config.task_id = live.task_id
         after = live.log.last_seq
         cluster = self._cluster
-        await self.store.put(config, self._most, after, cluster.instance_id if cluster else "")
+        deliverer = cluster.instance_id if cluster else ""
+        caller = (principal_of(live.scope), self._quota)
+        await self.store.put(config, self._most, after, deliverer, caller)
         self.dispatcher.follow(live, config, after)
 
     async def get(self, task_id: str, config_id: str, scope: str) -> TaskPushNotificationConfig:
