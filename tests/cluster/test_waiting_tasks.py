@@ -23,9 +23,11 @@ from a2a.types.a2a_pb2 import (
     StreamResponse,
     SubscribeToTaskRequest,
     Task,
+    TaskPushNotificationConfig,
     TaskState,
 )
 
+from a2a_grpc_server import ServerConfig
 from a2a_grpc_server.jetstream import formats
 from tests.support.agents import InputAgent
 from tests.support.clusterharness import Instance, instances
@@ -223,6 +225,29 @@ async def test_a_released_task_can_be_canceled_through_any_instance(nats_url: st
         await a.service.shutdown(grace=0)
         canceled = await b.stub.CancelTask(CancelTaskRequest(id=task.id), metadata=V1, timeout=10)
         assert canceled.status.state == S.TASK_STATE_CANCELED
+
+
+async def test_push_configs_of_a_released_task_are_delivered_by_whoever_claims_it(
+    nats_url: str,
+) -> None:
+    # A config created while nobody owned the task had no deliverer, so a sweep after its
+    # claimer's loss skipped it (issue 21): the claimer now becomes its deliverer.
+    hooks = ServerConfig(cancel_timeout=1.0, push_allow_private=True, push_retry_for=0)
+    async with (
+        asyncio.timeout(40),
+        instances(InputAgent(), [nats_url], names=("A", "B"), lease=2.0, config=hooks) as (a, b),
+    ):
+        task = await ask(a.stub)
+        await both_read_format_2(a, b)
+        await a.service.shutdown(grace=0)  # released: owned by nobody
+        config = TaskPushNotificationConfig(task_id=task.id, id="hook", url="http://127.0.0.1:9/")
+        await b.stub.CreateTaskPushNotificationConfig(config, metadata=V1, timeout=10)
+        store = b.cluster.push_store
+        assert [o.config.id for o in await store.without_deliverer(task.id)] == ["hook"]
+        await b.stub.SendMessage(answer_request(task), metadata=V1, timeout=10)
+        assert await store.without_deliverer(task.id) == [], "B delivers it now"
+        orphans = await store.orphans(alive=set())
+        assert [(o.config.id, o.deliverer) for o in orphans] == [("hook", b.cluster.instance_id)]
 
 
 async def test_in_memory_mode_keeps_ending_waiting_tasks_failed_at_shutdown() -> None:

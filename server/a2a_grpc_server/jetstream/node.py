@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from a2a.types.a2a_pb2 import SendMessageRequest, Task
 from a2a.utils.errors import TaskNotFoundError
 
-from ..journal import PageTokens, RecordedTask, Released
+from ..journal import PageTokens, RecordedTask, Released, StoreError
 from ..log.tasklog import LogReader
 from ..model import taskops
 from ..model.caller import Caller
@@ -206,8 +206,19 @@ class NatsCluster:
             await push.deliver_ended(recorded, orphan.config, orphan.cursor)
 
     async def claim(self, recorded: RecordedTask) -> RecordedTask | None:
-        """Take over a waiting task owned by nobody (see ``Peers.claim``)."""
-        return await self._journal.claim(recorded.task.id)
+        """Take over a waiting task owned by nobody (see ``Peers.claim``).
+
+        Its push configs created while nobody owned it are this instance's to
+        deliver from now on (so a sweep adopts them if this instance is lost).
+        """
+        claimed = await self._journal.claim(recorded.task.id)
+        if claimed is not None:
+            try:
+                for orphan in await self.push_store.without_deliverer(claimed.task.id):
+                    await self.push_store.adopt(orphan, self.instance_id)
+            except StoreError as exc:  # (best effort: they are delivered from here anyway)
+                logger.warning("task %s: its push configs not adopted: %s", claimed.task.id, exc)
+        return claimed
 
     async def release(self, task_id: str) -> Released:
         """Leave a waiting task of this instance's to the cluster (see ``Peers.release``)."""

@@ -202,6 +202,17 @@ class JetStreamPushConfigs:
 
         return await self._retry(scan, "scan push configs")
 
+    async def without_deliverer(self, task_id: str) -> Orphans:
+        """The task's configs no instance delivers (created while nobody owned the task)."""
+        found: Orphans = []
+        for key, _, _, config in await self._entries(task_id):
+            entry = await self._get(key)
+            if entry is not None and not _deliverer(entry[1]):
+                revision, value = entry
+                cursor = HEAD.unpack_from(value)[1]
+                found.append(Orphan(task_id, config, cursor, "", revision, value))
+        return found
+
     async def adopt(self, orphan: Orphan, me: str) -> bool:
         """Become the config's deliverer (compare-and-set); False if another did first."""
         number, cursor, length = HEAD.unpack_from(orphan.value)
