@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -78,8 +79,12 @@ def test_the_shipped_manifest_starts_with_the_service_links_kubernetes_injects(
     tokens = tmp_path / "tokens"  # (the manifest mounts its Secret there)
     tokens.write_text("billing-agent:replace-me-with-a-long-random-token\n")
     env["A2A_GRPC_SERVER_AUTH_TOKENS"] = str(tokens)
-    key = tmp_path / "cluster.key"  # (from the same Secret)
+    key = tmp_path / "cluster.key"  # (from the same Secret, once replaced: see below)
     key.write_text("replace-me-with-the-output-of-openssl-rand-hex-32\n")
+    assert (
+        "placeholder" in check_config(env={**env, "A2A_GRPC_SERVER_NATS_KEY_FILE": str(key)}).stderr
+    )
+    key.write_text(secrets.token_hex(32))
     assert env["A2A_GRPC_SERVER_NATS_KEY_FILE"] == "/etc/a2a/cluster.key"
     env["A2A_GRPC_SERVER_NATS_KEY_FILE"] = str(key)
     done = check_config(env=env)

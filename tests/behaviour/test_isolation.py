@@ -212,6 +212,8 @@ async def test_a_context_belongs_to_the_caller_that_created_it(tmp_path: Path) -
             assert task.status.message.parts[0].text == "(nothing earlier)"
         listed = await h.stub.ListTasks(ListTasksRequest(context_id=mine), metadata=BOB)
         assert not listed.tasks
+        odd = await reply(h.stub, "hi", "x.\u00e9t\u00e9", BOB)  # any text: still a fresh one
+        assert odd.context_id != "x.\u00e9t\u00e9"
         # Bob's own context is his to continue.
         more = await reply(h.stub, "and again", stolen.context_id, BOB)
         assert more.context_id == stolen.context_id

@@ -304,3 +304,19 @@ async def test_open_streams_are_shared_fairly(tmp_path: Path) -> None:
         streams.append(stream)
         for stream in streams:
             stream.cancel()
+
+
+async def test_tasks_brought_back_into_memory_count_against_the_limit() -> None:
+    # Waiting tasks that left memory count nowhere; a follow-up to each, all at once,
+    # used to bring every one of them back past max_live_tasks (issue 22).
+    limits = ServerConfig(cancel_timeout=1.0, max_live_tasks=2)
+    async with asyncio.timeout(30), serve(InputAgent(), limits) as h:
+        gone = [await parked(h, V1) for _ in range(2)]
+        assert h.service.engine.tasks.parking.evict_idle(now=float("inf")) == 2
+        here = [await parked(h, V1) for _ in range(2)]  # the limit, in memory
+        follow_up = send_request("Ada", task_id=gone[0])
+        await refused(h.stub.SendMessage(follow_up, metadata=V1), "LIVE_TASKS_LIMIT")
+        done = await h.stub.SendMessage(send_request("Ada", task_id=here[0]), metadata=V1)
+        assert done.task.status.state == S.TASK_STATE_COMPLETED, "one in memory goes on"
+        again = await h.stub.SendMessage(follow_up, metadata=V1)  # room again: it comes back
+        assert again.task.status.state == S.TASK_STATE_COMPLETED

@@ -12,8 +12,10 @@ import asyncio
 import json
 from pathlib import Path
 
+import grpc
 import nats
 from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, TaskState
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from a2a_grpc_server.jetstream.formats import CURRENT
@@ -22,7 +24,7 @@ from a2a_grpc_server.jetstream.routing import CALL_HEADERS, CALLER, TIMEOUT, con
 from a2a_grpc_server.jetstream.signing import SIGNATURE
 from a2a_grpc_server.testing.nats import running
 from tests.support import cluster_key_file
-from tests.support.agents import InputAgent
+from tests.support.agents import Hanging, InputAgent
 from tests.support.certs import issue
 from tests.support.clusterharness import instances
 from tests.support.harness import V1, send_request
@@ -42,6 +44,15 @@ def forged_headers(principal: str = "") -> dict[str, str]:
     }
 
 
+async def unanswered(client: Client, subject: str, payload: bytes, headers: dict[str, str]) -> bool:
+    """Whether a request goes unanswered (an owner does not answer what it refuses)."""
+    try:
+        await client.request(subject, payload, timeout=1.0, headers=headers)
+    except nats.errors.TimeoutError:
+        return True
+    return False
+
+
 async def test_a_plain_client_of_the_bus_cannot_cancel_a_task_or_replay_a_request(
     nats_url: str,
 ) -> None:
@@ -52,15 +63,13 @@ async def test_a_plain_client_of_the_bus_cannot_cancel_a_task_or_replay_a_reques
         intruder = await nats.connect(nats_url)
         try:
             subject = control_subject(owner, "cancel")
-            # Unsigned, as any client of the bus could send it.
-            reply = await intruder.request(
-                subject, task.id.encode(), timeout=5, headers=forged_headers()
-            )
-            assert "signature" in reply.data.decode(), reply.data
-            # Signed with a key of its own.
+            # Unsigned, as any client of the bus could send it; then signed with a key of
+            # its own. Neither is served, nor answered (no signed answer to reuse).
+            assert await unanswered(intruder, subject, task.id.encode(), forged_headers())
             headers = forged_headers() | {SIGNATURE: "1:0:nonce:" + "0" * 64}
-            reply = await intruder.request(subject, task.id.encode(), timeout=5, headers=headers)
-            assert reply.headers and "A2a-Error" in reply.headers
+            assert await unanswered(intruder, subject, task.id.encode(), headers)
+            headers = forged_headers() | {SIGNATURE: "1:0:nonce:\u00e9"}  # (not hex, not ASCII)
+            assert await unanswered(intruder, subject, task.id.encode(), headers)
             seen = await a.stub.GetTask(GetTaskRequest(id=task.id), metadata=V1)
             assert seen.status.state == S.TASK_STATE_INPUT_REQUIRED, "nothing was done"
             # A real routed cancel (B asks A), overheard on the bus, then replayed.
@@ -76,12 +85,33 @@ async def test_a_plain_client_of_the_bus_cannot_cancel_a_task_or_replay_a_reques
             assert canceled.status.state == S.TASK_STATE_CANCELED, "signed: served"
             real = await overheard
             assert real.headers is not None and SIGNATURE in real.headers
-            replay = await intruder.request(
-                subject, real.data, timeout=5, headers=dict(real.headers)
-            )
-            assert "replay" in replay.data.decode(), replay.data
+            assert await unanswered(intruder, subject, real.data, dict(real.headers))
         finally:
             await intruder.close()
+
+
+async def test_a_forged_answer_in_the_askers_inbox_changes_nothing(nats_url: str) -> None:
+    # The owner takes a while to answer (its agent ignores cancel: cancel_timeout); an
+    # intruder who overheard the request floods its inbox meanwhile.
+    async with asyncio.timeout(60), instances(Hanging(), [nats_url]) as (a, b):
+        stream = a.stub.SendStreamingMessage(send_request("hi"), metadata=V1)
+        first = await stream.read()
+        task_id = first.task.id
+        intruder = await nats.connect(nats_url)
+        try:
+
+            async def forge(msg: Msg) -> None:
+                for forged in ({"A2a-Error": "InternalError"}, {}, {"Status": "503"}):
+                    await intruder.publish(msg.reply, b"forged", headers=forged)
+
+            await intruder.subscribe(control_subject(a.cluster.instance_id, "cancel"), cb=forge)
+            await intruder.flush()
+            canceled = await b.stub.CancelTask(CancelTaskRequest(id=task_id), metadata=V1)
+            assert canceled.status.state == S.TASK_STATE_CANCELED, "the owner's own answer"
+        finally:
+            await intruder.close()
+        while await stream.read() is not grpc.aio.EOF:  # (up to its final frame)
+            pass
 
 
 def test_an_instance_without_a_cluster_key_does_not_join(tmp_path: Path) -> None:

@@ -230,12 +230,11 @@ async def test_memory_journal_evicts_the_results_of_the_caller_keeping_the_most(
     # One caller completing many tasks evicts its own oldest results, never another's
     # (issue 22: one principal's 60 tasks evicted another's result under 40).
     journal = MemoryJournal(max_final_tasks=40, final_task_ttl=3600)
-    await journal.create(
-        done := task("bobs", state=S.TASK_STATE_COMPLETED), [change(1, done)], scope="bob"
-    )
-    for i in range(60):
+    done = task("bobs", state=S.TASK_STATE_COMPLETED)
+    await journal.create(done, [change(1, done)], scope=scope_key("", "bob"))
+    for i in range(60):  # (alice spreads them over tenants: the principal counts)
         mine = task(f"alice-{i}", state=S.TASK_STATE_COMPLETED)
-        await journal.create(mine, [change(1, mine)], scope="alice")
+        await journal.create(mine, [change(1, mine)], scope=scope_key(f"t{i}", "alice"))
     assert await journal.get("bobs") is not None, "bob's result stays"
     assert await journal.get("alice-20") is None and await journal.get("alice-21") is not None
     assert len(journal) == 40
@@ -244,11 +243,11 @@ async def test_memory_journal_evicts_the_results_of_the_caller_keeping_the_most(
 async def test_memory_journal_bounds_final_tasks_in_bytes_per_caller() -> None:
     journal = MemoryJournal(max_final_tasks=1000, final_task_ttl=3600, max_final_bytes=64 * 1024)
     small = task("bobs", state=S.TASK_STATE_COMPLETED)
-    await journal.create(small, [change(1, small)], scope="bob")
+    await journal.create(small, [change(1, small)], scope=scope_key("", "bob"))
     for i in range(10):  # ten results of ~10 KiB: past 64 KiB, alice's oldest go
         big = task(f"big-{i}", state=S.TASK_STATE_COMPLETED)
         big.metadata.update({"blob": "x" * 10_000})
-        await journal.create(big, [change(1, big)], scope="alice")
+        await journal.create(big, [change(1, big)], scope=scope_key("", "alice"))
     assert await journal.get("bobs") is not None
     kept = [i for i in range(10) if await journal.get(f"big-{i}") is not None]
     assert kept == list(range(10 - len(kept), 10)) and 4 <= len(kept) <= 6, kept

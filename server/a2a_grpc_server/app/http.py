@@ -6,10 +6,12 @@ Serves GET/HEAD of fixed paths: the agent card at
 at ``/metrics`` (never cached). Anything else is 404, other methods 405.
 
 Bounds: at most ``MAX_CONNECTIONS`` connections, and ``MAX_PER_PEER`` of
-one peer address (its next one is closed at once); at the budget, a new
-connection makes the connection quiet the longest close (idle keep-alive
-connections go first), so no client holding connections open can lock the
-others out of the card and the metrics. A connection gets
+one peer (an IPv4 address, or an IPv6 /64: one host's addresses; its next
+connection is closed at once); at the budget, a new connection makes an
+idle one close (no request in progress: the quietest idle connection of the
+peer holding the most), so no client holding connections open can lock the
+others out of the card and the metrics; with none idle, the new one is
+closed. A connection gets
 ``REQUEST_TIMEOUT`` seconds to send its first request head and may stay idle
 that long between requests; request lines and headers are limited by
 aiohttp (8 KiB each, 128 headers: 400 past them); no request may carry a
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import ipaddress
 import logging
 import ssl
 import time
@@ -36,6 +39,7 @@ from email.utils import formatdate, parsedate_to_datetime
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ..errors import RateLimitedLog
 
@@ -49,11 +53,15 @@ _malformed_log = RateLimitedLog(logger, logging.DEBUG, period=10.0)
 
 
 class _HoldBackRequestErrors(logging.Filter):
-    """aiohttp logs each malformed request at ERROR with a traceback: one DEBUG line instead."""
+    """Each unparsable request: a rate-limited DEBUG line, not aiohttp's ERROR and traceback.
+
+    A handler's own error (a bug) is left alone: it stays an ERROR.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.getMessage().startswith("Error handling request"):
-            _malformed_log.log("malformed HTTP request: %s", record.exc_info and record.exc_info[1])
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):  # (a handler's own error stays an ERROR)
+            _malformed_log.log("malformed HTTP request: %s", exc)
             return False
         return True
 
@@ -68,6 +76,8 @@ class _Connection:
     """Closes it unless its first request head arrives in time (None once it did)."""
     last: float
     """When it last received data (monotonic)."""
+    busy: bool = False
+    """A request is in progress on it (from its first bytes to its handler's end)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,20 +196,34 @@ class HttpServer:
         if self._per_peer[peer] >= self._per_peer_most:
             return False
         if len(self._connections) >= self._most:
-            quietest = min(self._connections, key=lambda t: self._connections[t].last)
-            quietest.close()  # (connection_lost forgets it)
-            self.forget(quietest)
+            shed = self._idlest()
+            if shed is None:
+                return False
+            if isinstance(shed, asyncio.WriteTransport):
+                shed.abort()  # (not close: a peer that never reads would keep it open)
+            else:
+                shed.close()
+            self.forget(shed)
         loop = asyncio.get_running_loop()
         timer = loop.call_later(self._timeout, transport.close)
         self._connections[transport] = _Connection(peer, timer, loop.time())
         self._per_peer[peer] += 1
         return True
 
+    def _idlest(self) -> asyncio.BaseTransport | None:
+        """The connection to shed for a new one: the quietest idle one of the busiest peer."""
+        idle = [(t, c) for t, c in self._connections.items() if not c.busy]
+        if not idle:
+            return None
+        transport, _ = min(idle, key=lambda tc: (-self._per_peer[tc[1].peer], tc[1].last))
+        return transport
+
     def heard(self, transport: asyncio.BaseTransport) -> None:
-        """Data arrived on a connection."""
+        """Data arrived on a connection (a request is in progress)."""
         known = self._connections.get(transport)
         if known is not None:
             known.last = asyncio.get_running_loop().time()
+            known.busy = True
 
     def forget(self, transport: asyncio.BaseTransport) -> None:
         """A connection closed (or was shed)."""
@@ -219,7 +243,11 @@ class HttpServer:
         if known is not None and known.timer is not None:
             known.timer.cancel()
             known.timer = None
-        return await handler(request)
+        try:
+            return await handler(request)
+        finally:
+            if known is not None:
+                known.busy = False  # (its answer is written right after: a small window)
 
     def _fixed(self, doc: Fixed) -> Handler:
         etag = '"' + hashlib.sha256(doc.body).hexdigest()[:32] + '"'
@@ -263,8 +291,18 @@ def _not_modified_since(request: web.Request, modified: int) -> bool:
 
 
 def _peer(transport: asyncio.BaseTransport) -> str:
+    """Who a connection comes from: its IPv4 address, or its IPv6 address's /64."""
     peername = transport.get_extra_info("peername")
-    return str(peername[0]) if isinstance(peername, tuple) and peername else "?"
+    host = str(peername[0]) if isinstance(peername, tuple) and peername else "?"
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return (
+        str(address.ipv4_mapped or address) if isinstance(address, ipaddress.IPv6Address) else host
+    )
 
 
 class _Bounded(asyncio.Protocol):

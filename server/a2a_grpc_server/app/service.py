@@ -575,7 +575,7 @@ class A2AServer:
         closing, flush = self.service.closing, self.service.config.shutdown_flush
         loop = asyncio.get_running_loop()
         until = loop.time() + flush
-        closing.begin()
+        closing.begin(hold_most=flush + TAKE_SETTLE + GOAWAY_SETTLE * 2)  # (released before)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(flush):
                 await self.service.rpc_metrics.wait_quiet()

@@ -48,7 +48,7 @@ from ..journal import FinalTaskError, RecordedTask, Released, StoreError
 from ..log.tasklog import LogClosedError, LogReader, TaskLog
 from ..model import taskops
 from ..model.caller import Caller, request_context
-from ..model.scope import not_found
+from ..model.scope import not_found, principal_of
 from ..model.sizing import TaskTooLargeError
 from .registry import LiveTasks
 from .runs import Runs
@@ -595,6 +595,10 @@ class TaskEngine:
             # must not run while this instance leaves its waiting tasks to the cluster.)
             raise ServerShuttingDownError("server is shutting down; retry on another instance")
         recorded = found.task
+        if self.tasks.live_task(recorded.id) is None and not taskops.is_final(recorded):
+            # Brought back into memory: it counts against the instance's limits again
+            # (a follow-up is never refused by the caller's own quota; by these, it is).
+            self.tasks.quotas.check_live_limit(principal_of(found.scope))
         live = self.tasks.revivable(found)
         if live is None or live.log.closed:
             raise _no_more_messages(recorded)

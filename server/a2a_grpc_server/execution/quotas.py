@@ -85,7 +85,29 @@ class Quotas:
                 most,
                 "tasks of one caller waiting for input",
             )
-        limit = config.max_live_tasks
+        self.check_live_limit(principal)  # (the instance's limit and fair share alike)
+        share = None
+        if not parking.durable:  # (durable: a parked task leaves memory instead, see parking)
+            share = _share(principal, parked, parking.count, parking.most, parking.holders)
+        if share is not None:
+            raise QuotaExceededError(
+                "PARKED_TASKS_FAIR_SHARE",
+                "max_parked_tasks",
+                share,
+                "tasks of one caller waiting for input while this instance is busy (a fair share)",
+            )
+
+    def check_live_limit(self, principal: str) -> None:
+        """Before a new task of ``principal``, or a follow-up that brings one back into memory.
+
+        The caller's own quota never refuses a follow-up, but the instance's
+        limit and its fair share do (tasks that left memory count nowhere: a
+        caller could otherwise park thousands and bring them all back at once).
+
+        Raises:
+            QuotaExceededError: LIVE_TASKS_LIMIT or LIVE_TASKS_FAIR_SHARE.
+        """
+        limit = self._config.max_live_tasks
         if limit and self.live_total >= limit:
             raise QuotaExceededError(
                 "LIVE_TASKS_LIMIT", "max_live_tasks", limit, "live tasks on this instance"
@@ -97,16 +119,6 @@ class Quotas:
                 "max_live_tasks",
                 share,
                 "live tasks of one caller while this instance is busy (a fair share)",
-            )
-        share = None
-        if not parking.durable:  # (durable: a parked task leaves memory instead, see parking)
-            share = _share(principal, parked, parking.count, parking.most, parking.holders)
-        if share is not None:
-            raise QuotaExceededError(
-                "PARKED_TASKS_FAIR_SHARE",
-                "max_parked_tasks",
-                share,
-                "tasks of one caller waiting for input while this instance is busy (a fair share)",
             )
 
     def check_subscribers(self, subscribers: int) -> None:

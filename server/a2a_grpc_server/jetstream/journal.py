@@ -279,6 +279,10 @@ class _Snapshotted:
     scope: str
 
 
+RELEASE_ATTEMPTS = 2
+"""Reads of a task ``release`` makes when its snapshot moves under it."""
+
+
 class JetStreamJournal:
     """``TaskJournal`` on the ``A2A_EVENTS`` stream and the ``A2A_TASKS`` bucket.
 
@@ -471,7 +475,8 @@ class JetStreamJournal:
 
         Returns:
             ``RELEASED``; ``MOVED_ON`` if it is not ``owner``'s any more (owned
-            by another instance or nobody, ended, or written meanwhile);
+            by another instance or nobody, ended, or written meanwhile twice:
+            it is read again once);
             ``KEPT`` if its record does not show it waiting, or an older
             version is in the cluster.
 
@@ -480,6 +485,14 @@ class JetStreamJournal:
         """
         if self._formats.writing < CURRENT_FORMAT:
             return Released.KEPT
+        for _ in range(RELEASE_ATTEMPTS - 1):
+            released = await self._release_once(task_id, owner)
+            if released is not None:
+                return released
+        return await self._release_once(task_id, owner) or Released.MOVED_ON
+
+    async def _release_once(self, task_id: str, owner: str) -> Released | None:
+        """One attempt of ``release``; None if the snapshot moved under it (try again)."""
         snap = await self.snapshot(task_id)
         if snap is None:
             return Released.KEPT
@@ -496,7 +509,7 @@ class JetStreamJournal:
         try:
             await self._write_snapshot(task_id, value, snap.rev)
         except VersionConflictError:
-            return Released.MOVED_ON
+            return None  # written meanwhile (by its owner's last frames, say): read it again
         self._snapshotted.pop(task_id, None)
         return Released.RELEASED
 

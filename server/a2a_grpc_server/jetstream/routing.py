@@ -51,7 +51,7 @@ from ..obs import tracing
 from .conn import CONTROL_SUBJECT
 from .formats import CURRENT, check_header
 from .formats import HEADER as FORMAT
-from .signing import Signer
+from .signing import ANSWERS, REPLY_TO, Signer
 
 if TYPE_CHECKING:
     from ..cluster import Local
@@ -63,6 +63,8 @@ CALL_HEADERS = "A2a-Call-Headers"
 """The caller's gRPC metadata, a JSON list of [key, value] pairs (credentials left out)."""
 CALLER = "A2a-Caller"
 """Who called: a JSON list [principal name or null, tenant] (see ``routed.encode_caller``)."""
+STATUS, NO_RESPONDERS = "Status", "503"
+"""How NATS says, in the inbox, that nobody serves a request's subject."""
 TIMEOUT = "A2a-Timeout"
 """Seconds the asking instance waits for the answer (the client's deadline, or the default)."""
 
@@ -150,9 +152,8 @@ class Router:
             FORMAT: str(CURRENT),  # (an older owner ignores it: the layout is format 1's)
         }
         subject = control_subject(owner, op)
-        self._signer.sign(subject, headers, payload)
         try:
-            msg = await self._nc.request(subject, payload, timeout=timeout, headers=headers)
+            msg = await self._ask(subject, payload, headers, timeout)
         except nats.errors.NoRespondersError as exc:
             raise OwnerUnavailableError(
                 f"instance {owner}, which runs this task, is not reachable; if it is gone, "
@@ -169,18 +170,50 @@ class Router:
                 f"could not reach instance {owner}, which runs this task "
                 f"({type(exc).__name__}); retry"
             ) from exc
-        try:
-            self._signer.check(msg.subject, msg.headers or {}, msg.data)
-        except UnsignedMessageError as exc:
-            _refused_log.log("the answer to routed %s was refused: %s", subject, exc)
-            raise OwnerUnavailableError(
-                f"the answer from instance {owner} was not signed with the cluster's key "
-                f"({exc}); retry"
-            ) from None
         error = decode_error(msg.data, msg.headers or {})
         if error is not None:
             raise error
         return bytes(msg.data)
+
+    async def _ask(self, subject: str, payload: bytes, headers: dict[str, str], wait: float) -> Msg:
+        """Send a request and return its answer.
+
+        The answer is the first one signed for this very request (see
+        ``signing``); anything else arriving in the inbox meanwhile is ignored.
+
+        Raises:
+            nats.errors.NoRespondersError: Nobody serves ``subject``.
+            nats.errors.TimeoutError: No good answer within ``wait`` seconds.
+        """
+        signer = self._signer
+        if not signer.signing:
+            return await self._nc.request(subject, payload, timeout=wait, headers=headers)
+        inbox = self._nc.new_inbox()
+        headers[REPLY_TO] = inbox
+        nonce = signer.sign(subject, headers, payload)
+        sub = await self._nc.subscribe(inbox)
+        try:
+            await self._nc.publish(subject, payload, reply=inbox, headers=headers)
+            async with asyncio.timeout(wait):
+                while True:
+                    msg = await sub.next_msg(timeout=None)  # (bounded by the timeout above)
+                    answer = msg.headers or {}
+                    if answer.get(STATUS) == NO_RESPONDERS and not msg.data:
+                        raise nats.errors.NoRespondersError
+                    try:
+                        signer.check(msg.subject, answer, msg.data)
+                    except UnsignedMessageError as exc:
+                        _refused_log.log("an answer to routed %s ignored: %s", subject, exc)
+                        continue
+                    if answer.get(ANSWERS) != nonce:
+                        _refused_log.log("an answer to routed %s ignored: not its own", subject)
+                        continue
+                    return msg
+        except TimeoutError:
+            raise nats.errors.TimeoutError from None
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
 
     async def _on_request(self, msg: Msg) -> None:
         op = msg.subject.rsplit(".", 1)[-1]
@@ -197,11 +230,14 @@ class Router:
         headers = msg.headers or {}
         received = asyncio.get_running_loop().time()
         try:
-            try:
-                self._signer.check(msg.subject, headers, msg.data)
-            except UnsignedMessageError as exc:
-                _refused_log.log("routed %s refused: %s", msg.subject, exc)
-                raise
+            nonce = self._signer.check(msg.subject, headers, msg.data)
+            if self._signer.signing and headers.get(REPLY_TO) != msg.reply:
+                raise UnsignedMessageError("a routed request whose answer goes elsewhere")
+        except UnsignedMessageError as exc:
+            # Not answered: an answer signed here is one a forger could use.
+            _refused_log.log("routed %s refused, not answered: %s", msg.subject, exc)
+            return
+        try:
             check_header(headers, "a routed request")
             if CALLER not in headers:
                 raise UnknownFormatError("a routed request without its caller", "none")
@@ -220,6 +256,8 @@ class Router:
         if asyncio.get_running_loop().time() - received > float(headers.get(TIMEOUT, "inf")):
             logger.warning("routed %s took longer than its asker waits", msg.subject)
         answer_headers = dict(reply_headers or {})
+        if nonce:
+            answer_headers[ANSWERS] = nonce
         self._signer.sign(msg.reply, answer_headers, reply)
         try:
             await self._nc.publish(msg.reply, reply, headers=answer_headers or None)

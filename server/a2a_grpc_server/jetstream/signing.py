@@ -9,8 +9,13 @@ its subject, its headers and its payload, keyed with the cluster's secret
 (``NatsConfig.key_file``); a receiver refuses one that is unsigned, signed
 with another key, older or newer than ``MAX_SKEW`` seconds (instances'
 clocks must agree that closely), or whose nonce it has seen (a replay).
-An answer is signed over its reply subject, unique to its request, so an
-answer cannot be moved to another request either.
+A request's signed headers name the subject its answer goes to
+(``A2a-Reply-To``), so a replay cannot redirect the answer; an answer's name
+the request it answers (``A2a-Answers``: the request's nonce), and the asker
+reads its inbox until an answer signed for its request comes, so another
+message there (a forged one, or one for another request) changes nothing.
+An owner does not answer a request it refused: it never signs an answer for
+a forger to use.
 
 Unsigned messages are accepted only with ``NatsConfig.trust_bus`` (a bus
 locked down by NATS accounts and permissions, or a rolling upgrade from a
@@ -36,10 +41,16 @@ from ..errors import UnsignedMessageError
 from .natsconfig import NatsConfig
 
 SIGNATURE = "A2a-Signature"
+REPLY_TO = "A2a-Reply-To"
+"""A request's signed header: where its answer goes."""
+ANSWERS = "A2a-Answers"
+"""An answer's signed header: the nonce of the request it answers."""
 VERSION = "1"
 MAX_SKEW = 30.0
 """Seconds a signed message is good for, either side of the receiver's clock."""
 MIN_KEY_BYTES = 32
+PLACEHOLDER = b"replace-me"
+"""What the shipped manifest's key says until someone replaces it: refused."""
 MAX_NONCES = 100_000
 """Nonces remembered (for ``2 * MAX_SKEW``); past this the oldest are let go first."""
 
@@ -58,6 +69,11 @@ def read_key(path: str) -> bytes:
         raise ValueError(
             f"cluster key file {path} holds {len(key)} bytes; a key is at least "
             f"{MIN_KEY_BYTES} (e.g. openssl rand -hex 32 > {path})"
+        )
+    if PLACEHOLDER in key.lower():
+        raise ValueError(
+            f"cluster key file {path} still holds the example's placeholder; put a secret "
+            f"of your own there (openssl rand -hex 32 > {path})"
         )
     return key
 
@@ -98,6 +114,9 @@ class Signer:
             )
         self._key, self._trust = key, trust_bus
         self._seen: OrderedDict[str, float] = OrderedDict()
+        """Nonces received, with the time each was signed, oldest first."""
+        self._floor = 0.0
+        """Signed at or before this, refused: a nonce that old may have been let go."""
 
     def derive(self, purpose: bytes) -> bytes:
         """A key for ``purpose`` every instance of the cluster derives alike.
@@ -108,16 +127,29 @@ class Signer:
         key = self._key if self._key is not None else b"a2a-grpc-server: no cluster key"
         return hmac.new(key, b"a2a-grpc-server derive\0" + purpose, hashlib.sha256).digest()
 
-    def sign(self, subject: str, headers: MutableMapping[str, str], payload: bytes) -> None:
-        """Add the signature header to ``headers`` (nothing without a key)."""
+    @property
+    def signing(self) -> bool:
+        """Whether this instance signs (it holds the cluster key)."""
+        return self._key is not None
+
+    def sign(self, subject: str, headers: MutableMapping[str, str], payload: bytes) -> str:
+        """Add the signature header to ``headers`` (nothing without a key).
+
+        Returns:
+            Its nonce ("" without a key): what the answer to it names.
+        """
         if self._key is None:
-            return
+            return ""
         stamp, nonce = f"{time.time():.3f}", secrets.token_hex(12)
         mac = self._mac(subject, stamp, nonce, headers, payload)
         headers[SIGNATURE] = f"{VERSION}:{stamp}:{nonce}:{mac}"
+        return nonce
 
-    def check(self, subject: str, headers: Mapping[str, str], payload: bytes) -> None:
+    def check(self, subject: str, headers: Mapping[str, str], payload: bytes) -> str:
         """Accept a message received on ``subject``, or refuse it.
+
+        Returns:
+            Its nonce ("" if it is unsigned and the bus is trusted).
 
         Raises:
             UnsignedMessageError: Unsigned (without ``trust_bus``), badly
@@ -126,10 +158,10 @@ class Signer:
         signature = headers.get(SIGNATURE)
         if signature is None:
             if self._trust:
-                return
+                return ""
             raise UnsignedMessageError("a routed message without the cluster's signature")
         if self._key is None:
-            return  # (trusting the bus, without a key to check it with)
+            return ""  # (trusting the bus, without a key to check it with)
         version, _, rest = signature.partition(":")
         stamp, _, rest = rest.partition(":")
         nonce, _, mac = rest.partition(":")
@@ -140,24 +172,32 @@ class Signer:
         if version != VERSION or not nonce or not mac:
             raise UnsignedMessageError(f"a routed message signed in an unknown way ({version!r})")
         now = time.time()
-        if not abs(now - sent) <= MAX_SKEW:
+        if not abs(now - sent) <= MAX_SKEW or sent <= self._floor:
             raise UnsignedMessageError(
                 "a routed message signed outside its time window (a replay, or clocks "
                 f"more than {MAX_SKEW:.0f} s apart)"
             )
         unsigned = {k: v for k, v in headers.items() if k != SIGNATURE}
         expected = self._mac(subject, stamp, nonce, unsigned, payload)
-        if not hmac.compare_digest(mac, expected):
+        if not hmac.compare_digest(mac.encode(errors="replace"), expected.encode()):
             raise UnsignedMessageError("a routed message not signed with the cluster's key")
-        self._remember(nonce, now)
+        self._remember(nonce, sent, now)
+        return nonce
 
-    def _remember(self, nonce: str, now: float) -> None:
+    def _remember(self, nonce: str, sent: float, now: float) -> None:
         seen = self._seen
         if nonce in seen:
             raise UnsignedMessageError("a routed message received twice (a replay)")
-        while seen and (len(seen) >= MAX_NONCES or next(iter(seen.values())) < now - 2 * MAX_SKEW):
-            seen.popitem(last=False)
-        seen[nonce] = now
+        while seen:
+            oldest = next(iter(seen.values()))
+            if oldest < now - 2 * MAX_SKEW:
+                seen.popitem(last=False)  # out of every window: nothing to remember
+            elif len(seen) >= MAX_NONCES:
+                seen.popitem(last=False)
+                self._floor = max(self._floor, oldest)  # (older ones are refused from now on)
+            else:
+                break
+        seen[nonce] = sent
 
     def _mac(
         self, subject: str, stamp: str, nonce: str, headers: Mapping[str, str], payload: bytes

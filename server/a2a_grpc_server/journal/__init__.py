@@ -231,12 +231,16 @@ class PageTokens:
         return hmac.new(self._key, signed, hashlib.sha256).digest()[:12]
 
 
+_PROCESS_TOKENS = PageTokens()
+"""For a journal that brings no ``PageTokens`` of its own (this process's key)."""
+
+
 def paginate(
     matches: list[tuple[int, T]],
     query: TaskQuery,
     mark: str,
     to_task: Callable[[T], Task],
-    tokens: PageTokens,
+    tokens: PageTokens | None = None,
 ) -> TaskPage:
     """One page of ``(revision, item)`` matches, newest revision first.
 
@@ -249,6 +253,7 @@ def paginate(
             to ``query.scope``.
     """
     scope = query.scope
+    tokens = tokens or _PROCESS_TOKENS
     before = tokens.decode(query.page_token, mark, scope) if query.page_token else None
     matches.sort(key=lambda m: m[0], reverse=True)
     page = [m for m in matches if before is None or m[0] < before][: query.page_size]

@@ -7,9 +7,10 @@ the task. Frames are not kept here: on a single instance the task's
 (compact, immutable) for at most ``final_task_ttl`` seconds, at most
 ``max_final_tasks`` of them and at most ``max_final_bytes`` of them, so
 memory stays flat under sustained load. Over a bound, the task that goes is
-the oldest of the scope (caller) keeping the most (tasks, or bytes, as the
-bound is): one caller completing many tasks, or large ones, evicts its own
-results, never another caller's first.
+the oldest of the principal keeping the most (tasks, or bytes, as the bound
+is; tenants are not counted apart, since a client picks them): one caller
+completing many tasks, or large ones, evicts its own results, never another
+caller's first. Choosing costs O(principals keeping results).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from a2a.types.a2a_pb2 import Task, TaskState
 
 from ..model import taskops
+from ..model.scope import principal_of
 from ..model.taskops import TERMINAL
 from . import (
     Change,
@@ -73,9 +75,10 @@ class MemoryJournal:
         self._entries: dict[str, _Entry] = {}
         self._final: OrderedDict[str, float] = OrderedDict()
         """Final tasks, oldest first, with the time each ended (for ``final_task_ttl``)."""
-        self._by_scope: dict[str, OrderedDict[str, int]] = {}
-        """Final tasks of each scope, oldest first, with their sizes."""
-        self._scope_bytes: Counter[str] = Counter()
+        self._by_principal: dict[str, OrderedDict[str, int]] = {}
+        """Final tasks of each principal (tenants aside: a client picks those), oldest
+        first, with their sizes."""
+        self._principal_bytes: Counter[str] = Counter()
         self._final_bytes = 0
         self._max_final_bytes = max_final_bytes
         self._max_final = max_final_tasks
@@ -175,8 +178,9 @@ class MemoryJournal:
         if final:
             size = len(self._entries[task.id].blob)
             self._final[task.id] = self._clock()
-            self._by_scope.setdefault(scope, OrderedDict())[task.id] = size
-            self._scope_bytes[scope] += size
+            principal = principal_of(scope)
+            self._by_principal.setdefault(principal, OrderedDict())[task.id] = size
+            self._principal_bytes[principal] += size
             self._final_bytes += size
             self._prune()
 
@@ -188,24 +192,27 @@ class MemoryJournal:
                 break
             self._forget(task_id)
         while len(self._final) > self._max_final:
-            self._forget_oldest_of(max(self._by_scope, key=lambda s: len(self._by_scope[s])))
+            self._forget_oldest_of(
+                max(self._by_principal, key=lambda s: len(self._by_principal[s]))
+            )
         while self._final_bytes > self._max_final_bytes:
-            self._forget_oldest_of(max(self._by_scope, key=self._scope_bytes.__getitem__))
+            self._forget_oldest_of(max(self._by_principal, key=self._principal_bytes.__getitem__))
 
-    def _forget_oldest_of(self, scope: str) -> None:
-        self._forget(next(iter(self._by_scope[scope])))
+    def _forget_oldest_of(self, principal: str) -> None:
+        self._forget(next(iter(self._by_principal[principal])))
 
     def _forget(self, task_id: str) -> None:
         """Drop a final task (its push configs go too: ``on_forget``)."""
         del self._final[task_id]
         entry = self._entries.pop(task_id)
-        kept = self._by_scope[entry.scope]
+        principal = principal_of(entry.scope)
+        kept = self._by_principal[principal]
         size = kept.pop(task_id)
-        self._scope_bytes[entry.scope] -= size
+        self._principal_bytes[principal] -= size
         self._final_bytes -= size
         if not kept:
-            del self._by_scope[entry.scope]
-            del self._scope_bytes[entry.scope]
+            del self._by_principal[principal]
+            del self._principal_bytes[principal]
         if self.on_forget is not None:
             self.on_forget(task_id)
 

@@ -54,7 +54,8 @@ def context_for(scope: str, asked: str) -> str:
         return asked or str(uuid.uuid4())
     if asked:
         base, dot, tag = asked.rpartition(".")
-        if dot and hmac.compare_digest(tag, _context_tag(scope, base)):
+        # (bytes: compare_digest refuses a str that is not ASCII, and ids are any text)
+        if dot and hmac.compare_digest(tag.encode(), _context_tag(scope, base).encode()):
             return asked
     base = str(uuid.uuid4())
     return f"{base}.{_context_tag(scope, base)}"

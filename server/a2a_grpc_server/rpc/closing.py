@@ -30,7 +30,7 @@ from ..errors import ServerShuttingDownError
 from .metrics import RpcMetrics
 
 HOLD_MOST = 5.0
-"""Seconds a call is held at most, should nobody release it (a stop that never came)."""
+"""Seconds a call is held at most by default, should nobody release it (see ``begin``)."""
 DEADLINE_MARGIN = 0.05
 """Seconds before the caller's deadline a held call is refused, so the refusal reaches it."""
 
@@ -48,9 +48,11 @@ class Closing:
         self.started = False
         """Set by ``begin``: new calls are held (checked by every A2A method)."""
         self._released = asyncio.Event()
+        self._hold_most = HOLD_MOST
 
-    def begin(self) -> None:
-        """Hold every new A2A call from now on."""
+    def begin(self, hold_most: float = HOLD_MOST) -> None:
+        """Hold every new A2A call from now on, each ``hold_most`` seconds at most."""
+        self._hold_most = hold_most
         self.started = True
 
     def release(self) -> None:
@@ -64,7 +66,7 @@ class Closing:
         Raises:
             ServerShuttingDownError: Always (UNAVAILABLE, retryable).
         """
-        wait = HOLD_MOST
+        wait = self._hold_most
         left = context.time_remaining()
         if left is not None:
             wait = min(wait, max(0.0, left - DEADLINE_MARGIN))

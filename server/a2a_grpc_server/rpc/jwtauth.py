@@ -147,7 +147,7 @@ class JwtAuthenticator:
         try:
             document = await self._fetch() if self._is_url() else self._read_file()
             self._use(document)
-        except (ValueError, OSError, httpx.HTTPError) as exc:
+        except (ValueError, OSError, httpx.HTTPError, TypeError, AttributeError) as exc:
             logger.warning("JWKS %s not read again: %s; keeping the keys held", self._source, exc)
             return False
         return True
