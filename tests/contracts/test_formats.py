@@ -22,7 +22,7 @@ from a2a_grpc_server.jetstream.conn import NatsConfig, connect
 from a2a_grpc_server.jetstream.journal import Entry, JetStreamJournal, Snapshot
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
 from a2a_grpc_server.jetstream.routing import control_subject
-from a2a_grpc_server.jetstream.signing import Signer
+from a2a_grpc_server.jetstream.signing import REPLY_TO, Signer
 from a2a_grpc_server.journal import Change, VersionConflictError
 from tests.support import CLUSTER_KEY
 from tests.support import formatfixtures as fx
@@ -139,8 +139,15 @@ async def test_routed_requests_of_an_unknown_format_or_without_their_caller_are_
             async def ask(op: str, headers: dict[str, str]) -> Msg:
                 # Signed with the cluster's key: what is refused is the format, not the sender.
                 subject, payload = control_subject(a.instance_id, op), task_id.encode()
+                inbox = client.new_inbox()
+                headers[REPLY_TO] = inbox
                 Signer(CLUSTER_KEY).sign(subject, headers, payload)
-                return await client.request(subject, payload, timeout=5, headers=headers)
+                answers = await client.subscribe(inbox)
+                await client.publish(subject, payload, reply=inbox, headers=headers)
+                try:
+                    return await answers.next_msg(timeout=5)
+                finally:
+                    await answers.unsubscribe()
 
             caller = {"A2a-Caller": '[null, ""]', "A2a-Call-Headers": "[]"}
             for op, headers, what in [
