@@ -356,6 +356,12 @@ async def follow(run: Run, record: StreamRecord, call: Any, rng: random.Random) 
     record.done = True
 
 
+def _cancelling() -> bool:
+    """Whether this coroutine's own task is being cancelled (not just a call of it)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def _metadata(numbered: bool) -> tuple[tuple[str, str], ...]:
     return RESUME if numbered else V1
 
@@ -410,8 +416,41 @@ async def one_task(
         await cancel(run, task_id, rng)
     elif kind == "ask":
         await sending
-        if sender.frames and state_of(sender.frames[-1]) in taskops.INTERRUPTED:
+        if await asks_for_input(run, task_id, sender, rng):
             await follow_up(run, task_id, context_id, rng, followers)
+
+
+async def asks_for_input(run: Run, task_id: str, sender: StreamRecord, rng: random.Random) -> bool:
+    """Whether the task waits for its answer, as a client tells it.
+
+    From the sender's last frame; if a fault cut the sender before its task asked or
+    ended, from GetTask through a live instance, until the task asks or ends. (A waiting
+    task outlives its owner, so a client that saw no question yet must look: once the
+    owner is lost it waits, released, for an answer that would otherwise never come.)
+    """
+    last = state_of(sender.frames[-1]) if sender.frames else None
+    if last in taskops.INTERRUPTED:
+        return True
+    if last in FINAL:
+        return False
+    for _ in range(60):
+        member = run.live(rng)
+        if member is not None and member.stub is not None:
+            try:
+                task = await member.stub.GetTask(GetTaskRequest(id=task_id), metadata=V1, timeout=3)
+            except grpc.aio.AioRpcError:
+                task = None
+            except asyncio.CancelledError:  # (its channel closed: see ``follow_up``)
+                if _cancelling():
+                    raise
+                task = None
+            state = task.status.state if task is not None else None
+            if state in taskops.INTERRUPTED:
+                return True
+            if state in FINAL:
+                return False
+        await asyncio.sleep(0.3)  # sync-ok: polling the task, as a client without a stream
+    return False
 
 
 async def cancel(run: Run, task_id: str, rng: random.Random) -> None:
@@ -449,6 +488,13 @@ async def follow_up(
             continue
         except (TimeoutError, StopAsyncIteration):
             call.cancel()
+            await asyncio.sleep(0.3)  # sync-ok: a back-off before the next try
+            continue
+        except asyncio.CancelledError:
+            if _cancelling():
+                raise
+            # Its instance went down meanwhile: the suite closed its channel, which cancels
+            # the call here (grpc.aio raises CancelledError for that). Another try.
             await asyncio.sleep(0.3)  # sync-ok: a back-off before the next try
             continue
         record.frames.append(first)
