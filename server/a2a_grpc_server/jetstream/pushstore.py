@@ -20,6 +20,7 @@ import base64
 import struct
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import nats.js.errors
@@ -205,11 +206,11 @@ class JetStreamPushConfigs:
     async def without_deliverer(self, task_id: str) -> Orphans:
         """The task's configs no instance delivers (created while nobody owned the task)."""
         found: Orphans = []
-        for key, _, _, config in await self._entries(task_id):
+        for key in await self._keys(task_id):
             entry = await self._get(key)
             if entry is not None and not _deliverer(entry[1]):
                 revision, value = entry
-                cursor = HEAD.unpack_from(value)[1]
+                _, cursor, config = _unpack(value)
                 found.append(Orphan(task_id, config, cursor, "", revision, value))
         return found
 
@@ -251,7 +252,9 @@ class JetStreamPushConfigs:
 
         return await self._retry(get, "read a push config")
 
-    async def _entries(self, task_id: str) -> Entries:
+    async def _keys(self, task_id: str) -> Sequence[str]:
+        """The keys of the task's configs."""
+
         async def keys() -> list[str]:
             # A watch of this task's keys only (``KeyValue.keys`` reads every key).
             watcher = await self._kv.watch(f"{task_id}.*", ignore_deletes=True, meta_only=True)
@@ -265,8 +268,11 @@ class JetStreamPushConfigs:
                 await watcher.stop()
             return found
 
+        return await self._retry(keys, "list push configs")
+
+    async def _entries(self, task_id: str) -> Entries:
         found: Entries = []
-        for key in await self._retry(keys, "list push configs"):
+        for key in await self._keys(task_id):
             entry = await self._get(key)
             if entry is not None:
                 number, cursor, config = _unpack(entry[1])
