@@ -24,6 +24,7 @@ from a2a.utils.errors import TaskNotCancelableError, UnsupportedOperationError
 
 from a2a_grpc_server import A2AService
 from a2a_grpc_server.cluster import Cluster
+from a2a_grpc_server.engine.engine import Started
 from a2a_grpc_server.errors import OwnerUnavailableError, TaskHandedOverError
 from a2a_grpc_server.jetstream import formats
 from a2a_grpc_server.journal import RecordedTask, Released
@@ -213,18 +214,24 @@ async def test_an_owner_nobody_serves_is_unavailable(backend: Backend) -> None:
         agent.release(task_id)
 
 
+async def waiting_on_a(p: Pair) -> Started:
+    """A task of A's that waits for input, once both instances write format 2 (releasable)."""
+    asked = await p.a.engine.send(send_request("hi"), ANYONE, subscribe=False)
+    await asked.outcome(immediately=False)
+    await p.a.engine.wait_idle()
+    for member in (p.a_cluster, p.b_cluster):
+        written = getattr(member, "formats", None)  # (on NATS: a lease after start)
+        if written is not None:
+            await written.wait_for(formats.CURRENT)
+    return asked
+
+
 async def test_a_waiting_task_is_released_only_by_its_owner_and_claimed_once(
     backend: Backend,
 ) -> None:
     async with asyncio.timeout(30), pair(backend, InputAgent()) as p:
-        asked = await p.a.engine.send(send_request("hi"), ANYONE, subscribe=False)
-        await asked.outcome(immediately=False)
-        await p.a.engine.wait_idle()
+        asked = await waiting_on_a(p)
         task_id = asked.live.task_id
-        for member in (p.a_cluster, p.b_cluster):
-            written = getattr(member, "formats", None)  # (on NATS: a lease after start)
-            if written is not None:
-                await written.wait_for(formats.CURRENT)
         assert not await p.b_cluster.release(task_id), "not B's to release"
         assert await p.a_cluster.release(task_id)
         free = await p.recorded(task_id)
@@ -245,14 +252,8 @@ async def test_a_copy_another_instance_claimed_meanwhile_is_handed_over_at_shutd
     # touch, say, and its recheck had not run yet). A's shutdown must not end its copy
     # FAILED: its readers are handed over, and the record stays B's, still waiting.
     async with asyncio.timeout(30), pair(backend, InputAgent()) as p:
-        asked = await p.a.engine.send(send_request("hi"), ANYONE, subscribe=False)
-        await asked.outcome(immediately=False)
-        await p.a.engine.wait_idle()
+        asked = await waiting_on_a(p)
         task_id = asked.live.task_id
-        for member in (p.a_cluster, p.b_cluster):
-            written = getattr(member, "formats", None)  # (on NATS: a lease after start)
-            if written is not None:
-                await written.wait_for(formats.CURRENT)
         assert await p.a_cluster.release(task_id)
         assert await p.b_cluster.claim(await p.recorded(task_id)) is not None
         _, reader = await p.a.engine.subscribe(task_id, ANYONE.scope)

@@ -108,17 +108,23 @@ def test_a_jwks_without_a_usable_key_is_refused(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def jwks_endpoint(document: dict[str, Any]) -> Iterator[tuple[str, list[str]]]:
-    """An HTTP server on 127.0.0.1 serving ``document`` at /jwks; yields its URL and the paths
-    of the requests it received."""
+def jwks_endpoint(
+    document: dict[str, Any] | None, *, status: int = 200, delay: float = 0.0
+) -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server on 127.0.0.1 answering ``status`` at /jwks, with ``document`` (None:
+    no body) after ``delay`` seconds; yields its URL and the paths of the requests it
+    received."""
     seen: list[str] = []
-    body = json.dumps(document).encode()
+    body = json.dumps(document).encode() if document is not None else b""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             seen.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
+            if delay:
+                time.sleep(delay)  # sync-ok: a slow endpoint, so concurrent calls overlap it
+            self.send_response(status)
+            if body:
+                self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -154,38 +160,11 @@ async def test_a_jwks_url_is_fetched_and_not_hammered_by_unknown_key_ids() -> No
     assert agent.users == [("alice", True), ("alice", True)]
 
 
-@contextlib.contextmanager
-def failing_endpoint() -> Iterator[tuple[str, list[str]]]:
-    """An HTTP server on 127.0.0.1 answering 503 (slowly) to every request."""
-    seen: list[str] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            seen.append(self.path)
-            time.sleep(0.2)  # sync-ok: a slow endpoint, so concurrent calls overlap its answer
-            self.send_response(503)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/jwks", seen
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
-
 async def test_a_failing_jwks_endpoint_is_read_once_however_many_calls_wait(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     key, _ = keypair("k1")
-    with failing_endpoint() as (url, seen):
+    with jwks_endpoint(None, status=503, delay=0.2) as (url, seen):
         auth = JwtAuthenticator(url, ISSUER, AUDIENCE, allow_http_loopback=True)
         agent = WhoAgent()
         server = A2AServer(agent, host="127.0.0.1", port=0, http_port=None, auth=auth)
