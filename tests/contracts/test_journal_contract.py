@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import itertools
+import random
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 
 import pytest
 from a2a.types.a2a_pb2 import Part, Role, StreamResponse, Task, TaskState
@@ -341,3 +344,96 @@ def test_a_snapshot_written_before_scopes_existed_reads_as_the_anonymous_scope()
     scope = scope_key("", "a name\nwith a newline")  # a scope is always one line
     new = Snapshot.decode(encode("i", task("b"), 1, 0, scope), 4)
     assert (new.scope, new.task().id) == (scope, "b")
+
+
+ALICE, BOB = scope_key("", "alice"), scope_key("", "bob")
+
+
+async def _listed(journal: TaskJournal, query: TaskQuery) -> list[str]:
+    """Every id a walk of ``query``'s pages returns, in order."""
+    ids: list[str] = []
+    page = await journal.list(query)
+    for _ in range(100):
+        ids += [t.id for t in page.tasks]
+        if not page.next_page_token:
+            return ids
+        page = await journal.list(replace(query, page_token=page.next_page_token))
+    raise AssertionError("more than 100 pages")
+
+
+async def test_a_listing_agrees_with_every_task_filtered_by_hand_through_random_writes(
+    journal: TaskJournal,
+) -> None:
+    """A model of the journal (last write order, scope, context, state) against its listing,
+    for every filter and page size, after each of a few rounds of random writes."""
+    rng = random.Random(23)
+    states = [S.TASK_STATE_SUBMITTED, S.TASK_STATE_WORKING, S.TASK_STATE_INPUT_REQUIRED]
+    kept: dict[str, tuple[Task, int, str]] = {}
+    order: list[str] = []  # last written last
+    for round_ in range(4):
+        for n in range(12):
+            if kept and rng.random() < 0.5:
+                task_id = rng.choice(sorted(kept))
+                t, version, scope = kept[task_id]
+                t.status.state = rng.choice([*states, S.TASK_STATE_COMPLETED])
+                version = await journal.update(t, version, [change(version + 1, t)])
+                if t.status.state == S.TASK_STATE_COMPLETED:
+                    version = -1  # final: never written again
+            else:
+                task_id, scope = f"t{round_}-{n}", rng.choice([ALICE, BOB])
+                t = task(task_id, rng.choice(["c1", "c2"]), rng.choice(states))
+                version = await journal.create(t, [change(1, t)], scope=scope)
+            if version < 0:
+                kept.pop(task_id)
+            else:
+                kept[task_id] = (t, version, scope)
+            order = [i for i in order if i != task_id] + [task_id]
+        model = {i: (s, t.context_id, t.status.state) for i, (t, _, s) in kept.items()}
+        for task_id in order:
+            if task_id not in model:  # ended: its last state is what it lists as
+                got = await journal.get(task_id)
+                assert got is not None
+                model[task_id] = (got.scope, got.task.context_id, got.task.status.state)
+        for scope, context, state in itertools.product(
+            [ALICE, BOB, scope_key("", "carol")], ["", "c1"], [S.TASK_STATE_UNSPECIFIED, *states]
+        ):
+            want = [
+                i
+                for i in reversed(order)
+                if model[i][0] == scope
+                and context in ("", model[i][1])
+                and state in (S.TASK_STATE_UNSPECIFIED, model[i][2])
+            ]
+            query = TaskQuery(context, state, page_size=rng.randint(1, 5), scope=scope)
+            assert await _listed(journal, query) == want, (round_, scope, context, state)
+            assert (await journal.list(query)).total_size == len(want)
+
+
+async def test_pages_return_each_task_once_while_tasks_are_written_between_them(
+    journal: TaskJournal,
+) -> None:
+    """Tasks written after the first page moved up: later pages skip them, never repeat one,
+    and every task not written meanwhile is returned once, in order."""
+    versions = {}
+    for n in range(20):
+        t = task(f"t{n:02}")
+        versions[t.id] = (t, await journal.create(t, [change(1, t)], scope=ALICE))
+    await journal.create(task("bobs"), [change(1, task("bobs"))], scope=BOB)
+    query = TaskQuery(page_size=6, scope=ALICE)
+    page = await journal.list(query)
+    seen = [t.id for t in page.tasks]
+    touched = set()
+    while page.next_page_token:
+        for task_id in ("t00", "t15", "t03"):  # above and below the pages' cursor
+            t, version = versions[task_id]
+            t.status.state = S.TASK_STATE_WORKING
+            versions[task_id] = (t, await journal.update(t, version, [change(version + 1, t)]))
+            touched.add(task_id)
+        late = task(f"late{len(seen)}")
+        await journal.create(late, [change(1, late)], scope=ALICE)
+        page = await journal.list(replace(query, page_token=page.next_page_token))
+        seen += [t.id for t in page.tasks]
+    assert len(seen) == len(set(seen)), "a task listed twice"
+    assert "bobs" not in seen and not any(i.startswith("late") for i in seen)
+    untouched = [f"t{n:02}" for n in reversed(range(20)) if f"t{n:02}" not in touched]
+    assert [i for i in seen if i in untouched] == untouched

@@ -35,9 +35,11 @@ from . import (
     TaskQuery,
     UnknownTaskError,
     VersionConflictError,
-    paginate,
     status_ns,
 )
+from .index import RevList, Walk
+
+_IndexKey = tuple[str, ...]
 
 
 @dataclass(slots=True)
@@ -53,6 +55,21 @@ class _Entry:
     state: TaskState
     status_ns: int
     scope: str
+    written_ns: int
+    """When it was last written (ns since the epoch), raised to the greatest status
+    timestamp written up to then: never going back, and never under the status
+    timestamp of a task written earlier."""
+    task_id: str
+
+    def index_keys(self) -> tuple[_IndexKey, ...]:
+        """The index keys it is listed under."""
+        state = str(int(self.state))
+        return (
+            ("", self.scope),
+            ("c", self.scope, self.context_id),
+            ("s", self.scope, state),
+            ("cs", self.scope, self.context_id, state),
+        )
 
 
 class MemoryJournal:
@@ -86,6 +103,10 @@ class MemoryJournal:
         self._clock = clock
         self._tokens = PageTokens()
         self._rev = 0
+        self._at_rev: dict[int, _Entry] = {}
+        """Every entry by its current revision (what the indexes hold)."""
+        self._index: dict[_IndexKey, RevList] = {}
+        self._written_ns = 0
         self.on_forget: Callable[[str], None] | None = None
         """Called with the id of each final task retention drops (its push configs go too)."""
 
@@ -140,31 +161,45 @@ class MemoryJournal:
         return expected_version + 1
 
     async def list(self, query: TaskQuery) -> TaskPage:
-        """Return one page, most recently updated first.
+        """Return one page, most recently updated first, walking the query's index.
 
         Raises:
             InvalidPageTokenError: The token is malformed.
         """
         self._prune()
-        found = [
-            (e.rev, e)
-            for e in self._entries.values()
-            if query.matches(e.context_id, e.state, e.status_ns, e.scope)
-        ]
-        return paginate(found, query, "r", _copy, self._tokens)
+        walk = Walk[_Entry](query, "r", self._tokens)
+        index = self._index.get(_query_key(query))
+        if index is None:
+            return TaskPage()
+        found, next_token, after = walk.page(
+            ((rev, self._at_rev[rev]) for rev in index.below(walk.before)),
+            _written,
+            _status,
+        )
+        if query.status_after_ns:
+            total = walk.count((self._at_rev[rev] for rev in index.below()), _written, _status)
+        else:
+            total = len(index)
+        return TaskPage([_copy(e) for _, e in found], next_token, total, after)
 
     def _put(self, task: Task, version: int, seq: int, scope: str) -> None:
         self._rev += 1
+        # Never below any status timestamp written so far, so a walk down the
+        # revisions may stop at the first task under a status filter's time.
+        self._written_ns = max(self._written_ns, time.time_ns(), status_ns(task))
         state = task.status.state
         final = state in TERMINAL
         entry = self._entries.get(task.id)
+        if entry is not None:
+            self._unindex(entry)
         if not final and entry is not None and entry.live is task:
             # The live task was updated in place (the usual case, event by
             # event): only what ListTasks filters and sorts on moves.
             entry.version, entry.seq, entry.rev, entry.state = version, seq, self._rev, state
-            entry.status_ns = status_ns(task)
+            entry.status_ns, entry.written_ns = status_ns(task), self._written_ns
+            self._reindex(entry)
             return
-        self._entries[task.id] = _Entry(
+        entry = self._entries[task.id] = _Entry(
             live=None if final else task,
             blob=task.SerializeToString() if final else b"",
             version=version,
@@ -174,7 +209,10 @@ class MemoryJournal:
             state=state,
             status_ns=status_ns(task),
             scope=scope,
+            written_ns=self._written_ns,
+            task_id=task.id,
         )
+        self._reindex(entry)
         if final:
             size = len(self._entries[task.id].blob)
             self._final[task.id] = self._clock()
@@ -198,6 +236,22 @@ class MemoryJournal:
         while self._final_bytes > self._max_final_bytes:
             self._forget_oldest_of(max(self._by_principal, key=self._principal_bytes.__getitem__))
 
+    def _reindex(self, entry: _Entry) -> None:
+        self._at_rev[entry.rev] = entry
+        for key in entry.index_keys():
+            index = self._index.get(key)
+            if index is None:
+                index = self._index[key] = RevList()
+            index.add(entry.rev)
+
+    def _unindex(self, entry: _Entry) -> None:
+        del self._at_rev[entry.rev]
+        for key in entry.index_keys():
+            index = self._index[key]
+            index.remove(entry.rev)
+            if not index:
+                del self._index[key]
+
     def _forget_oldest_of(self, principal: str) -> None:
         self._forget(next(iter(self._by_principal[principal])))
 
@@ -205,6 +259,7 @@ class MemoryJournal:
         """Drop a final task (its push configs go too: ``on_forget``)."""
         del self._final[task_id]
         entry = self._entries.pop(task_id)
+        self._unindex(entry)
         principal = principal_of(entry.scope)
         kept = self._by_principal[principal]
         size = kept.pop(task_id)
@@ -215,6 +270,25 @@ class MemoryJournal:
             del self._principal_bytes[principal]
         if self.on_forget is not None:
             self.on_forget(task_id)
+
+
+def _query_key(query: TaskQuery) -> _IndexKey:
+    state = str(int(query.state))
+    if query.context_id and query.state:
+        return ("cs", query.scope, query.context_id, state)
+    if query.context_id:
+        return ("c", query.scope, query.context_id)
+    if query.state:
+        return ("s", query.scope, state)
+    return ("", query.scope)
+
+
+def _written(entry: _Entry) -> int:
+    return entry.written_ns
+
+
+def _status(entry: _Entry) -> int:
+    return entry.status_ns
 
 
 def _copy(entry: _Entry) -> Task:
