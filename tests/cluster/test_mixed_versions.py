@@ -16,10 +16,17 @@ from pathlib import Path
 import grpc
 import nats
 from a2a.types import a2a_pb2_grpc
-from a2a.types.a2a_pb2 import GetTaskRequest, SendMessageRequest, Task, TaskState
+from a2a.types.a2a_pb2 import (
+    GetTaskRequest,
+    ListTasksRequest,
+    SendMessageRequest,
+    Task,
+    TaskState,
+)
 
 from a2a_grpc_server.jetstream import formats
 from a2a_grpc_server.jetstream.conn import TASKS_BUCKET
+from a2a_grpc_server.jetstream.index import HEADER as INDEX_HEADER
 from tests.support import ROOT
 from tests.support.harness import V1, send_request, user_message
 from tests.support.serveproc import Process, logged, start
@@ -56,6 +63,18 @@ async def snapshot_marked(nats_url: str, task_id: str) -> bool:
         entry = await (await client.jetstream().key_value(TASKS_BUCKET)).get(task_id)
         assert entry.value is not None
         return entry.value.startswith(formats.MAGIC)
+    finally:
+        await client.close()
+
+
+async def snapshot_indexed(nats_url: str, task_id: str) -> bool:
+    """Whether the task's snapshot names its entries in the listing index."""
+    client = await nats.connect(nats_url)
+    try:
+        msg = await client.jetstream().get_msg(
+            f"KV_{TASKS_BUCKET}", subject=f"$KV.{TASKS_BUCKET}.{task_id}"
+        )
+        return INDEX_HEADER in (msg.headers or {})
     finally:
         await client.close()
 
@@ -99,6 +118,18 @@ async def test_the_previous_version_and_this_one_share_a_cluster_through_a_rolli
             assert (await answer(other, later)).status.state == S.TASK_STATE_COMPLETED
             finished = await new.GetTask(GetTaskRequest(id=from_old.id), metadata=V1)
             assert finished.status.state == S.TASK_STATE_COMPLETED, "format 1 read after"
+            # Every instance keeps the listing index now: the smallest live one indexes
+            # what 0.1.0 wrote (snapshots without entries), and listings find all of it.
+            builders = [
+                asyncio.create_task(logged(p, "listing index built")) for p in processes[1:]
+            ]
+            _, waiting = await asyncio.wait(builders, return_when=asyncio.FIRST_COMPLETED)
+            for builder in waiting:
+                builder.cancel()
+            assert await snapshot_indexed(nats_url, from_old.id), "indexed once 0.1.0 left"
+            for stub in (new, other):
+                listed = await stub.ListTasks(ListTasksRequest(page_size=10), metadata=V1)
+                assert {from_old.id, from_new.id, later.id} <= {t.id for t in listed.tasks}
     finally:
         for channel in channels:
             await channel.close()

@@ -225,5 +225,7 @@ async def test_a_claim_holds_the_released_version_so_no_message_runs_twice(nats_
                 with pytest.raises(VersionConflictError):  # so b never runs a second message
                     await b.update(claimed.task, claimed.version, [Change(2, message=message)])
     finally:
+        await a.close()
+        await b.close()
         await requests.close()
         await conn.close()

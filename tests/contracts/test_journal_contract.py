@@ -11,7 +11,14 @@ from dataclasses import replace
 import pytest
 from a2a.types.a2a_pb2 import Part, Role, StreamResponse, Task, TaskState
 
-from a2a_grpc_server.jetstream.conn import EVENTS_STREAM, TASKS_BUCKET, NatsConfig, connect
+from a2a_grpc_server.jetstream.conn import (
+    EVENTS_STREAM,
+    INDEX_STREAM,
+    TASKS_BUCKET,
+    NatsConfig,
+    connect,
+)
+from a2a_grpc_server.jetstream.formats import Formats
 from a2a_grpc_server.jetstream.journal import JetStreamJournal, Snapshot, encode
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
 from a2a_grpc_server.journal import (
@@ -38,22 +45,34 @@ def nats_url() -> Iterator[str]:
         yield cluster.urls[0]
 
 
-@pytest.fixture(params=["memory", "nats"])
+@pytest.fixture(params=["memory", "nats", "nats-indexed"])
 async def journal(request: pytest.FixtureRequest) -> AsyncIterator[TaskJournal]:
     """Every implementation, empty: in memory, and JetStream on a real nats-server
-    (snapshots every 4 changes, so reads fold changes after a snapshot)."""
+    (snapshots every 4 changes, so reads fold changes after a snapshot), listing by
+    reading every snapshot (an instance that has not heard everyone keep the index)
+    and through the index (a settled cluster of one, its index built)."""
     if request.param == "memory":
         yield MemoryJournal()
         return
     conn = await connect(NatsConfig(servers=[request.getfixturevalue("nats_url")]))
     requests = JetStreamRequests(conn.nc)
     await requests.start()
+    formats = Formats()
+    journal = JetStreamJournal(
+        requests, conn.js, conn.tasks, "instance-1", snapshot_every=4, formats=formats
+    )
+    if request.param == "nats-indexed":
+        formats.settle()
+        await journal.keep_index({"instance-1"})
+        assert journal.indexed
     try:
-        yield JetStreamJournal(requests, conn.js, conn.tasks, "instance-1", snapshot_every=4)
+        yield journal
     finally:
+        await journal.close()
         await requests.close()
         await conn.js.delete_key_value(TASKS_BUCKET)
         await conn.js.delete_stream(EVENTS_STREAM)
+        await conn.js.delete_stream(INDEX_STREAM)
         await conn.close()
 
 

@@ -10,7 +10,9 @@ Assets (created if missing, identical on every instance):
   ``task_ttl``), so reading a task costs a snapshot plus a few changes;
 * KV bucket ``A2A_INSTANCES``: one heartbeat key per live instance;
 * KV bucket ``A2A_PUSH``: push configs and their cursors (see ``pushstore``),
-  max age ``task_ttl``.
+  max age ``task_ttl``;
+* stream ``A2A_INDEX`` on ``a2a.idx.>``: the listing index (see ``index``),
+  max age ``task_ttl``, direct gets allowed.
 
 Control requests between instances use core NATS request/reply on
 ``a2a.ctl.<instance id>.<op>``.
@@ -42,6 +44,8 @@ INSTANCES_BUCKET = "A2A_INSTANCES"
 PUSH_BUCKET = "A2A_PUSH"
 EVENTS_STREAM = "A2A_EVENTS"
 EVENTS_SUBJECT = "a2a.events"
+INDEX_STREAM = "A2A_INDEX"
+INDEX_SUBJECT = "a2a.idx"
 CONTROL_SUBJECT = "a2a.ctl"
 SETUP_TIMEOUT = 20.0
 CONNECT_ATTEMPTS = 3
@@ -198,6 +202,7 @@ async def _ensure_assets(
             instances = await _ensure_kv(js, INSTANCES_BUCKET, INSTANCES_TTL, config.replicas)
             push = await _ensure_kv(js, PUSH_BUCKET, config.task_ttl, config.replicas)
             await _ensure_events(js, config)
+            await _ensure_index(js, config)
             return tasks, instances, push
         except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError) as exc:
             logger.info("waiting for JetStream: %s", type(exc).__name__)
@@ -251,6 +256,25 @@ async def _ensure_events(js: JetStreamContext, config: NatsConfig) -> None:
             existing.allow_direct = True
             await js.update_stream(existing)
         logger.warning("stream %s exists with other settings; using it as it is", EVENTS_STREAM)
+
+
+async def _ensure_index(js: JetStreamContext, config: NatsConfig) -> None:
+    stream = api.StreamConfig(
+        name=INDEX_STREAM,
+        subjects=[f"{INDEX_SUBJECT}.>"],
+        retention=api.RetentionPolicy.LIMITS,
+        discard=api.DiscardPolicy.OLD,
+        max_age=config.task_ttl,
+        num_replicas=config.replicas,
+        storage=api.StorageType.FILE,
+        allow_direct=True,
+    )
+    try:
+        await js.add_stream(stream)
+    except nats.js.errors.BadRequestError as exc:
+        if exc.err_code != IN_USE:
+            raise
+        logger.warning("stream %s exists with other settings; using it as it is", INDEX_STREAM)
 
 
 def _why_not(config: NatsConfig, errors: list[Exception]) -> str:

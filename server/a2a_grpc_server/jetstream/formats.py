@@ -7,7 +7,9 @@ Everything one instance writes and another reads says its format:
   value starts with ``MAGIC``, the format's number and a newline;
 * a routed request (``a2a.ctl.<instance>.<op>``): header ``A2a-Format``;
 * a heartbeat (``A2A_INSTANCES``): its value, JSON ``{"formats": [...],
-  "version": "..."}``: the formats that instance reads, and its version.
+  "version": "...", "features": [...]}``: the formats that instance reads,
+  its version, and what it keeps that others rely on (``index``: it writes
+  the listing index, see ``index``; none before that).
 
 Format 1 is what versions before formats were versioned wrote: the same
 layouts without any of these marks (no header, no prefix, an empty
@@ -47,6 +49,8 @@ CURRENT = 2
 """The newest format this version writes (once every instance reads it)."""
 READS = frozenset({LEGACY, CURRENT})
 """The formats this version reads."""
+FEATURES = frozenset({"index"})
+"""What this version keeps that others rely on (see ``heartbeat``)."""
 MAGIC = b"\x00a2a-format "
 """How a format-2 (or later) snapshot or push config value starts. No format-1 value can:
 a snapshot starts with its owner's id (text), a push config with its creation number, big-
@@ -96,7 +100,9 @@ def check_header(headers: Mapping[str, str] | None, what: str) -> int:
 @functools.cache
 def heartbeat() -> bytes:
     """This instance's heartbeat value: the formats it reads, and its version."""
-    return json.dumps({"formats": sorted(READS), "version": version()}).encode()
+    return json.dumps(
+        {"formats": sorted(READS), "version": version(), "features": sorted(FEATURES)}
+    ).encode()
 
 
 def read_heartbeat(value: bytes) -> frozenset[int]:
@@ -112,6 +118,15 @@ def read_heartbeat(value: bytes) -> frozenset[int]:
     return formats or frozenset({LEGACY})
 
 
+def read_features(value: bytes) -> frozenset[str]:
+    """What an instance's heartbeat says it keeps (none from a heartbeat without the field)."""
+    try:
+        found = json.loads(value) if value else {}
+        return frozenset(str(f) for f in found.get("features", ()))
+    except (ValueError, TypeError, AttributeError):
+        return frozenset()
+
+
 class Formats:
     """Which format this instance writes now (see the module docstring's upgrade rule).
 
@@ -121,6 +136,7 @@ class Formats:
 
     def __init__(self) -> None:
         self._reads: dict[str, frozenset[int]] = {}
+        self._features: dict[str, frozenset[str]] = {}
         self._settled = False
         self.writing = LEGACY
         """The format written now."""
@@ -128,6 +144,7 @@ class Formats:
 
     def heard(self, instance: str, value: bytes) -> None:
         """``instance``'s heartbeat, as its value says."""
+        self._features[instance] = read_features(value)
         reads = read_heartbeat(value)
         if self._reads.get(instance) != reads:
             self._reads[instance] = reads
@@ -139,8 +156,17 @@ class Formats:
         (An instance only taken for lost is not gone: it may come back, and
         must be able to read what is written meanwhile.)
         """
+        self._features.pop(instance, None)
         if self._reads.pop(instance, None) is not None:
             self._update()
+
+    def lacking(self, feature: str) -> bool:
+        """Whether a live instance heard from does not keep ``feature``."""
+        return any(feature not in found for found in self._features.values())
+
+    def everyone(self, feature: str) -> bool:
+        """Whether every live instance keeps ``feature`` (heard from them all: settled)."""
+        return self._settled and not self.lacking(feature)
 
     def settle(self) -> None:
         """Every live instance has been heard from (a lease in touch)."""

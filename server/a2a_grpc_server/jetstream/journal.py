@@ -68,8 +68,9 @@ import contextlib
 import logging
 import re
 import struct
+import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import nats.js.errors
@@ -82,6 +83,7 @@ from ..errors import UnknownFormatError
 from ..journal import (
     Change,
     FinalTaskError,
+    InvalidPageTokenError,
     PageTokens,
     PartialWriteError,
     RecordedTask,
@@ -100,6 +102,19 @@ from .conn import EVENTS_STREAM, EVENTS_SUBJECT, TASKS_BUCKET
 from .formats import CURRENT as CURRENT_FORMAT
 from .formats import HEADER as FORMAT
 from .formats import LEGACY, Formats, check_header, mark, unmark
+from .index import (
+    CLOCK_SKEW,
+    FEATURE,
+    STALE_AFTER,
+    IndexEntry,
+    TaskIndex,
+    ahead,
+    digest,
+    header,
+    listing,
+    read_header,
+)
+from .index import HEADER as INDEX_HEADER
 from .requests import JetStreamRequests, WrongLastSequenceError
 from .retry import Retry
 
@@ -199,10 +214,12 @@ class Snapshot:
     body: bytes
     rev: int
     """The key's revision."""
+    index: tuple[int, ...] | None = None
+    """Its entries in the listing index (see ``index``; None: written without)."""
 
     @classmethod
-    def decode(cls, value: bytes, rev: int) -> Snapshot:
-        """Parse a stored value (format 1 or 2, see ``formats``).
+    def decode(cls, value: bytes, rev: int, headers: Mapping[str, str] | None = None) -> Snapshot:
+        """Parse a stored value (format 1 or 2, see ``formats``) and its message's headers.
 
         Raises:
             UnknownFormatError: It is in a format this version does not read.
@@ -211,7 +228,8 @@ class Snapshot:
         scope = b""
         if rest.startswith(SCOPE_MARK):
             scope, rest = rest[len(SCOPE_MARK) :].split(b"\n", 1)
-        return cls(owner.decode(), int(state), int(seq), int(pos), scope.decode(), rest, rev)
+        index = read_header((headers or {}).get(INDEX_HEADER))
+        return cls(owner.decode(), int(state), int(seq), int(pos), scope.decode(), rest, rev, index)
 
     @property
     def final(self) -> bool:
@@ -277,7 +295,15 @@ class _Snapshotted:
     seq: int
     state: int
     scope: str
+    index: tuple[int, ...] | None = None
 
+
+INDEXED = "i"
+"""The mark of page tokens issued through the index (``n``: by reading every snapshot)."""
+INDEX_BATCH = 256
+"""Entries a count by status timestamp, or a read of ``f`` entries, reads at once."""
+INDEX_CONCURRENCY = 16
+"""Snapshots ``index_unindexed`` writes at once."""
 
 RELEASE_ATTEMPTS = 2
 """Reads of a task ``release`` makes when its snapshot moves under it."""
@@ -317,6 +343,9 @@ class JetStreamJournal:
         self._every = snapshot_every
         self._snapshotted: dict[str, _Snapshotted] = {}
         self._final: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._index = TaskIndex(requests, self._retry)
+        self._built = False
+        """Whether this instance has seen the index's marker (see ``keep_index``)."""
 
     @property
     def owner(self) -> str:
@@ -366,13 +395,13 @@ class JetStreamJournal:
         if not keep_frames and taskops.is_final(task):
             value = encode(self._owner, task, changes[-1].seq, 0, scope, self._formats.writing)
             try:
-                await self._write_snapshot(task.id, value, 0)
+                await self._put_snapshot(task, value, 0, scope, None)
             except VersionConflictError:
                 raise TaskExistsError(task.id) from None
             self._remember_final(task.id, 0)
             return 0
         try:
-            version = await self._append(task.id, changes, 0)
+            version, positions = await self._append_indexed(task, changes, 0, scope)
         except (VersionConflictError, FinalTaskError, UnknownTaskError):
             raise TaskExistsError(task.id) from None
         except PartialWriteError as exc:
@@ -382,14 +411,44 @@ class JetStreamJournal:
             raise exc from exc.__cause__
         if taskops.is_final(task):
             self._remember_final(task.id, version)
-        await self._snapshot_new(task, changes[-1].seq, version, scope)
+        await self._snapshot_new(task, changes[-1].seq, version, scope, positions)
         return version
 
-    async def _snapshot_new(self, task: Task, seq: int, pos: int, scope: str) -> None:
+    async def _append_indexed(
+        self, task: Task, changes: Sequence[Change], expected: int, scope: str
+    ) -> tuple[int, tuple[int, ...] | None]:
+        """``_append``, and the entries of the snapshot that follows it, published meanwhile.
+
+        Returns:
+            The version, and the entries' positions (None if they could not be
+            published: the snapshot's write publishes them).
+
+        Raises:
+            As ``_append`` (the entries, published for nothing, are dropped).
+        """
+        appended, indexed = await asyncio.gather(
+            self._append(task.id, changes, expected),
+            self._index.add(scope, task.context_id, task.status.state, task.id, status_ns(task)),
+            return_exceptions=True,
+        )
+        if isinstance(appended, BaseException):
+            if not isinstance(indexed, BaseException):
+                self._index.drop_later(indexed)
+            raise appended
+        return appended, None if isinstance(indexed, BaseException) else indexed
+
+    async def _snapshot_new(
+        self,
+        task: Task,
+        seq: int,
+        pos: int,
+        scope: str,
+        positions: tuple[int, ...] | None = None,
+    ) -> None:
         """Write a new task's first snapshot (best effort: the record stands without it)."""
         try:
             value = encode(self._owner, task, seq, pos, scope, self._formats.writing)
-            rev = await self._write_snapshot(task.id, value, 0)
+            rev, index = await self._put_snapshot(task, value, 0, scope, None, positions)
         except StoreError as exc:
             # Written at the task's next change (revision 0: the key is still new).
             logger.warning("could not snapshot new task %s: %s", task.id, exc)
@@ -397,7 +456,7 @@ class JetStreamJournal:
                 self._snapshotted[task.id] = _Snapshotted(0, 0, -1, scope)
             return
         if not taskops.is_final(task):
-            self._snapshotted[task.id] = _Snapshotted(rev, seq, task.status.state, scope)
+            self._snapshotted[task.id] = _Snapshotted(rev, seq, task.status.state, scope, index)
 
     async def update(self, task: Task, expected_version: int, changes: Sequence[Change]) -> int:
         """Record ``changes`` if nobody wrote the task since ``expected_version``.
@@ -410,22 +469,166 @@ class JetStreamJournal:
         """
         if (task.id, expected_version) in self._final:
             raise FinalTaskError(task.id)
-        version = await self._append(task.id, changes, expected_version)
+        known, seq = self._snapshotted.get(task.id), changes[-1].seq
+        positions = None
+        if known is not None and self._due(known, task, seq):
+            # (its entries published beside the change: the snapshot costs one round trip)
+            version, positions = await self._append_indexed(
+                task, changes, expected_version, known.scope
+            )
+        else:
+            version = await self._append(task.id, changes, expected_version)
         if taskops.is_final(task):
             self._remember_final(task.id, version)
-        await self._maybe_snapshot(task, changes[-1].seq, version)
+        await self._maybe_snapshot(task, seq, version, positions=positions)
         return version
 
     async def list(self, query: TaskQuery) -> TaskPage:
-        """Return one page, most recently updated first (reads every snapshot: O(tasks)).
+        """Return one page, most recently updated first.
+
+        Through the listing index once the whole cluster keeps it (see
+        ``index``): a page reads its entries and its tasks' snapshots. Until
+        then by reading every snapshot (O(tasks)). A page token says which way
+        issued it, and the next page is read the same way.
 
         Raises:
             InvalidPageTokenError: The token is malformed.
             StoreUnavailableError: NATS did not answer.
         """
+        if query.page_token:
+            try:
+                before = self._tokens.decode(query.page_token, INDEXED, query.scope)
+            except InvalidPageTokenError:
+                return await self._list_scanning(query)
+            return await self._list_indexed(query, before)
+        if not self._formats.everyone(FEATURE):
+            self._built = False  # (read the marker again once everyone is heard keeping it)
+        if self._built:
+            return await self._list_indexed(query, None)
+        return await self._list_scanning(query)
+
+    @property
+    def indexed(self) -> bool:
+        """Whether a first page is read through the listing index now."""
+        return self._built and self._formats.everyone(FEATURE)
+
+    async def _list_indexed(self, query: TaskQuery, before: int | None) -> TaskPage:
+        subject, which = listing(query.scope, query.context_id, query.state)
+        want = query.page_size + 1
+        after = query.status_after_ns
+        candidates: builtins.list[tuple[IndexEntry, int]] = []
+        if after:  # (tasks whose status is later than their write: from their own entries)
+            candidates = [(e, 2) for e in await self._ahead(query, before)]
+        found: dict[str, tuple[IndexEntry, Snapshot]] = {}
+        stale: builtins.list[int] = []
+        cursor = before
+        walked: builtins.list[IndexEntry] = []
+        while True:
+            entries, more = await self._index.below(subject, cursor, want)
+            if after:
+                recent = [e for e in entries if e.written_ns >= after - 3 * CLOCK_SKEW]
+                more = more and len(recent) == len(entries)
+                entries = recent
+            walked.extend(entries)
+            await self._validate([(e, which) for e in entries] + candidates, query, found, stale)
+            candidates = []
+            cursor = entries[-1].pos if entries else cursor
+            # Enough once ``want`` tasks lie at or above the lowest entry walked.
+            low = walked[-1].pos if walked else 0
+            if not entries or not more or sum(e.pos >= low for e, _ in found.values()) >= want:
+                break
+        if stale:
+            await self._index.drop(stale)
+        ranked = sorted(found.values(), key=lambda item: item[0].pos, reverse=True)
+        page_items = ranked[: query.page_size]
+        scope = query.scope
+        page = TaskPage(
+            tasks=[snap.task() for _, snap in page_items],
+            next_page_token=self._tokens.encode(page_items[-1][0].pos, INDEXED, scope)
+            if len(ranked) > query.page_size
+            else "",
+            after=[self._tokens.encode(entry.pos, INDEXED, scope) for entry, _ in page_items],
+        )
+        page.total_size, _ = await asyncio.gather(
+            self._indexed_total(query, subject),
+            self._fold_page(page, [snap for _, snap in page_items]),
+        )
+        return page
+
+    async def _ahead(self, query: TaskQuery, before: int | None) -> builtins.list[IndexEntry]:
+        """The scope's entries of tasks whose status is later than their write (few)."""
+        found: builtins.list[IndexEntry] = []
+        cursor = before
+        while True:
+            entries, more = await self._index.below(ahead(query.scope), cursor, INDEX_BATCH)
+            found.extend(entries)
+            if not more or not entries:
+                return found
+            cursor = entries[-1].pos
+
+    async def _validate(
+        self,
+        entries: builtins.list[tuple[IndexEntry, int]],
+        query: TaskQuery,
+        found: dict[str, tuple[IndexEntry, Snapshot]],
+        stale: builtins.list[int],
+    ) -> None:
+        """Add to ``found`` the tasks of the entries their snapshots name, that match ``query``.
+
+        A task met through two entries (its ``s`` or ``c`` one and its ``f`` one)
+        is kept at the lower position (a page token after it passes both).
+        """
+        snaps = await asyncio.gather(*(self.snapshot(e.task_id) for e, _ in entries))
+        old = time.time_ns() - STALE_AFTER
+        for (entry, which), snap in zip(entries, snaps, strict=True):
+            named = snap is not None and snap.index is not None and len(snap.index) > which
+            if snap is None or not named or snap.index[which] != entry.pos:  # type: ignore[index]
+                if entry.written_ns < old:
+                    stale.append(entry.pos)
+                continue  # its task was written again since, or the write failed
+            task = snap.task()
+            if not query.matches(task.context_id, task.status.state, status_ns(task), snap.scope):
+                continue
+            known = found.get(entry.task_id)
+            if known is None or entry.pos < known[0].pos:
+                found[entry.task_id] = (entry, snap)
+
+    async def _indexed_total(self, query: TaskQuery, subject: str) -> int:
+        """How many entries match (by status timestamp: those written since, read back)."""
+        after = query.status_after_ns
+        if not after:
+            return await self._index.count_from(subject, 1)
+        matching: set[str] = set()
+        cursor = None
+        while True:
+            entries, more = await self._index.below(subject, cursor, INDEX_BATCH)
+            recent = [e for e in entries if e.written_ns >= after - 3 * CLOCK_SKEW]
+            matching.update(e.task_id for e in recent if e.status_ns >= after)
+            if len(recent) < len(entries) or not more or not entries:
+                break
+            cursor = entries[-1].pos
+        context = digest(query.context_id) if query.context_id else ""
+        for entry in await self._ahead(query, None):
+            if (
+                entry.status_ns >= after
+                and (not context or entry.context == context)
+                and query.state in (0, entry.state)
+            ):
+                matching.add(entry.task_id)
+        return len(matching)
+
+    async def _fold_page(self, page: TaskPage, snaps: builtins.list[Snapshot]) -> None:
+        """Bring the page's live tasks up to their last change (their snapshots may lag)."""
+        live = [i for i, snap in enumerate(snaps) if not snap.final]
+        folded = await asyncio.gather(*(self._fold(page.tasks[i].id, snaps[i]) for i in live))
+        for i, recorded in zip(live, folded, strict=True):
+            page.tasks[i] = recorded.task
+
+    async def _list_scanning(self, query: TaskQuery) -> TaskPage:
+        """One page from every snapshot (before the index, or a page token from then)."""
         found: builtins.list[tuple[int, Snapshot]] = []
-        for value, revision in await self._scan():
-            snap = Snapshot.decode(value, revision)
+        for value, revision, headers in await self._scan():
+            snap = Snapshot.decode(value, revision, headers)
             if snap.scope != query.scope:
                 continue  # another caller's task: not even decoded
             task = snap.task()
@@ -439,13 +642,68 @@ class JetStreamJournal:
             return task
 
         page = paginate(found, query, "n", remember, self._tokens)
-        live = [i for i, task in enumerate(page.tasks) if not snaps[task.id].final]
-        folded = await asyncio.gather(
-            *(self._fold(page.tasks[i].id, snaps[page.tasks[i].id]) for i in live)
-        )
-        for i, recorded in zip(live, folded, strict=True):
-            page.tasks[i] = recorded.task
+        await self._fold_page(page, [snaps[task.id] for task in page.tasks])
         return page
+
+    def index_due(self) -> bool:
+        """Whether ``keep_index`` has something to do (cheap: no request)."""
+        return not self._built or self._formats.lacking(FEATURE)
+
+    async def keep_index(self, live: set[str]) -> None:
+        """Keep the index's marker true (see ``index``); run by the lease, once settled.
+
+        An instance that does not keep the index is live: remove the marker.
+        Everyone keeps it and the marker is missing: the smallest live instance
+        indexes the snapshots written without entries, then writes it.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        if self._formats.lacking(FEATURE):
+            self._built = False
+            await self._index.unmark()
+            return
+        if not self._formats.everyone(FEATURE):
+            self._built = False
+            return
+        if self._built:
+            return
+        if await self._index.built():
+            self._built = True
+            return
+        if self._owner != min(live | {self._owner}):
+            return
+        done = await self.index_unindexed()
+        if self._formats.everyone(FEATURE):
+            await self._index.mark_built(self._owner)
+            self._built = True
+            logger.info("listing index built (%d snapshots indexed); ListTasks reads it", done)
+
+    async def index_unindexed(self) -> int:
+        """Index every snapshot written without entries (by a version before the index).
+
+        Each is written again unchanged, with its entries, by compare-and-set;
+        one written meanwhile by its task's writer already has them.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        gate = asyncio.Semaphore(INDEX_CONCURRENCY)
+
+        async def index(snap: Snapshot, value: bytes) -> int:
+            async with gate:
+                try:
+                    await self._put_snapshot(snap.task(), value, snap.rev, snap.scope, None)
+                except VersionConflictError:
+                    return 0
+                return 1
+
+        todo = []
+        for value, revision, headers in await self._scan():
+            snap = Snapshot.decode(value, revision, headers)
+            if snap.index is None:
+                todo.append(index(snap, value))
+        return sum(await asyncio.gather(*todo))
 
     async def unfinished(self) -> builtins.list[Snapshot]:
         """The snapshot of every task that is not final (for the lease reaper).
@@ -456,8 +714,8 @@ class JetStreamJournal:
             StoreUnavailableError: NATS did not answer.
         """
         found = []
-        for value, revision in await self._scan():
-            snap = Snapshot.decode(value, revision)
+        for value, revision, headers in await self._scan():
+            snap = Snapshot.decode(value, revision, headers)
             if not snap.final:
                 found.append(snap)
         return found
@@ -507,7 +765,7 @@ class JetStreamJournal:
             "", recorded.task, recorded.seq, recorded.version, snap.scope, self._formats.writing
         )
         try:
-            await self._write_snapshot(task_id, value, snap.rev)
+            await self._put_snapshot(recorded.task, value, snap.rev, snap.scope, snap.index)
         except VersionConflictError:
             return None  # written meanwhile (by its owner's last frames, say): read it again
         self._snapshotted.pop(task_id, None)
@@ -543,11 +801,11 @@ class JetStreamJournal:
         task = snap.task()
         value = encode(owner, task, snap.seq, snap.pos, snap.scope, self._formats.writing)
         try:
-            rev = await self._write_snapshot(task.id, value, snap.rev)
+            rev, index = await self._put_snapshot(task, value, snap.rev, snap.scope, snap.index)
         except VersionConflictError:
             return None
         self._snapshotted.pop(task.id, None)  # (read again at its next change)
-        return Snapshot(owner, snap.state, snap.seq, snap.pos, snap.scope, snap.body, rev)
+        return Snapshot(owner, snap.state, snap.seq, snap.pos, snap.scope, snap.body, rev, index)
 
     async def repair(self, recorded: RecordedTask) -> None:
         """Write the snapshot of a task whose record ended but whose snapshot says it runs.
@@ -739,28 +997,46 @@ class JetStreamJournal:
         found = (msgs[0].headers or {}) if msgs else {}
         return int(found[STREAM_SEQ]) if found.get(MSG_ID) == headers[MSG_ID] else 0
 
-    async def _maybe_snapshot(self, task: Task, seq: int, pos: int, *, force: bool = False) -> None:
-        """Write the task's snapshot if one is due (see the module docstring)."""
+    def _due(self, known: _Snapshotted, task: Task, seq: int) -> bool:
+        """Whether a write of ``task`` up to change ``seq`` is snapshotted (module docstring)."""
+        state = task.status.state
+        return (
+            taskops.is_final_state(state)
+            or state in taskops.INTERRUPTED
+            or state != known.state
+            or seq - known.seq >= self._every
+        )
+
+    async def _maybe_snapshot(
+        self,
+        task: Task,
+        seq: int,
+        pos: int,
+        *,
+        force: bool = False,
+        positions: tuple[int, ...] | None = None,
+    ) -> None:
+        """Write the task's snapshot if one is due (see the module docstring).
+
+        ``positions``: its entries in the index, if already published.
+        """
         known = self._snapshotted.get(task.id)
         state = task.status.state
         final = taskops.is_final_state(state)
         if known is None:
             stored = await self.snapshot(task.id)
             if stored is None:
+                if positions is not None:
+                    self._index.drop_later(positions)
                 return  # its record is gone (retention)
-            known = _Snapshotted(stored.rev, stored.seq, stored.state, stored.scope)
-        due = (
-            force
-            or final
-            or state in taskops.INTERRUPTED
-            or state != known.state
-            or seq - known.seq >= self._every
-        )
-        if due:
+            known = _Snapshotted(stored.rev, stored.seq, stored.state, stored.scope, stored.index)
+        if force or self._due(known, task, seq):
             # A survivor ending a lost owner's task records itself as its owner.
             value = encode(self._owner, task, seq, pos, known.scope, self._formats.writing)
             try:
-                known.rev = await self._write_snapshot(task.id, value, known.rev)
+                known.rev, known.index = await self._put_snapshot_of_own(
+                    task, value, seq, known, positions
+                )
                 known.seq, known.state = seq, state
             except VersionConflictError:
                 logger.warning("snapshot of task %s was written by another instance", task.id)
@@ -769,20 +1045,86 @@ class JetStreamJournal:
             except StoreError as exc:
                 # The change is in the stream; the snapshot is retried at the next one.
                 logger.warning("could not snapshot task %s: %s", task.id, exc)
+        elif positions is not None:
+            self._index.drop_later(positions)  # (published for a snapshot not due after all)
         if final:
             self._snapshotted.pop(task.id, None)
         else:
             self._snapshotted[task.id] = known
 
-    async def _write_snapshot(self, key: str, value: bytes, rev: int) -> int:
+    async def _put_snapshot_of_own(
+        self,
+        task: Task,
+        value: bytes,
+        seq: int,
+        known: _Snapshotted,
+        positions: tuple[int, ...] | None = None,
+    ) -> tuple[int, tuple[int, ...]]:
+        """``_put_snapshot`` by the task's writer; once more if only its snapshot was rewritten.
+
+        The snapshot may have been rewritten unchanged meanwhile, still this
+        instance's and no further in the record (the index's catch-up, see
+        ``index_unindexed``): the write is then made on that revision.
+        """
+        try:
+            return await self._put_snapshot(
+                task, value, known.rev, known.scope, known.index, positions
+            )
+        except VersionConflictError:
+            stored = await self.snapshot(task.id)
+            if stored is None or stored.owner != self._owner or stored.seq > seq:
+                raise
+            return await self._put_snapshot(task, value, stored.rev, known.scope, stored.index)
+
+    async def _put_snapshot(
+        self,
+        task: Task,
+        value: bytes,
+        rev: int,
+        scope: str,
+        replaced: tuple[int, ...] | None,
+        positions: tuple[int, ...] | None = None,
+    ) -> tuple[int, tuple[int, ...]]:
+        """Index (unless ``positions`` are given), then CAS-write a snapshot.
+
+        The entries of the snapshot it replaced are dropped in the background.
+
+        Returns:
+            The snapshot's revision and its entries' positions.
+
+        Raises:
+            VersionConflictError: The snapshot is not at ``rev`` (its new entries are dropped).
+            StoreUnavailableError: NATS did not answer (the entries may stand: stale).
+        """
+        if positions is None:
+            positions = await self._index.add(
+                scope, task.context_id, task.status.state, task.id, status_ns(task)
+            )
+        try:
+            written = await self._write_snapshot(task.id, value, rev, header(positions))
+        except VersionConflictError:
+            self._index.drop_later(positions)
+            raise
+        if replaced is not None:
+            self._index.drop_later(replaced)
+        return written, positions
+
+    async def close(self) -> None:
+        """Finish the index's background deletes (bounded)."""
+        await self._index.close()
+
+    async def _write_snapshot(self, key: str, value: bytes, rev: int, index: str = "") -> int:
         """CAS-write a snapshot; a retry that finds its own bytes already written succeeds."""
         attempts = 0
+        headers = {EXPECT: str(rev)}
+        if index:
+            headers[INDEX_HEADER] = index
 
         async def attempt() -> int:
             nonlocal attempts
             attempts += 1
             return await self._requests.publish(
-                f"$KV.{TASKS_BUCKET}.{key}", value, {EXPECT: str(rev)}, self._retry.timeout
+                f"$KV.{TASKS_BUCKET}.{key}", value, dict(headers), self._retry.timeout
             )
 
         try:
@@ -794,24 +1136,31 @@ class JetStreamJournal:
                     return current[1]  # the attempt that timed out had landed
             raise VersionConflictError(f"{key}: snapshot not at revision {rev}") from None
 
-    async def _kv_entry(self, key: str) -> tuple[bytes, int] | None:
-        async def attempt() -> KeyValue.Entry | None:
+    async def _kv_entry(self, key: str) -> tuple[bytes, int, dict[str, str]] | None:
+        """A snapshot's value, revision and headers (None: no such key, or deleted)."""
+
+        async def attempt() -> api.RawStreamMsg | None:
             try:
                 async with asyncio.timeout(self._retry.timeout):
-                    return await self._kv.get(key)
-            except nats.js.errors.KeyNotFoundError:
+                    return await self._js.get_msg(
+                        f"KV_{TASKS_BUCKET}", subject=f"$KV.{TASKS_BUCKET}.{key}"
+                    )
+            except nats.js.errors.NotFoundError:
                 return None
 
-        entry = await self._retry(attempt, f"read task {key}")
-        if entry is None or entry.value is None or entry.revision is None:
+        msg = await self._retry(attempt, f"read task {key}")
+        if msg is None or not msg.data or msg.seq is None:
             return None
-        return entry.value, entry.revision
+        headers = dict(msg.headers or {})
+        if headers.get("KV-Operation") in ("DEL", "PURGE"):
+            return None
+        return msg.data, msg.seq, headers
 
-    async def _scan(self) -> builtins.list[tuple[bytes, int]]:
+    async def _scan(self) -> builtins.list[tuple[bytes, int, dict[str, str]]]:
         """The latest value of every key, read with one ephemeral pull consumer."""
         return await self._retry(self._scan_once, "list the task bucket")
 
-    async def _scan_once(self) -> builtins.list[tuple[bytes, int]]:
+    async def _scan_once(self) -> builtins.list[tuple[bytes, int, dict[str, str]]]:
         config = api.ConsumerConfig(
             deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
             ack_policy=api.AckPolicy.NONE,
@@ -822,16 +1171,16 @@ class JetStreamJournal:
         sub = await self._js.pull_subscribe(
             f"$KV.{TASKS_BUCKET}.>", stream=f"KV_{TASKS_BUCKET}", config=config
         )
-        found: builtins.list[tuple[bytes, int]] = []
+        found: builtins.list[tuple[bytes, int, dict[str, str]]] = []
         try:
             pending = (await sub.consumer_info()).num_pending
             while pending:
                 batch = min(pending, SCAN_BATCH)
                 for msg in await sub.fetch(batch=batch, timeout=self._retry.budget):
                     pending = msg.metadata.num_pending
-                    op = (msg.headers or {}).get("KV-Operation")
-                    if op is None and msg.data:
-                        found.append((msg.data, msg.metadata.sequence.stream))
+                    headers = dict(msg.headers or {})
+                    if "KV-Operation" not in headers and msg.data:
+                        found.append((msg.data, msg.metadata.sequence.stream, headers))
         finally:
             with contextlib.suppress(Exception):  # the consumer also expires on its own
                 await sub.unsubscribe()

@@ -143,6 +143,7 @@ class Lease:
         self._recheck_due = False
         """A recheck after a gap failed: it runs again after the next heartbeat."""
         self._rechecking: asyncio.Task[None] | None = None
+        self._indexing: asyncio.Task[None] | None = None
         self._healthy_since: float | None = None
         """Since when this instance has been in touch (None: out of touch now)."""
         self._reconnects = 0
@@ -191,10 +192,10 @@ class Lease:
             self._stopping.set()
             await stop_task(self._task, within=self._lease)
             self._task = None
-        for task in (self._sweeping, self._rechecking):
+        for task in (self._sweeping, self._rechecking, self._indexing):
             if task is not None:
                 await stop_task(task, within=0)
-        self._sweeping = self._rechecking = None
+        self._sweeping = self._rechecking = self._indexing = None
         if self._watch is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._watch.unsubscribe()
@@ -248,6 +249,10 @@ class Lease:
                 )
             elif lost:
                 self._sweep_requested = True  # after the one running
+            if self._judging() and self._journal.index_due() and not self._indexing_running():
+                self._indexing = asyncio.create_task(
+                    self._keep_index(), name=f"{TASK_PREFIX}:lease-index"
+                )
             self._last_tick = loop.time()  # (the wait below takes a period unless stalled)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(period):
@@ -360,6 +365,15 @@ class Lease:
         except StoreError as exc:
             self._recheck_due = True  # again after the next heartbeat
             logger.warning("could not recheck this instance's tasks (again soon): %s", exc)
+
+    def _indexing_running(self) -> bool:
+        return self._indexing is not None and not self._indexing.done()
+
+    async def _keep_index(self) -> None:
+        try:
+            await self._journal.keep_index(self.live())
+        except StoreError as exc:
+            logger.warning("could not keep the listing index (again soon): %s", exc)
 
     def _sweep_running(self) -> bool:
         return self._sweeping is not None and not self._sweeping.done()

@@ -145,7 +145,8 @@ class NatsCluster:
             await self.lease.stop(release=True)
 
     async def close(self) -> None:
-        """Close the NATS connection."""
+        """Finish the index's deletes (bounded), then close the NATS connection."""
+        await self._journal.close()
         await self._requests.close()
         await self.conn.close()
 

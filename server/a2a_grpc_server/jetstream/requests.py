@@ -168,6 +168,25 @@ class JetStreamRequests:
         finally:
             self._waiting.pop(inbox.rsplit(".", 1)[1], None)
 
+    async def api(
+        self,
+        subject: str,
+        data: bytes,
+        timeout: float,  # noqa: ASYNC109 (passed on to the request)
+    ) -> dict[str, object]:
+        """Send a JetStream API request (``$JS.API.…``) and return its answer.
+
+        Raises:
+            nats.errors.TimeoutError: No answer within ``timeout``.
+            nats.js.errors.APIError: JetStream refused the request.
+        """
+        msg = await self._nc.request(subject, data, timeout=timeout)
+        answer: dict[str, object] = json.loads(msg.data or b"{}")
+        error = answer.get("error")
+        if isinstance(error, dict):
+            raise nats.js.errors.APIError.from_error(error)
+        return answer
+
     def _register(self, handler: Callable[[Msg], None]) -> str:
         if self._sub is None:
             raise nats.errors.ConnectionClosedError

@@ -66,6 +66,8 @@ INSTANCE_TASKS = (
     ":lease-sweep",
     ":lease-claim",
     ":recheck",
+    ":lease-index",
+    ":index-drop",
 )
 """Name suffixes of a cluster instance's own background tasks, alive as long as it runs
 (``assert_nothing_left(allowed=INSTANCE_TASKS)`` while a cluster instance still runs)."""

@@ -1,0 +1,355 @@
+"""The listing index on JetStream: ``ListTasks`` reads what a page touches, not the whole bucket.
+
+Stream ``A2A_INDEX`` (subjects ``a2a.idx.>``, max age ``task_ttl``, as the
+snapshots) holds two entries per snapshot write of a task, published before
+the snapshot's compare-and-set:
+
+* ``a2a.idx.s.<scope hash>.<state>``: for a listing of the scope, or of the
+  scope and a state;
+* ``a2a.idx.c.<scope hash>.<context hash>.<state>``: for a listing of one
+  context (and a state).
+
+A third, ``a2a.idx.f.<scope hash>``, only for a task whose status timestamp
+is later than the writer's clock by more than ``CLOCK_SKEW`` (an agent that
+sets its own): see below.
+
+Hashes are the first 32 hex digits of SHA-256 (a subject token whatever the
+scope or context id holds). An entry's payload is ``1`` (its format), the
+task id, its status timestamp, the writer's clock when it wrote (both in
+nanoseconds), the task's state and its context's hash, each on a line; a
+reader refuses another format with ``UnknownFormatError``.
+
+The snapshot then written says which entries are its own: header
+``A2a-Index: <s position>,<c position>[,<f position>]`` (the entries'
+stream sequences).
+An entry whose task's snapshot does not name it is stale (the snapshot was
+written again since, or its write failed): listings skip it. After a write
+succeeds, the writer deletes the entries of the snapshot it replaced; one
+that dies in between leaves stale entries, which a listing that meets them
+deletes once they are older than ``STALE_AFTER`` (a write in flight is not
+stale), and which expire with the stream's max age anyway.
+
+Newest first is the stream's order backwards. JetStream reads forwards
+only, but a direct get answers how many entries matching a filter come at or
+after a position (``Nats-Num-Pending``), at a cost that grows with the
+distance to the stream's end, not with what it holds before: a page is found
+by galloping down from its token until enough entries lie between, then read
+forwards in batches. A listing by status timestamp stops at the first entry
+written ``3 * CLOCK_SKEW`` before the asked time (each instance's clock within
+``CLOCK_SKEW`` of the true time: an entry further down was written no later
+by more than twice that, and its status is no later than its write by more
+than ``CLOCK_SKEW``), and adds the scope's ``f`` entries, whose status is.
+
+The index is trusted only when the whole cluster keeps it: every live
+instance's heartbeat says ``index`` among its features (``formats``), and the
+marker ``a2a.idx.meta.built`` says every snapshot written before was indexed.
+Until then ``ListTasks`` reads every snapshot, as versions before the index
+did. The marker is removed by any instance that hears an instance that does
+not keep the index (an older version in a rolling update), and written again
+by the smallest live instance once it has indexed the snapshots left without
+entries (``JetStreamJournal.keep_index``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+
+from ..errors import UnknownFormatError
+from ..model.names import TASK_PREFIX
+from .conn import INDEX_STREAM, INDEX_SUBJECT
+from .requests import JetStreamRequests
+from .retry import Retry
+
+MARKER = f"{INDEX_SUBJECT}.meta.built"
+HEADER = "A2a-Index"
+"""The snapshot's header naming its entries."""
+FORMAT = b"1"
+FEATURE = "index"
+"""What a heartbeat says of an instance that keeps the index."""
+CLOCK_SKEW = 60 * 1_000_000_000
+"""Nanoseconds instances' clocks may differ by (a listing by status timestamp reads this far)."""
+STALE_AFTER = 600 * 1_000_000_000
+"""Nanoseconds after which an entry its snapshot does not name is deleted by a listing."""
+BATCH = 256
+"""Entries one direct get returns at most."""
+SEQ_HEADER = "Nats-Sequence"
+PENDING = "Nats-Num-Pending"
+SUBJECT_HEADER = "Nats-Subject"
+
+
+def digest(text: str) -> str:
+    """A subject token for ``text`` (see the module docstring)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def subjects(scope: str, context_id: str, state: int) -> tuple[str, str]:
+    """The subjects of a task's two entries."""
+    s = digest(scope)
+    return (
+        f"{INDEX_SUBJECT}.s.{s}.{state}",
+        f"{INDEX_SUBJECT}.c.{s}.{digest(context_id)}.{state}",
+    )
+
+
+def ahead(scope: str) -> str:
+    """The subject of a scope's entries whose status is later than their write."""
+    return f"{INDEX_SUBJECT}.f.{digest(scope)}"
+
+
+def listing(scope: str, context_id: str, state: int) -> tuple[str, int]:
+    """The filter subject of a listing and which of a snapshot's entries it reads (0: s, 1: c)."""
+    s, st = digest(scope), str(state) if state else "*"
+    if context_id:
+        return f"{INDEX_SUBJECT}.c.{s}.{digest(context_id)}.{st}", 1
+    return f"{INDEX_SUBJECT}.s.{s}.{st}", 0
+
+
+def header(positions: tuple[int, ...]) -> str:
+    """The ``A2a-Index`` header value of a snapshot whose entries are at ``positions``."""
+    return ",".join(str(p) for p in positions)
+
+
+def read_header(value: str | None) -> tuple[int, ...] | None:
+    """The positions an ``A2a-Index`` header names (None: absent or unreadable)."""
+    if not value:
+        return None
+    try:
+        found = tuple(int(p) for p in value.split(","))
+    except ValueError:
+        return None
+    return found if len(found) in (2, 3) else None
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One entry: a task at one of its snapshot writes."""
+
+    pos: int
+    task_id: str
+    status_ns: int
+    written_ns: int
+    state: int
+    context: str
+    """Its context's hash."""
+
+    @classmethod
+    def decode(cls, msg: Msg) -> IndexEntry:
+        """Parse an entry read directly.
+
+        Raises:
+            UnknownFormatError: It is in a format this version does not read.
+        """
+        parts = msg.data.split(b"\n")
+        if len(parts) != 6 or parts[0] != FORMAT:
+            raise UnknownFormatError(
+                "an entry of the task index", parts[0][:16].decode("ascii", "replace")
+            )
+        pos = int((msg.headers or {})[SEQ_HEADER])
+        return cls(
+            pos, parts[1].decode(), int(parts[2]), int(parts[3]), int(parts[4]), parts[5].decode()
+        )
+
+
+class TaskIndex:
+    """Writes and reads the ``A2A_INDEX`` stream.
+
+    Args:
+        requests: Lean requests on the connection.
+        retry: How long an operation retries through a NATS outage.
+    """
+
+    def __init__(self, requests: JetStreamRequests, retry: Retry) -> None:
+        self._requests = requests
+        self._retry = retry
+        self._to_drop: deque[int] = deque()
+        self._dropping: asyncio.Task[None] | None = None
+
+    def drop_later(self, positions: Sequence[int]) -> None:
+        """Delete entries in the background (nothing waits for it; see ``drop``)."""
+        self._to_drop.extend(p for p in positions if p)
+        if self._to_drop and (self._dropping is None or self._dropping.done()):
+            self._dropping = asyncio.create_task(self._drain(), name=f"{TASK_PREFIX}:index-drop")
+
+    async def _drain(self) -> None:
+        while self._to_drop:  # (one at a time: no task of its own per delete)
+            await self._delete(self._to_drop.popleft())
+
+    async def close(self) -> None:
+        """Finish the deletes asked for (bounded by a request's timeout), then stop."""
+        if self._dropping is not None:
+            await asyncio.wait([self._dropping], timeout=self._retry.timeout)
+            self._dropping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dropping
+            self._dropping = None
+
+    async def add(
+        self, scope: str, context_id: str, state: int, task_id: str, status_ns: int
+    ) -> tuple[int, ...]:
+        """Publish a snapshot write's entries; return their positions.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        now = time.time_ns()
+        body = b"\n".join(
+            (
+                FORMAT,
+                task_id.encode(),
+                str(status_ns).encode(),
+                str(now).encode(),
+                str(state).encode(),
+                digest(context_id).encode(),
+            )
+        )
+        targets: tuple[str, ...] = subjects(scope, context_id, state)
+        if status_ns > now + CLOCK_SKEW:
+            targets = (*targets, ahead(scope))
+        positions = await asyncio.gather(*(self._publish(t, body, task_id) for t in targets))
+        return tuple(positions)
+
+    async def _publish(self, subject: str, body: bytes, task_id: str) -> int:
+        return await self._retry(
+            lambda: self._requests.publish(subject, body, {}, self._retry.timeout),
+            f"index task {task_id}",
+        )
+
+    async def drop(self, positions: Sequence[int]) -> None:
+        """Delete entries (best effort: one left behind is stale, and expires)."""
+        await asyncio.gather(*(self._delete(p) for p in positions if p))
+
+    async def _delete(self, pos: int) -> None:
+        request = json.dumps({"seq": pos, "no_erase": True}).encode()
+        # One left behind is stale: skipped by listings, deleted by one later, or expired.
+        with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, TimeoutError):
+            await self._requests.api(
+                f"$JS.API.STREAM.MSG.DELETE.{INDEX_STREAM}", request, self._retry.timeout
+            )
+
+    async def count_from(self, subject: str, start: int) -> int:
+        """How many entries on ``subject`` (a filter) are at position ``start`` or after.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        msgs = await self._get({"seq": max(start, 1), "next_by_subj": subject, "batch": 1})
+        if not msgs:
+            return 0
+        return 1 + int((msgs[0].headers or {}).get(PENDING, "0"))
+
+    async def below(
+        self, subject: str, before: int | None, want: int
+    ) -> tuple[list[IndexEntry], bool]:
+        """Up to ``want`` entries on ``subject`` before position ``before``, newest first.
+
+        Returns:
+            The entries, and whether any other comes before the last of them.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+            UnknownFormatError: An entry in a format this version does not read.
+        """
+        if before is None:
+            above, total = 0, await self.count_from(subject, 1)
+        else:
+            above, total = await asyncio.gather(
+                self.count_from(subject, before), self.count_from(subject, 1)
+            )
+        here = total - above  # entries before ``before``
+        if here <= 0:
+            return [], False
+        top = before if before is not None else await self._end(subject)
+        lo = 1
+        if here > 2 * want:
+            lo = await self._start(subject, top, above, want)
+        found: list[IndexEntry] = []
+        pos = lo
+        while pos < top:
+            msgs = await self._get({"seq": pos, "next_by_subj": subject, "batch": BATCH})
+            entries = [IndexEntry.decode(msg) for msg in msgs]
+            found.extend(e for e in entries if e.pos < top)
+            if len(msgs) < BATCH or entries[-1].pos >= top:
+                break
+            pos = entries[-1].pos + 1
+        found.reverse()
+        return found[:want], here > min(want, len(found))
+
+    async def _end(self, subject: str) -> int:
+        """One past the position of the last entry on ``subject``."""
+        msgs = await self._get({"last_by_subj": subject})
+        return int((msgs[0].headers or {})[SEQ_HEADER]) + 1 if msgs else 1
+
+    async def _start(self, subject: str, top: int, above: int, want: int) -> int:
+        """A position from which between ``want`` and about ``4 * want`` entries lie before ``top``.
+
+        Gallops down from ``top`` (steps of x4) until at least ``want`` lie between,
+        then halves the span while more than four times ``want`` do.
+        """
+        span = 4 * want
+        hi, lo = top, max(top - span, 1)
+        while True:
+            between = await self.count_from(subject, lo) - above
+            if between >= want or lo == 1:
+                break
+            hi, span = lo, span * 4
+            lo = max(top - span, 1)
+        # Entries before ``hi`` (minus ``above``) are fewer than ``want``; at ``lo`` enough.
+        while between > 4 * want and hi - lo > 1:
+            mid = (lo + hi) // 2
+            at_mid = await self.count_from(subject, mid) - above
+            if at_mid >= want:
+                lo, between = mid, at_mid
+            else:
+                hi = mid
+        return lo
+
+    async def _get(self, request: dict[str, object]) -> list[Msg]:
+        return await self._retry(
+            lambda: self._requests.direct_get(INDEX_STREAM, request, self._retry.timeout),
+            "read the task index",
+        )
+
+    async def built(self) -> bool:
+        """Whether the marker says every snapshot is indexed.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        return bool(await self._get({"last_by_subj": MARKER}))
+
+    async def mark_built(self, by: str) -> None:
+        """Write the marker (see the module docstring).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        body = json.dumps({"format": 1, "by": by}).encode()
+        await self._retry(
+            lambda: self._requests.publish(MARKER, body, {}, self._retry.timeout),
+            "mark the task index built",
+        )
+
+    async def unmark(self) -> None:
+        """Remove the marker: an instance that does not keep the index is in the cluster.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        request = json.dumps({"filter": MARKER}).encode()
+        await self._retry(
+            lambda: self._requests.api(
+                f"$JS.API.STREAM.PURGE.{INDEX_STREAM}", request, self._retry.timeout
+            ),
+            "remove the task index's marker",
+        )

@@ -1,0 +1,211 @@
+"""The listing index on JetStream (``jetstream.index``), on a real nats-server: deep pages
+found by galloping agree with a model, a status filter finds a task whose status is later
+than its write, stale entries are skipped, and the index is used only while the whole
+cluster keeps it (an older version's heartbeat turns it off; its snapshots are indexed
+when it leaves)."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+
+import pytest
+from a2a.types.a2a_pb2 import StreamResponse, Task, TaskState
+
+from a2a_grpc_server.jetstream.conn import (
+    EVENTS_STREAM,
+    INDEX_STREAM,
+    TASKS_BUCKET,
+    NatsConfig,
+    connect,
+)
+from a2a_grpc_server.jetstream.formats import Formats
+from a2a_grpc_server.jetstream.journal import JetStreamJournal, encode
+from a2a_grpc_server.jetstream.requests import JetStreamRequests
+from a2a_grpc_server.journal import Change, TaskQuery
+from a2a_grpc_server.model import taskops
+from a2a_grpc_server.model.scope import scope_key
+from tests.support import formatfixtures as fx
+from tests.support import natsserver
+
+S = TaskState
+ALICE, BOB = scope_key("", "alice"), scope_key("", "bob")
+
+
+@pytest.fixture(scope="module")
+def nats_url() -> Iterator[str]:
+    with natsserver.running(1) as cluster:
+        yield cluster.urls[0]
+
+
+class Cluster:
+    """One journal on a fresh set of assets, its formats settled (a cluster of one)."""
+
+    def __init__(self, journal: JetStreamJournal, formats: Formats) -> None:
+        self.journal, self.formats = journal, formats
+
+
+@pytest.fixture
+async def cluster(nats_url: str) -> AsyncIterator[Cluster]:
+    conn = await connect(NatsConfig(servers=[nats_url]))
+    requests = JetStreamRequests(conn.nc)
+    await requests.start()
+    formats = Formats()
+    formats.settle()
+    journal = JetStreamJournal(requests, conn.js, conn.tasks, "i-1", formats=formats)
+    try:
+        yield Cluster(journal, formats)
+    finally:
+        await journal.close()
+        await requests.close()
+        await conn.js.delete_key_value(TASKS_BUCKET)
+        await conn.js.delete_stream(EVENTS_STREAM)
+        await conn.js.delete_stream(INDEX_STREAM)
+        await conn.close()
+
+
+def task(task_id: str, context: str, state: TaskState) -> Task:
+    t = taskops.new_task(task_id, context, None)
+    t.status.state = state
+    return t
+
+
+def change(seq: int, to: Task) -> Change:
+    return Change(seq, StreamResponse(task=to).SerializeToString(), to.status.state)
+
+
+async def walk(journal: JetStreamJournal, query: TaskQuery) -> list[str]:
+    ids: list[str] = []
+    page = await journal.list(query)
+    for _ in range(1000):
+        ids += [t.id for t in page.tasks]
+        if not page.next_page_token:
+            return ids
+        page = await journal.list(replace(query, page_token=page.next_page_token))
+    raise AssertionError("more than 1000 pages")
+
+
+async def test_deep_pages_through_the_index_agree_with_a_model(cluster: Cluster) -> None:
+    """600 tasks (two scopes, three contexts, three states; a third written again later):
+    every filter's pages, small and large, in last-write order, and each page's count."""
+    journal = cluster.journal
+    await journal.keep_index({"i-1"})
+    assert journal.indexed
+    rng = random.Random(600)
+    states = [S.TASK_STATE_SUBMITTED, S.TASK_STATE_WORKING, S.TASK_STATE_COMPLETED]
+    model: dict[str, tuple[str, str, int]] = {}
+    order: list[str] = []
+    live: dict[str, tuple[Task, int]] = {}
+    for n in range(600):
+        scope = ALICE if n % 5 else BOB
+        t = task(f"t{n:04}", f"c{rng.randrange(3)}", rng.choice(states))
+        version = await journal.create(t, [change(1, t)], scope=scope)
+        model[t.id] = (scope, t.context_id, t.status.state)
+        order.append(t.id)
+        if t.status.state != S.TASK_STATE_COMPLETED:
+            live[t.id] = (t, version)
+    for task_id in sorted(live)[::3]:  # written again: to the front, in a new state
+        t, version = live[task_id]
+        t.status.state = S.TASK_STATE_INPUT_REQUIRED
+        await journal.update(t, version, [change(2, t)])
+        model[task_id] = (model[task_id][0], t.context_id, t.status.state)
+        order = [i for i in order if i != task_id] + [task_id]
+    for context, state, size in [
+        ("", S.TASK_STATE_UNSPECIFIED, 20),
+        ("c1", S.TASK_STATE_UNSPECIFIED, 13),
+        ("", S.TASK_STATE_INPUT_REQUIRED, 11),
+        ("c2", S.TASK_STATE_COMPLETED, 9),
+        ("c1", S.TASK_STATE_WORKING, 50),
+    ]:
+        want = [
+            i
+            for i in reversed(order)
+            if model[i][0] == ALICE
+            and context in ("", model[i][1])
+            and state in (S.TASK_STATE_UNSPECIFIED, model[i][2])
+        ]
+        query = TaskQuery(context, state, page_size=size, scope=ALICE)
+        assert await walk(journal, query) == want, (context, state, size)
+        assert (await journal.list(query)).total_size == len(want)
+    bobs = [i for i in reversed(order) if model[i][0] == BOB]
+    assert await walk(journal, TaskQuery(page_size=100, scope=BOB)) == bobs
+
+
+async def test_a_status_filter_finds_a_task_whose_status_is_later_than_its_write(
+    cluster: Cluster,
+) -> None:
+    """An agent that stamps its own status far ahead: the task is written first, 300 after
+    it; a listing from a time past all the others' finds it (and counts it) however deep."""
+    journal = cluster.journal
+    await journal.keep_index({"i-1"})
+    ahead = task("ahead", "c", S.TASK_STATE_WORKING)
+    ahead.status.timestamp.FromSeconds(int(time.time()) + 86_400)
+    await journal.create(ahead, [change(1, ahead)], scope=ALICE)
+    for n in range(300):
+        t = task(f"t{n:03}", "c", S.TASK_STATE_WORKING)
+        await journal.create(t, [change(1, t)], scope=ALICE)
+    later = (int(time.time()) + 3600) * 1_000_000_000
+    for query in (
+        TaskQuery(status_after_ns=later, scope=ALICE),
+        TaskQuery("c", S.TASK_STATE_WORKING, status_after_ns=later, scope=ALICE),
+    ):
+        page = await journal.list(query)
+        assert ([t.id for t in page.tasks], page.total_size) == (["ahead"], 1)
+    assert (await journal.list(TaskQuery(status_after_ns=later, scope=BOB))).tasks == []
+    recent = TaskQuery(page_size=400, status_after_ns=(int(time.time()) - 600) * 10**9, scope=ALICE)
+    listed = await journal.list(recent)
+    assert len(listed.tasks) == 301 and listed.total_size == 301
+    assert listed.tasks[-1].id == "ahead", "still in write order"
+
+
+async def test_an_entry_its_snapshot_does_not_name_is_skipped(cluster: Cluster) -> None:
+    """An instance that died between indexing a write and writing its snapshot leaves
+    entries its task's snapshot does not name: listings skip them (no task twice, none in
+    a state it is not in)."""
+    journal = cluster.journal
+    await journal.keep_index({"i-1"})
+    for n in range(5):
+        t = task(f"t{n}", "c", S.TASK_STATE_WORKING)
+        await journal.create(t, [change(1, t)], scope=ALICE)
+    index = journal._index  # (the crash, played: entries published, no snapshot written)
+    await index.add(ALICE, "c", S.TASK_STATE_COMPLETED, "t1", 0)
+    await index.add(ALICE, "c", S.TASK_STATE_WORKING, "t3", 0)
+    assert await walk(journal, TaskQuery(page_size=2, scope=ALICE)) == [
+        "t4",
+        "t3",
+        "t2",
+        "t1",
+        "t0",
+    ]
+    done = await journal.list(TaskQuery(state=S.TASK_STATE_COMPLETED, scope=ALICE))
+    assert done.tasks == []
+
+
+async def test_the_index_is_used_only_while_every_instance_keeps_it(cluster: Cluster) -> None:
+    """An instance of the version before the index joins: the marker goes, listings read
+    every snapshot, and what that instance writes (no entries) is listed; once it leaves,
+    its snapshots are indexed, the marker is back, and listings use the index again."""
+    journal, formats = cluster.journal, cluster.formats
+    await journal.keep_index({"i-1"})
+    assert journal.indexed
+    first = task("first", "c", S.TASK_STATE_COMPLETED)
+    await journal.create(first, [change(1, first)], scope=ALICE)
+    formats.heard("old-1", fx.load("heartbeat-2")[1])  # (formats 1 and 2, no features)
+    assert journal.index_due()
+    await journal.keep_index({"i-1", "old-1"})
+    assert not journal.indexed and not await journal._index.built()
+    # The old instance writes a task: a snapshot without entries, as that version does.
+    old = task("olds", "c", S.TASK_STATE_COMPLETED)
+    value = encode("old-1", old, 1, 0, ALICE, 2)
+    await journal._write_snapshot("olds", value, 0)
+    scanning = await journal.list(TaskQuery(scope=ALICE))
+    assert [t.id for t in scanning.tasks] == ["olds", "first"]
+    formats.gone("old-1")
+    await journal.keep_index({"i-1"})
+    assert journal.indexed and await journal._index.built()
+    indexed = await journal.list(TaskQuery(scope=ALICE, page_size=1))
+    assert ([t.id for t in indexed.tasks], indexed.total_size) == (["olds"], 2)
+    rest = await journal.list(TaskQuery(scope=ALICE, page_token=indexed.next_page_token))
+    assert [t.id for t in rest.tasks] == ["first"]
