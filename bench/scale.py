@@ -31,9 +31,10 @@ about 0 is independent of the store's size, about 1 linear.
 
 Each N is a fresh in-memory server (filled in its own process before it
 serves); on NATS one nats-server for the run, filled up to each N in turn, and a
-fresh server instance for each N. The instance runs with ``--lease 600`` (its
-one start-up sweep would otherwise run 10 s after start, a scan of the whole
-bucket in the middle of the measurements); nothing else differs from the defaults.
+fresh server instance for each N, with the defaults; its calls are measured once
+it logs that it reads the listing index (a lease after start, once it has heard
+every instance: until then it reads every snapshot, as it must while an older
+version may be in the cluster).
 Every loop is bounded in count and time. Prints a table; writes JSON.
 """
 
@@ -92,6 +93,10 @@ SWEEPS = 3
 START_LIMIT = 300.0
 """Seconds a server may take to get ready."""
 READY = re.compile(r"ready: grpc (\S+) \(plaintext\)")
+INDEXED = "listing index"
+"""What an instance logs once it reads the index (it built it, or found it built)."""
+MAX_LINES = 10_000
+"""Lines of a server's output kept."""
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -114,7 +119,16 @@ class Server:
     ready_cpu_s: float
     """Its CPU seconds by then."""
     lines: list[str]
-    """What it printed before its ready line."""
+    """What it printed before its ready line (and after it, as it comes)."""
+    printed: asyncio.Event
+    """Set at each line printed after the ready line."""
+
+    async def logged(self, text: str, within: float) -> None:
+        """Wait until a line holding ``text`` is printed (bounded)."""
+        async with asyncio.timeout(within):
+            while not any(text in line for line in self.lines):
+                self.printed.clear()
+                await self.printed.wait()
 
 
 @contextlib.asynccontextmanager
@@ -145,11 +159,12 @@ async def spawned(
                     raise RuntimeError("server exited before it was ready:\n" + "".join(lines))
                 lines.append(line)
         ready_s, ready_cpu_s = time.perf_counter() - began, cpu_seconds(proc.pid)
-        drain = asyncio.get_running_loop().create_task(_drain(stream))
+        printed = asyncio.Event()
+        drain = asyncio.get_running_loop().create_task(_drain(stream, lines, printed))
         channel = grpc.aio.insecure_channel(host + match.group(1))
         stub = a2a_pb2_grpc.A2AServiceStub(channel)
         try:
-            yield Server(proc, channel, stub, ready_s, ready_cpu_s, lines)
+            yield Server(proc, channel, stub, ready_s, ready_cpu_s, lines, printed)
         finally:
             await channel.close()
     finally:
@@ -165,9 +180,11 @@ async def spawned(
             drain.cancel()
 
 
-async def _drain(stream: asyncio.StreamReader) -> None:
-    while await stream.readline():
-        pass
+async def _drain(stream: asyncio.StreamReader, lines: list[str], printed: asyncio.Event) -> None:
+    while line := (await stream.readline()).decode():
+        if len(lines) < MAX_LINES:
+            lines.append(line)
+        printed.set()
 
 
 @dataclass
@@ -317,7 +334,7 @@ def serve_args(url: str) -> list[str]:
     return [
         *("-m", "a2a_grpc_server.cli", "serve", "--port", "0", "--http-port", "0"),
         *("--agent", "bench.agents:Workload", "--nats", url),
-        *("--nats-key-file", str(cluster_key_file()), "--lease", "600"),
+        *("--nats-key-file", str(cluster_key_file())),
     ]
 
 
@@ -387,6 +404,7 @@ async def run_nats(sizes: list[int], quick: bool) -> tuple[Rows, dict[int, float
                 began = time.perf_counter()
                 await population.fill(filler, done, size, population.FILL_CONCURRENCY)
                 fills[size] = time.perf_counter() - began
+                await filler.keep_index({"scale-filler"})  # (the cluster's index: its marker)
                 print(
                     f"  filled {size - done:,} more in {fills[size]:.1f} s "
                     f"({(size - done) / fills[size]:,.0f} tasks/s)",
@@ -402,6 +420,8 @@ async def run_nats(sizes: list[int], quick: bool) -> tuple[Rows, dict[int, float
                     rows.setdefault("startup, spawn to ready | s", {})[size] = ready_s
                     rows.setdefault("startup, over empty store | s", {})[size] = ready_s - baseline
                     rows.setdefault("startup | server CPU s", {})[size] = server.ready_cpu_s
+                    # A lease after start it has heard every instance: it reads the index.
+                    await server.logged(INDEXED, within=START_LIMIT)
                     await measure_calls(rows, server, size, nats_pid, quick)
     return rows, fills
 

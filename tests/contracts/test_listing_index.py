@@ -6,6 +6,7 @@ when it leaves)."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -22,6 +23,7 @@ from a2a_grpc_server.jetstream.conn import (
     connect,
 )
 from a2a_grpc_server.jetstream.formats import Formats
+from a2a_grpc_server.jetstream.index import MARKER
 from a2a_grpc_server.jetstream.journal import JetStreamJournal, encode
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
 from a2a_grpc_server.journal import Change, TaskQuery
@@ -112,6 +114,7 @@ async def test_deep_pages_through_the_index_agree_with_a_model(cluster: Cluster)
         await journal.update(t, version, [change(2, t)])
         model[task_id] = (model[task_id][0], t.context_id, t.status.state)
         order = [i for i in order if i != task_id] + [task_id]
+    await journal.close()  # (the entries replaced are deleted in the background: let them)
     for context, state, size in [
         ("", S.TASK_STATE_UNSPECIFIED, 20),
         ("c1", S.TASK_STATE_UNSPECIFIED, 13),
@@ -209,3 +212,86 @@ async def test_the_index_is_used_only_while_every_instance_keeps_it(cluster: Clu
     assert ([t.id for t in indexed.tasks], indexed.total_size) == (["olds"], 2)
     rest = await journal.list(TaskQuery(scope=ALICE, page_token=indexed.next_page_token))
     assert [t.id for t in rest.tasks] == ["first"]
+
+
+async def test_each_instances_unfinished_tasks_are_read_from_its_own_entries(
+    cluster: Cluster, nats_url: str
+) -> None:
+    """Random creates, ends, releases and claims on two instances: what the index says each
+    instance runs is what reading every snapshot says, task for task, after every round."""
+    a = cluster.journal
+    conn = await connect(NatsConfig(servers=[nats_url], instance_id="i-2"))
+    requests = JetStreamRequests(conn.nc)
+    await requests.start()
+    b = JetStreamJournal(requests, conn.js, conn.tasks, "i-2", formats=cluster.formats)
+    rng = random.Random(77)
+    live: dict[str, tuple[JetStreamJournal, Task, int]] = {}
+    try:
+        for round_ in range(5):
+            for n in range(30):
+                op = rng.random()
+                if not live or op < 0.4:
+                    writer = rng.choice([a, b])
+                    state = rng.choice([S.TASK_STATE_WORKING, S.TASK_STATE_COMPLETED])
+                    t = task(f"t{round_}-{n}", "c", state)
+                    version = await writer.create(t, [change(1, t)], scope=ALICE)
+                    if state == S.TASK_STATE_WORKING:
+                        live[t.id] = (writer, t, version)
+                    continue
+                task_id = rng.choice(sorted(live))
+                writer, t, version = live.pop(task_id)
+                if op < 0.6:  # it ends
+                    t.status.state = S.TASK_STATE_COMPLETED
+                    await writer.update(t, version, [change(version + 1, t)])
+                elif op < 0.8:  # it asks for input; its owner releases it; the other claims it
+                    t.status.state = S.TASK_STATE_INPUT_REQUIRED
+                    version = await writer.update(t, version, [change(2, t)])
+                    assert await writer.release(t.id, writer.owner)
+                    claimer = b if writer is a else a
+                    claimed = await claimer.claim(t.id)
+                    assert claimed is not None
+                    live[t.id] = (claimer, claimed.task, claimed.version)
+                else:  # it goes on (a snapshot every few changes keeps its entry)
+                    t.status.state = S.TASK_STATE_WORKING
+                    seq = len(t.history) + version  # (any number past the last)
+                    version = await writer.update(t, version, [change(seq, t)])
+                    live[task_id] = (writer, t, version)
+            scanned = {(s.owner, s.task().id) for s in await a.unfinished()}
+            for owner in ("i-1", "i-2"):
+                indexed = await a.owned_unfinished(lambda o, owner=owner: o == owner)  # type: ignore[misc]
+                want = {i for o, i in scanned if o == owner}
+                assert {s.task().id for s in indexed} == want, (round_, owner)
+                assert {i for i, (w, _, _) in live.items() if w.owner == owner} == want
+            await a.close()  # (the entries replaced are deleted in the background: let them)
+            await b.close()
+            owners = await a._index.owners()
+            held = sorted(
+                [e.task_id for subject in owners.values() for e in await a._index.all_of(subject)]
+            )
+            assert held == sorted(live), "one entry per unfinished task: none left behind"
+    finally:
+        await b.close()
+        await requests.close()
+        await conn.close()
+
+
+async def test_a_marker_not_renewed_for_ten_minutes_is_rebuilt(cluster: Cluster) -> None:
+    """A cluster that was down (or ran an older version alone) past the marker's freshness:
+    an instance starting does not trust it; the smallest live instance indexes what has no
+    entries and renews it."""
+    journal = cluster.journal
+    await journal.keep_index({"i-1"})
+    assert await journal.index_fresh()
+    old = task("old", "c", S.TASK_STATE_WORKING)  # written with no entries, as 0.1.0 does
+    await journal._write_snapshot("old", encode("gone", old, 1, 0, ALICE, 2), 0)
+    stale = json.dumps({"format": 1, "by": "i-1", "at": time.time_ns() - 601 * 10**9})
+    await journal._requests.publish(MARKER, stale.encode(), {"Nats-Rollup": "sub"}, 5.0)
+    restarted = JetStreamJournal(
+        journal._requests, journal._js, journal._kv, "i-1", formats=cluster.formats
+    )
+    assert not await restarted.index_fresh()
+    await restarted.keep_index({"i-1", "i-9"})
+    assert await restarted.index_fresh() and restarted.indexed
+    lost = await restarted.owned_unfinished(lambda owner: owner == "gone")
+    assert [s.task().id for s in lost] == ["old"]
+    await restarted.close()

@@ -268,6 +268,7 @@ async def _ensure_index(js: JetStreamContext, config: NatsConfig) -> None:
         num_replicas=config.replicas,
         storage=api.StorageType.FILE,
         allow_direct=True,
+        allow_rollup_hdrs=True,
     )
     try:
         await js.add_stream(stream)

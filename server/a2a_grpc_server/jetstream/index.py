@@ -11,17 +11,22 @@ the snapshot's compare-and-set:
 
 A third, ``a2a.idx.f.<scope hash>``, only for a task whose status timestamp
 is later than the writer's clock by more than ``CLOCK_SKEW`` (an agent that
-sets its own): see below.
+sets its own): see below. And ``a2a.idx.o.<owner hash>`` for an unfinished
+task an instance runs: published when the snapshot's owner changes (its
+first snapshot, a claim), kept by the owner's later snapshots of it, dropped
+when it ends or is released. The lease's sweep and an instance's start read
+those of the owners they look for (``owners``), not every snapshot.
 
 Hashes are the first 32 hex digits of SHA-256 (a subject token whatever the
 scope or context id holds). An entry's payload is ``1`` (its format), the
 task id, its status timestamp, the writer's clock when it wrote (both in
-nanoseconds), the task's state and its context's hash, each on a line; a
-reader refuses another format with ``UnknownFormatError``.
+nanoseconds), the task's state, its context's hash and the snapshot's
+owner, each on a line; a reader refuses another format with
+``UnknownFormatError``.
 
 The snapshot then written says which entries are its own: header
-``A2a-Index: <s position>,<c position>[,<f position>]`` (the entries'
-stream sequences).
+``A2a-Index: s=<position>,c=<position>[,f=<position>][,o=<position>]``
+(the entries' stream sequences).
 An entry whose task's snapshot does not name it is stale (the snapshot was
 written again since, or its write failed): listings skip it. After a write
 succeeds, the writer deletes the entries of the snapshot it replaced; one
@@ -43,16 +48,21 @@ than ``CLOCK_SKEW``), and adds the scope's ``f`` entries, whose status is.
 The index is trusted only when the whole cluster keeps it: every live
 instance's heartbeat says ``index`` among its features (``formats``), and the
 marker ``a2a.idx.meta.built`` says every snapshot written before was indexed.
-Until then ``ListTasks`` reads every snapshot, as versions before the index
-did. The marker is removed by any instance that hears an instance that does
-not keep the index (an older version in a rolling update), and written again
-by the smallest live instance once it has indexed the snapshots left without
-entries (``JetStreamJournal.keep_index``).
+Until then ``ListTasks`` and the sweep read every snapshot, as versions
+before the index did. The marker is removed by any instance that hears an
+instance that does not keep the index (an older version in a rolling
+update), and written again by the smallest live instance once it has
+indexed the snapshots left without entries (``JetStreamJournal.keep_index``),
+which renews it every minute (one message: ``Nats-Rollup``). An instance
+starting, before it has heard the others, trusts a marker renewed within
+ten minutes; an older one (the whole cluster was down, or an older version
+ran alone) is rebuilt.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import hashlib
 import json
@@ -107,28 +117,54 @@ def ahead(scope: str) -> str:
     return f"{INDEX_SUBJECT}.f.{digest(scope)}"
 
 
-def listing(scope: str, context_id: str, state: int) -> tuple[str, int]:
-    """The filter subject of a listing and which of a snapshot's entries it reads (0: s, 1: c)."""
+def owned_by(owner: str) -> str:
+    """The subject of the entries of an instance's unfinished tasks."""
+    return f"{INDEX_SUBJECT}.o.{digest(owner)}"
+
+
+def listing(scope: str, context_id: str, state: int) -> tuple[str, str]:
+    """The filter subject of a listing and which of a snapshot's entries it reads."""
     s, st = digest(scope), str(state) if state else "*"
     if context_id:
-        return f"{INDEX_SUBJECT}.c.{s}.{digest(context_id)}.{st}", 1
-    return f"{INDEX_SUBJECT}.s.{s}.{st}", 0
+        return f"{INDEX_SUBJECT}.c.{s}.{digest(context_id)}.{st}", "c"
+    return f"{INDEX_SUBJECT}.s.{s}.{st}", "s"
 
 
-def header(positions: tuple[int, ...]) -> str:
-    """The ``A2a-Index`` header value of a snapshot whose entries are at ``positions``."""
-    return ",".join(str(p) for p in positions)
+@dataclass(frozen=True, slots=True)
+class Positions:
+    """Where a snapshot's entries are (stream sequences; 0: none of that kind)."""
 
+    s: int
+    c: int
+    f: int = 0
+    o: int = 0
 
-def read_header(value: str | None) -> tuple[int, ...] | None:
-    """The positions an ``A2a-Index`` header names (None: absent or unreadable)."""
-    if not value:
-        return None
-    try:
-        found = tuple(int(p) for p in value.split(","))
-    except ValueError:
-        return None
-    return found if len(found) in (2, 3) else None
+    def of(self, kind: str) -> int:
+        """The position of the entry of ``kind`` (``s``, ``c``, ``f`` or ``o``)."""
+        return int(getattr(self, kind))
+
+    def header(self) -> str:
+        """The ``A2a-Index`` header value naming them, ``s=…,c=…[,f=…][,o=…]``."""
+        return ",".join(f"{k}={self.of(k)}" for k in "scfo" if self.of(k))
+
+    def all(self) -> tuple[int, ...]:
+        """Every position named."""
+        return tuple(p for p in (self.s, self.c, self.f, self.o) if p)
+
+    @classmethod
+    def read(cls, value: str | None) -> Positions | None:
+        """The positions a header names (None: absent, or not a header this version wrote)."""
+        if not value:
+            return None
+        found: dict[str, int] = {}
+        for part in value.split(","):
+            kind, _, pos = part.partition("=")
+            if kind not in "scfo" or not kind or not pos.isdigit():
+                return None
+            found[kind] = int(pos)
+        if "s" not in found or "c" not in found:
+            return None
+        return cls(**found)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +178,8 @@ class IndexEntry:
     state: int
     context: str
     """Its context's hash."""
+    owner: str
+    """The instance the snapshot says runs it ("" for none)."""
 
     @classmethod
     def decode(cls, msg: Msg) -> IndexEntry:
@@ -151,13 +189,19 @@ class IndexEntry:
             UnknownFormatError: It is in a format this version does not read.
         """
         parts = msg.data.split(b"\n")
-        if len(parts) != 6 or parts[0] != FORMAT:
+        if len(parts) != 7 or parts[0] != FORMAT:
             raise UnknownFormatError(
                 "an entry of the task index", parts[0][:16].decode("ascii", "replace")
             )
         pos = int((msg.headers or {})[SEQ_HEADER])
         return cls(
-            pos, parts[1].decode(), int(parts[2]), int(parts[3]), int(parts[4]), parts[5].decode()
+            pos,
+            parts[1].decode(),
+            int(parts[2]),
+            int(parts[3]),
+            int(parts[4]),
+            parts[5].decode(),
+            parts[6].decode(),
         )
 
 
@@ -195,9 +239,27 @@ class TaskIndex:
             self._dropping = None
 
     async def add(
-        self, scope: str, context_id: str, state: int, task_id: str, status_ns: int
-    ) -> tuple[int, ...]:
+        self,
+        scope: str,
+        context_id: str,
+        state: int,
+        task_id: str,
+        status_ns: int,
+        owner: str = "",
+        owned: int | None = None,
+    ) -> Positions:
         """Publish a snapshot write's entries; return their positions.
+
+        Args:
+            scope: Whose task it is.
+            context_id: Its context.
+            state: Its state.
+            task_id: The task.
+            status_ns: Its status timestamp.
+            owner: The instance the snapshot says runs it.
+            owned: Its entry among ``owner``'s unfinished tasks: None for none (a
+                final task, or nobody's), 0 to publish one, else the position of
+                the one its last snapshot of the same owner has (kept).
 
         Raises:
             StoreUnavailableError: NATS did not answer.
@@ -211,19 +273,68 @@ class TaskIndex:
                 str(now).encode(),
                 str(state).encode(),
                 digest(context_id).encode(),
+                owner.encode(),
             )
         )
-        targets: tuple[str, ...] = subjects(scope, context_id, state)
-        if status_ns > now + CLOCK_SKEW:
-            targets = (*targets, ahead(scope))
-        positions = await asyncio.gather(*(self._publish(t, body, task_id) for t in targets))
-        return tuple(positions)
+        targets: list[str] = list(subjects(scope, context_id, state))
+        ahead_of_write = status_ns > now + CLOCK_SKEW
+        if ahead_of_write:
+            targets.append(ahead(scope))
+        if owned == 0:
+            targets.append(owned_by(owner))
+        found = await asyncio.gather(*(self._publish(t, body, task_id) for t in targets))
+        return Positions(
+            found[0],
+            found[1],
+            found[2] if ahead_of_write else 0,
+            found[-1] if owned == 0 else owned or 0,
+        )
 
     async def _publish(self, subject: str, body: bytes, task_id: str) -> int:
         return await self._retry(
             lambda: self._requests.publish(subject, body, {}, self._retry.timeout),
             f"index task {task_id}",
         )
+
+    async def owners(self) -> dict[str, str]:
+        """Every instance that has entries of unfinished tasks, and the subject of its entries.
+
+        Costs one read per owner (JetStream lists the subjects), not what the
+        stream holds.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        request = json.dumps({"subjects_filter": f"{INDEX_SUBJECT}.o.>"}).encode()
+        info = await self._retry(
+            lambda: self._requests.api(
+                f"$JS.API.STREAM.INFO.{INDEX_STREAM}", request, self._retry.timeout
+            ),
+            "list the task index's owners",
+        )
+        state = info.get("state")
+        subjects = (state.get("subjects") or {}) if isinstance(state, dict) else {}
+        found: dict[str, str] = {}
+        for subject in subjects:
+            first = await self._get({"seq": 1, "next_by_subj": subject})
+            if first:
+                found[IndexEntry.decode(first[0]).owner] = subject
+        return found
+
+    async def all_of(self, subject: str) -> builtins.list[IndexEntry]:
+        """Every entry on ``subject``, oldest first.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        found: builtins.list[IndexEntry] = []
+        pos = 1
+        while True:
+            msgs = await self._get({"seq": pos, "next_by_subj": subject, "batch": BATCH})
+            found.extend(IndexEntry.decode(msg) for msg in msgs)
+            if len(msgs) < BATCH:
+                return found
+            pos = found[-1].pos + 1
 
     async def drop(self, positions: Sequence[int]) -> None:
         """Delete entries (best effort: one left behind is stale, and expires)."""
@@ -320,23 +431,36 @@ class TaskIndex:
             "read the task index",
         )
 
-    async def built(self) -> bool:
-        """Whether the marker says every snapshot is indexed.
+    async def built(self) -> int | None:
+        """When the marker was last written (nanoseconds, writer's clock), or None if absent.
 
         Raises:
             StoreUnavailableError: NATS did not answer.
+            UnknownFormatError: A marker in a format this version does not read.
         """
-        return bool(await self._get({"last_by_subj": MARKER}))
+        msgs = await self._get({"last_by_subj": MARKER})
+        if not msgs:
+            return None
+        try:
+            found = json.loads(msgs[0].data)
+            fmt, at = found["format"], int(found["at"])
+        except (ValueError, TypeError, KeyError):
+            raise UnknownFormatError("the task index's marker", repr(msgs[0].data[:40])) from None
+        if fmt != 1:
+            raise UnknownFormatError("the task index's marker", str(fmt))
+        return at
 
     async def mark_built(self, by: str) -> None:
-        """Write the marker (see the module docstring).
+        """Write (or renew) the marker: it replaces the one before (see the module docstring).
 
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        body = json.dumps({"format": 1, "by": by}).encode()
+        body = json.dumps({"format": 1, "by": by, "at": time.time_ns()}).encode()
         await self._retry(
-            lambda: self._requests.publish(MARKER, body, {}, self._retry.timeout),
+            lambda: self._requests.publish(
+                MARKER, body, {"Nats-Rollup": "sub"}, self._retry.timeout
+            ),
             "mark the task index built",
         )
 

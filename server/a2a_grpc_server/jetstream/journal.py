@@ -107,12 +107,11 @@ from .index import (
     FEATURE,
     STALE_AFTER,
     IndexEntry,
+    Positions,
     TaskIndex,
     ahead,
     digest,
-    header,
     listing,
-    read_header,
 )
 from .index import HEADER as INDEX_HEADER
 from .requests import JetStreamRequests, WrongLastSequenceError
@@ -214,7 +213,7 @@ class Snapshot:
     body: bytes
     rev: int
     """The key's revision."""
-    index: tuple[int, ...] | None = None
+    index: Positions | None = None
     """Its entries in the listing index (see ``index``; None: written without)."""
 
     @classmethod
@@ -228,7 +227,7 @@ class Snapshot:
         scope = b""
         if rest.startswith(SCOPE_MARK):
             scope, rest = rest[len(SCOPE_MARK) :].split(b"\n", 1)
-        index = read_header((headers or {}).get(INDEX_HEADER))
+        index = Positions.read((headers or {}).get(INDEX_HEADER))
         return cls(owner.decode(), int(state), int(seq), int(pos), scope.decode(), rest, rev, index)
 
     @property
@@ -239,6 +238,12 @@ class Snapshot:
     def task(self) -> Task:
         """The task it holds."""
         return Task.FromString(self.body)
+
+
+def _new(positions: Positions, kept: Positions | None) -> tuple[int, ...]:
+    """The positions of ``positions`` that ``kept`` does not name too."""
+    keep = set(kept.all()) if kept is not None else set()
+    return tuple(p for p in positions.all() if p not in keep)
 
 
 def _record(change: Change) -> bytes:
@@ -295,7 +300,8 @@ class _Snapshotted:
     seq: int
     state: int
     scope: str
-    index: tuple[int, ...] | None = None
+    index: Positions | None = None
+    owner: str = ""
 
 
 INDEXED = "i"
@@ -304,6 +310,10 @@ INDEX_BATCH = 256
 """Entries a count by status timestamp, or a read of ``f`` entries, reads at once."""
 INDEX_CONCURRENCY = 16
 """Snapshots ``index_unindexed`` writes at once."""
+MARKER_RENEW = 60.0
+"""Seconds between two renewals of the index's marker by the smallest live instance."""
+MARKER_FRESH = 600 * 1_000_000_000
+"""Nanoseconds after its last renewal past which the marker is not trusted."""
 
 RELEASE_ATTEMPTS = 2
 """Reads of a task ``release`` makes when its snapshot moves under it."""
@@ -346,6 +356,8 @@ class JetStreamJournal:
         self._index = TaskIndex(requests, self._retry)
         self._built = False
         """Whether this instance has seen the index's marker (see ``keep_index``)."""
+        self._renew_at = 0.0
+        """When (monotonic) ``keep_index`` next renews the marker, or notes it was renewed."""
 
     @property
     def owner(self) -> str:
@@ -395,13 +407,13 @@ class JetStreamJournal:
         if not keep_frames and taskops.is_final(task):
             value = encode(self._owner, task, changes[-1].seq, 0, scope, self._formats.writing)
             try:
-                await self._put_snapshot(task, value, 0, scope, None)
+                await self._put_snapshot(task, value, 0, scope, self._owner, None, "")
             except VersionConflictError:
                 raise TaskExistsError(task.id) from None
             self._remember_final(task.id, 0)
             return 0
         try:
-            version, positions = await self._append_indexed(task, changes, 0, scope)
+            version, positions = await self._append_indexed(task, changes, 0, scope, None, "")
         except (VersionConflictError, FinalTaskError, UnknownTaskError):
             raise TaskExistsError(task.id) from None
         except PartialWriteError as exc:
@@ -415,8 +427,14 @@ class JetStreamJournal:
         return version
 
     async def _append_indexed(
-        self, task: Task, changes: Sequence[Change], expected: int, scope: str
-    ) -> tuple[int, tuple[int, ...] | None]:
+        self,
+        task: Task,
+        changes: Sequence[Change],
+        expected: int,
+        scope: str,
+        replaced: Positions | None,
+        replaced_owner: str,
+    ) -> tuple[int, Positions | None]:
         """``_append``, and the entries of the snapshot that follows it, published meanwhile.
 
         Returns:
@@ -428,12 +446,12 @@ class JetStreamJournal:
         """
         appended, indexed = await asyncio.gather(
             self._append(task.id, changes, expected),
-            self._index.add(scope, task.context_id, task.status.state, task.id, status_ns(task)),
+            self._add(task, scope, self._owner, replaced, replaced_owner),
             return_exceptions=True,
         )
         if isinstance(appended, BaseException):
             if not isinstance(indexed, BaseException):
-                self._index.drop_later(indexed)
+                self._index.drop_later(_new(indexed, replaced))
             raise appended
         return appended, None if isinstance(indexed, BaseException) else indexed
 
@@ -443,12 +461,14 @@ class JetStreamJournal:
         seq: int,
         pos: int,
         scope: str,
-        positions: tuple[int, ...] | None = None,
+        positions: Positions | None = None,
     ) -> None:
         """Write a new task's first snapshot (best effort: the record stands without it)."""
         try:
             value = encode(self._owner, task, seq, pos, scope, self._formats.writing)
-            rev, index = await self._put_snapshot(task, value, 0, scope, None, positions)
+            rev, index = await self._put_snapshot(
+                task, value, 0, scope, self._owner, None, "", positions
+            )
         except StoreError as exc:
             # Written at the task's next change (revision 0: the key is still new).
             logger.warning("could not snapshot new task %s: %s", task.id, exc)
@@ -456,7 +476,9 @@ class JetStreamJournal:
                 self._snapshotted[task.id] = _Snapshotted(0, 0, -1, scope)
             return
         if not taskops.is_final(task):
-            self._snapshotted[task.id] = _Snapshotted(rev, seq, task.status.state, scope, index)
+            self._snapshotted[task.id] = _Snapshotted(
+                rev, seq, task.status.state, scope, index, self._owner
+            )
 
     async def update(self, task: Task, expected_version: int, changes: Sequence[Change]) -> int:
         """Record ``changes`` if nobody wrote the task since ``expected_version``.
@@ -474,7 +496,7 @@ class JetStreamJournal:
         if known is not None and self._due(known, task, seq):
             # (its entries published beside the change: the snapshot costs one round trip)
             version, positions = await self._append_indexed(
-                task, changes, expected_version, known.scope
+                task, changes, expected_version, known.scope, known.index, known.owner
             )
         else:
             version = await self._append(task.id, changes, expected_version)
@@ -516,9 +538,9 @@ class JetStreamJournal:
         subject, which = listing(query.scope, query.context_id, query.state)
         want = query.page_size + 1
         after = query.status_after_ns
-        candidates: builtins.list[tuple[IndexEntry, int]] = []
+        candidates: builtins.list[tuple[IndexEntry, str]] = []
         if after:  # (tasks whose status is later than their write: from their own entries)
-            candidates = [(e, 2) for e in await self._ahead(query, before)]
+            candidates = [(e, "f") for e in await self._ahead(query, before)]
         found: dict[str, tuple[IndexEntry, Snapshot]] = {}
         stale: builtins.list[int] = []
         cursor = before
@@ -568,7 +590,7 @@ class JetStreamJournal:
 
     async def _validate(
         self,
-        entries: builtins.list[tuple[IndexEntry, int]],
+        entries: builtins.list[tuple[IndexEntry, str]],
         query: TaskQuery,
         found: dict[str, tuple[IndexEntry, Snapshot]],
         stale: builtins.list[int],
@@ -581,8 +603,7 @@ class JetStreamJournal:
         snaps = await asyncio.gather(*(self.snapshot(e.task_id) for e, _ in entries))
         old = time.time_ns() - STALE_AFTER
         for (entry, which), snap in zip(entries, snaps, strict=True):
-            named = snap is not None and snap.index is not None and len(snap.index) > which
-            if snap is None or not named or snap.index[which] != entry.pos:  # type: ignore[index]
+            if snap is None or snap.index is None or snap.index.of(which) != entry.pos:
                 if entry.written_ns < old:
                     stale.append(entry.pos)
                 continue  # its task was written again since, or the write failed
@@ -647,14 +668,18 @@ class JetStreamJournal:
 
     def index_due(self) -> bool:
         """Whether ``keep_index`` has something to do (cheap: no request)."""
-        return not self._built or self._formats.lacking(FEATURE)
+        return (
+            not self._built or self._formats.lacking(FEATURE) or time.monotonic() >= self._renew_at
+        )
 
     async def keep_index(self, live: set[str]) -> None:
         """Keep the index's marker true (see ``index``); run by the lease, once settled.
 
         An instance that does not keep the index is live: remove the marker.
-        Everyone keeps it and the marker is missing: the smallest live instance
-        indexes the snapshots written without entries, then writes it.
+        Everyone keeps it and the marker is missing (or was not renewed for
+        ``MARKER_FRESH``: the cluster was down, or an older version ran alone):
+        the smallest live instance indexes the snapshots written without
+        entries, then writes it, and renews it every ``MARKER_RENEW``.
 
         Raises:
             StoreUnavailableError: NATS did not answer.
@@ -666,18 +691,74 @@ class JetStreamJournal:
         if not self._formats.everyone(FEATURE):
             self._built = False
             return
+        smallest = self._owner == min(live | {self._owner})
         if self._built:
+            self._renew_at = time.monotonic() + MARKER_RENEW
+            if smallest:
+                await self._index.mark_built(self._owner)
             return
-        if await self._index.built():
+        if await self.index_fresh():
             self._built = True
+            self._renew_at = time.monotonic() + MARKER_RENEW
+            logger.info("ListTasks and sweeps read the listing index")
             return
-        if self._owner != min(live | {self._owner}):
+        if not smallest:
             return
         done = await self.index_unindexed()
         if self._formats.everyone(FEATURE):
             await self._index.mark_built(self._owner)
             self._built = True
+            self._renew_at = time.monotonic() + MARKER_RENEW
             logger.info("listing index built (%d snapshots indexed); ListTasks reads it", done)
+
+    async def index_fresh(self) -> bool:
+        """Whether the marker stands and was renewed within ``MARKER_FRESH``.
+
+        Before this instance has heard the others (at start), it is what says the
+        index can be trusted: an older version heard removes the marker.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        if self._formats.lacking(FEATURE):
+            return False
+        at = await self._index.built()
+        return at is not None and time.time_ns() - at < MARKER_FRESH
+
+    async def owned_unfinished(self, lost: Callable[[str], bool]) -> builtins.list[Snapshot]:
+        """The snapshots of the unfinished tasks of the owners ``lost`` picks, from the index.
+
+        ``lost`` is asked after the owners are read (one heard from meanwhile
+        keeps its tasks). Only when the index can be trusted (``indexed``, or
+        ``index_fresh`` at start): otherwise ``unfinished``.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        owners = await self._index.owners()
+        entries = [
+            entry
+            for owner, subject in owners.items()
+            if lost(owner)
+            for entry in await self._index.all_of(subject)
+        ]
+        gate = asyncio.Semaphore(INDEX_CONCURRENCY)
+
+        async def read(task_id: str) -> Snapshot | None:
+            async with gate:
+                return await self.snapshot(task_id)
+
+        snaps = await asyncio.gather(*(read(e.task_id) for e in entries))
+        found: builtins.list[Snapshot] = []
+        stale, old = [], time.time_ns() - STALE_AFTER
+        for entry, snap in zip(entries, snaps, strict=True):
+            if snap is not None and snap.index is not None and snap.index.o == entry.pos:
+                if snap.owner == entry.owner and not snap.final:
+                    found.append(snap)
+            elif entry.written_ns < old:
+                stale.append(entry.pos)  # (its writer died before its snapshot named it)
+        self._index.drop_later(stale)
+        return found
 
     async def index_unindexed(self) -> int:
         """Index every snapshot written without entries (by a version before the index).
@@ -693,7 +774,9 @@ class JetStreamJournal:
         async def index(snap: Snapshot, value: bytes) -> int:
             async with gate:
                 try:
-                    await self._put_snapshot(snap.task(), value, snap.rev, snap.scope, None)
+                    await self._put_snapshot(
+                        snap.task(), value, snap.rev, snap.scope, snap.owner, None, ""
+                    )
                 except VersionConflictError:
                     return 0
                 return 1
@@ -765,7 +848,9 @@ class JetStreamJournal:
             "", recorded.task, recorded.seq, recorded.version, snap.scope, self._formats.writing
         )
         try:
-            await self._put_snapshot(recorded.task, value, snap.rev, snap.scope, snap.index)
+            await self._put_snapshot(
+                recorded.task, value, snap.rev, snap.scope, "", snap.index, snap.owner
+            )
         except VersionConflictError:
             return None  # written meanwhile (by its owner's last frames, say): read it again
         self._snapshotted.pop(task_id, None)
@@ -801,7 +886,9 @@ class JetStreamJournal:
         task = snap.task()
         value = encode(owner, task, snap.seq, snap.pos, snap.scope, self._formats.writing)
         try:
-            rev, index = await self._put_snapshot(task, value, snap.rev, snap.scope, snap.index)
+            rev, index = await self._put_snapshot(
+                task, value, snap.rev, snap.scope, owner, snap.index, snap.owner
+            )
         except VersionConflictError:
             return None
         self._snapshotted.pop(task.id, None)  # (read again at its next change)
@@ -1014,7 +1101,7 @@ class JetStreamJournal:
         pos: int,
         *,
         force: bool = False,
-        positions: tuple[int, ...] | None = None,
+        positions: Positions | None = None,
     ) -> None:
         """Write the task's snapshot if one is due (see the module docstring).
 
@@ -1027,9 +1114,11 @@ class JetStreamJournal:
             stored = await self.snapshot(task.id)
             if stored is None:
                 if positions is not None:
-                    self._index.drop_later(positions)
+                    self._index.drop_later(positions.all())
                 return  # its record is gone (retention)
-            known = _Snapshotted(stored.rev, stored.seq, stored.state, stored.scope, stored.index)
+            known = _Snapshotted(
+                stored.rev, stored.seq, stored.state, stored.scope, stored.index, stored.owner
+            )
         if force or self._due(known, task, seq):
             # A survivor ending a lost owner's task records itself as its owner.
             value = encode(self._owner, task, seq, pos, known.scope, self._formats.writing)
@@ -1037,6 +1126,7 @@ class JetStreamJournal:
                 known.rev, known.index = await self._put_snapshot_of_own(
                     task, value, seq, known, positions
                 )
+                known.owner = self._owner
                 known.seq, known.state = seq, state
             except VersionConflictError:
                 logger.warning("snapshot of task %s was written by another instance", task.id)
@@ -1045,8 +1135,8 @@ class JetStreamJournal:
             except StoreError as exc:
                 # The change is in the stream; the snapshot is retried at the next one.
                 logger.warning("could not snapshot task %s: %s", task.id, exc)
-        elif positions is not None:
-            self._index.drop_later(positions)  # (published for a snapshot not due after all)
+        elif positions is not None:  # (published for a snapshot not due after all)
+            self._index.drop_later(_new(positions, known.index))
         if final:
             self._snapshotted.pop(task.id, None)
         else:
@@ -1058,8 +1148,8 @@ class JetStreamJournal:
         value: bytes,
         seq: int,
         known: _Snapshotted,
-        positions: tuple[int, ...] | None = None,
-    ) -> tuple[int, tuple[int, ...]]:
+        positions: Positions | None = None,
+    ) -> tuple[int, Positions]:
         """``_put_snapshot`` by the task's writer; once more if only its snapshot was rewritten.
 
         The snapshot may have been rewritten unchanged meanwhile, still this
@@ -1068,13 +1158,22 @@ class JetStreamJournal:
         """
         try:
             return await self._put_snapshot(
-                task, value, known.rev, known.scope, known.index, positions
+                task,
+                value,
+                known.rev,
+                known.scope,
+                self._owner,
+                known.index,
+                known.owner,
+                positions,
             )
         except VersionConflictError:
             stored = await self.snapshot(task.id)
             if stored is None or stored.owner != self._owner or stored.seq > seq:
                 raise
-            return await self._put_snapshot(task, value, stored.rev, known.scope, stored.index)
+            return await self._put_snapshot(
+                task, value, stored.rev, known.scope, self._owner, stored.index, stored.owner
+            )
 
     async def _put_snapshot(
         self,
@@ -1082,12 +1181,23 @@ class JetStreamJournal:
         value: bytes,
         rev: int,
         scope: str,
-        replaced: tuple[int, ...] | None,
-        positions: tuple[int, ...] | None = None,
-    ) -> tuple[int, tuple[int, ...]]:
+        owner: str,
+        replaced: Positions | None,
+        replaced_owner: str,
+        positions: Positions | None = None,
+    ) -> tuple[int, Positions]:
         """Index (unless ``positions`` are given), then CAS-write a snapshot.
 
-        The entries of the snapshot it replaced are dropped in the background.
+        Args:
+            task: The task the snapshot holds.
+            value: The snapshot.
+            rev: The revision it replaces (0: none).
+            scope: Whose task it is.
+            owner: The instance the snapshot says runs it.
+            replaced: The entries of the snapshot it replaces (dropped in the
+                background once it is written), if known.
+            replaced_owner: That snapshot's owner.
+            positions: Its entries, if already published (``_add``).
 
         Returns:
             The snapshot's revision and its entries' positions.
@@ -1097,17 +1207,36 @@ class JetStreamJournal:
             StoreUnavailableError: NATS did not answer (the entries may stand: stale).
         """
         if positions is None:
-            positions = await self._index.add(
-                scope, task.context_id, task.status.state, task.id, status_ns(task)
-            )
+            positions = await self._add(task, scope, owner, replaced, replaced_owner)
         try:
-            written = await self._write_snapshot(task.id, value, rev, header(positions))
+            written = await self._write_snapshot(task.id, value, rev, positions.header())
         except VersionConflictError:
-            self._index.drop_later(positions)
+            self._index.drop_later(_new(positions, replaced))
             raise
         if replaced is not None:
-            self._index.drop_later(replaced)
+            self._index.drop_later(_new(replaced, positions))
         return written, positions
+
+    async def _add(
+        self,
+        task: Task,
+        scope: str,
+        owner: str,
+        replaced: Positions | None,
+        replaced_owner: str,
+    ) -> Positions:
+        """Publish the entries of a snapshot of ``task`` owned by ``owner``.
+
+        An unfinished task someone runs has an entry among its owner's tasks,
+        kept from the snapshot it replaces when that one had the same owner.
+        """
+        owned: int | None = None
+        if owner and not taskops.is_final(task):
+            same = replaced is not None and replaced_owner == owner
+            owned = replaced.o if same and replaced is not None else 0
+        return await self._index.add(
+            scope, task.context_id, task.status.state, task.id, status_ns(task), owner, owned
+        )
 
     async def close(self) -> None:
         """Finish the index's background deletes (bounded)."""

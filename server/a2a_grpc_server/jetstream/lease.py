@@ -171,7 +171,7 @@ class Lease:
             StoreError: The journal could not be read.
         """
         await self._kv.put(self._id, heartbeat())
-        for snap, task_id in await self._unfinished():
+        for snap, task_id in await self._unfinished(lambda owner: owner == self._id):
             # Nothing runs here yet: a task this id owns was left by a process
             # that had the same --instance-id and died.
             if snap.owner == self._id:
@@ -411,7 +411,7 @@ class Lease:
         Raises:
             StoreError: The journal could not be read.
         """
-        unfinished = await self._unfinished()
+        unfinished = await self._unfinished(lambda owner: owner not in self.live())
         live = self.live()  # (after the scan: an instance heard from meanwhile keeps its tasks)
         lost = [(s, task_id) for s, task_id in unfinished if s.owner and s.owner not in live]
         gate = asyncio.Semaphore(CLAIM_CONCURRENCY)
@@ -440,8 +440,18 @@ class Lease:
             await self._on_swept(live)
         return sum(done.result() for done in claims)
 
-    async def _unfinished(self) -> list[tuple[Snapshot, str]]:
-        return [(snap, snap.task().id) for snap in await self._journal.unfinished()]
+    async def _unfinished(self, owners: Callable[[str], bool]) -> list[tuple[Snapshot, str]]:
+        """Unfinished tasks, of the ``owners`` chosen at least (all of them without the index).
+
+        Through the index's entries of each instance's unfinished tasks when
+        it can be trusted (it costs what those owners hold), else by reading
+        every snapshot.
+        """
+        if self._journal.indexed or await self._journal.index_fresh():
+            snaps = await self._journal.owned_unfinished(owners)
+        else:
+            snaps = await self._journal.unfinished()
+        return [(snap, snap.task().id) for snap in snaps]
 
     async def _claim(self, task_id: str, owner: str, text: str) -> int:
         """End ``owner``'s task FAILED with ``text`` unless someone wrote it first; 1 if this did.
