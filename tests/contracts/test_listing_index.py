@@ -295,3 +295,56 @@ async def test_a_marker_not_renewed_for_ten_minutes_is_rebuilt(cluster: Cluster)
     lost = await restarted.owned_unfinished(lambda owner: owner == "gone")
     assert [s.task().id for s in lost] == ["old"]
     await restarted.close()
+
+
+async def test_a_sweep_reads_only_the_lost_owners_tasks(cluster: Cluster, nats_url: str) -> None:
+    """A lost instance ran 10 tasks and a live one 200: finding the lost one's unfinished
+    tasks reads 10 snapshots (counted), not the bucket."""
+    conn = await connect(NatsConfig(servers=[nats_url], instance_id="lost"))
+    requests = JetStreamRequests(conn.nc)
+    await requests.start()
+    lost = JetStreamJournal(requests, conn.js, conn.tasks, "lost", formats=cluster.formats)
+    live = cluster.journal
+    try:
+        for n in range(200):
+            t = task(f"live-{n}", "c", S.TASK_STATE_WORKING)
+            await live.create(t, [change(1, t)], scope=ALICE)
+        for n in range(10):
+            t = task(f"lost-{n}", "c", S.TASK_STATE_WORKING)
+            await lost.create(t, [change(1, t)], scope=BOB)
+        await live.keep_index({"i-1"})
+        reads: list[str] = []
+        read = live.snapshot
+
+        async def counted(task_id: str) -> object:
+            reads.append(task_id)
+            return await read(task_id)
+
+        live.snapshot = counted  # type: ignore[method-assign, assignment]
+        found = await live.owned_unfinished(lambda owner: owner not in {"i-1"})
+        assert sorted(s.task().id for s in found) == sorted(f"lost-{n}" for n in range(10))
+        assert sorted(reads) == sorted(f"lost-{n}" for n in range(10)), "only the lost one's"
+    finally:
+        await lost.close()
+        await requests.close()
+        await conn.close()
+
+
+async def test_an_entry_naming_another_scopes_task_is_never_listed(cluster: Cluster) -> None:
+    """An entry on alice's subjects that names bob's task (a writer that died mid-write,
+    or anyone who can publish on the bus): alice's listings never return bob's task."""
+    journal = cluster.journal
+    await journal.keep_index({"i-1"})
+    bobs = task("bobs", "c", S.TASK_STATE_WORKING)
+    await journal.create(bobs, [change(1, bobs)], scope=BOB)
+    alices = task("alices", "c", S.TASK_STATE_WORKING)
+    await journal.create(alices, [change(1, alices)], scope=ALICE)
+    await journal._index.add(ALICE, "c", S.TASK_STATE_WORKING, "bobs", 0)
+    for query in (
+        TaskQuery(scope=ALICE),
+        TaskQuery("c", scope=ALICE),
+        TaskQuery(state=S.TASK_STATE_WORKING, scope=ALICE),
+        TaskQuery(status_after_ns=1, scope=ALICE),
+    ):
+        assert [t.id for t in (await journal.list(query)).tasks] == ["alices"], query
+    assert [t.id for t in (await journal.list(TaskQuery(scope=BOB))).tasks] == ["bobs"]

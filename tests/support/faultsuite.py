@@ -21,7 +21,10 @@ clients recorded, what every instance answers and what the record holds:
 * nothing follows a final change in the record; no task is left non-final;
   a cancel that answered CANCELED left the task CANCELED;
 * no task of an instance that kept heartbeating through the schedule is
-  reaped (ended "owner instance … was lost" or "… restarted").
+  reaped (ended "owner instance … was lost" or "… restarted");
+* ListTasks through every instance still up lists each task once, in the
+  final state GetTask answers (the listing index agrees with the snapshots
+  after the faults).
 
 A failing schedule names its seed; ``python -m tests.support.faultsuite SEED [NODES]`` runs
 it again (NODES: 1, or 3 for a 3-node NATS cluster).
@@ -48,6 +51,7 @@ from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
     GetTaskRequest,
+    ListTasksRequest,
     SendMessageConfiguration,
     SendMessageRequest,
     StreamResponse,
@@ -69,6 +73,8 @@ AGENT = "tests.support.agents:Ticking"
 FINAL = (S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED, S.TASK_STATE_CANCELED, S.TASK_STATE_REJECTED)
 GAP = re.compile(r"^(\S+ \S+) .*heartbeats of (\S+) were ([0-9.]+) s apart")
 LOST = re.compile(r"owner instance (\S+) was lost|instance (\S+) restarted")
+LIST_PAGE = 7
+LIST_PAGES = 1000
 
 
 @dataclass(frozen=True)
@@ -279,6 +285,8 @@ class Run:
     canceled: set[str] = field(default_factory=set)
     """Tasks a CancelTask answered with CANCELED."""
     stored: dict[str, list[Task]] = field(default_factory=dict)
+    listed: dict[int, list[Task]] = field(default_factory=dict)
+    """What ListTasks listed through each instance still up (by its index), once all ended."""
     record: dict[str, list[Entry]] = field(default_factory=dict)
     injected: list[str] = field(default_factory=list)
     nats_down: list[tuple[float, float]] = field(default_factory=list)
@@ -631,6 +639,9 @@ async def settle_and_read(run: Run, urls: Sequence[str], deadline: float) -> Non
                 f"{deadline:.0f} s: {seen.get(task_id, 'no answer')}"
             )
         return
+    for member in run.members:
+        if member.stub is not None and not member.crashed:
+            run.listed[member.index] = await _listed(member.stub)
     nc = await nats.connect(servers=list(urls))
     try:
         js = nc.jetstream()
@@ -638,6 +649,27 @@ async def settle_and_read(run: Run, urls: Sequence[str], deadline: float) -> Non
             run.record[task_id] = await _entries(js, task_id)
     finally:
         await nc.close()
+
+
+async def _listed(stub: a2a_pb2_grpc.A2AServiceStub) -> list[Task]:
+    """Every task ListTasks lists, page by page (small pages: tokens are exercised)."""
+    found: list[Task] = []
+    token = ""
+    for _ in range(LIST_PAGES):
+        page = await _retrying(
+            functools.partial(
+                stub.ListTasks,
+                ListTasksRequest(page_size=LIST_PAGE, page_token=token),
+                metadata=V1,
+                timeout=10,
+            ),
+            errors=(grpc.aio.AioRpcError,),
+        )
+        found.extend(page.tasks)
+        token = page.next_page_token
+        if not token:
+            return found
+    raise AssertionError(f"ListTasks gave more than {LIST_PAGES} pages")
 
 
 async def _stored_everywhere(run: Run, task_id: str, seen: dict[str, str]) -> list[Task]:
@@ -679,18 +711,25 @@ async def _next_entry(js: Any, task_id: str, after: int) -> Any:
     return await js.get_msg(EVENTS_STREAM, seq=after + 1, subject=subject(task_id), next=True)
 
 
-async def _retrying(read: Callable[[], Awaitable[Any]], within: float = 20.0) -> Any:
-    """``read()``, retried while JetStream is not ready (a node just restarted catches up)."""
+async def _retrying(
+    read: Callable[[], Awaitable[Any]],
+    within: float = 20.0,
+    errors: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """``read()``, retried while JetStream is not ready (a node just restarted catches up),
+    or while it raises one of ``errors``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
+    retried: tuple[type[BaseException], ...] = (
+        nats.js.errors.ServiceUnavailableError,
+        nats.errors.TimeoutError,
+        nats.errors.NoRespondersError,
+        *errors,
+    )
     while True:
         try:
             return await read()
-        except (
-            nats.js.errors.ServiceUnavailableError,
-            nats.errors.TimeoutError,
-            nats.errors.NoRespondersError,
-        ):
+        except retried:
             if loop.time() > deadline:
                 raise
             await asyncio.sleep(0.25)  # sync-ok: a back-off while JetStream recovers
@@ -732,6 +771,20 @@ def check(run: Run) -> None:
                 bad(f"{task_id}: reaped from {owner}, which kept heartbeating ({_text(final)!r})")
         for stream in (s for s in run.streams if s.task_id == task_id):
             _check_stream(stream, final, entries, bad, gone)
+    for index, listed in run.listed.items():
+        ids = [t.id for t in listed]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            bad(f"instance {index}: ListTasks lists {twice} more than once")
+        listed_as = {t.id: t.status.state for t in listed}
+        for task_id, answers in run.stored.items():
+            if task_id not in listed_as:
+                bad(f"instance {index}: ListTasks does not list {task_id}")
+            elif listed_as[task_id] != answers[0].status.state:
+                bad(
+                    f"instance {index}: ListTasks lists {task_id} {S.Name(listed_as[task_id])}, "
+                    f"GetTask says {S.Name(answers[0].status.state)}"
+                )
 
 
 def _check_stream(
