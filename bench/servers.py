@@ -57,7 +57,11 @@ async def build(
             from a2a_grpc_server.jetstream.node import NatsCluster
 
             assert nats, "ours-nats needs --nats"
-            cluster = await NatsCluster.connect(NatsConfig(servers=[nats]))
+            from tests.support import CLUSTER_KEY
+
+            # The defaults, and the cluster key every instance must now be given (issue 22).
+            config_nats = NatsConfig(servers=[nats], key=CLUSTER_KEY)
+            cluster = await NatsCluster.connect(config_nats)
         # The defaults a user gets (but for the one the push benchmark must change).
         config = ServerConfig(push_allow_private=True) if push_to_loopback else None
         service = A2AService(Workload(), default_card(), cluster=cluster, config=config)

@@ -282,18 +282,15 @@ class TaskIndex:
             targets.append(ahead(scope))
         if owned == 0:
             targets.append(owned_by(owner))
-        found = await asyncio.gather(*(self._publish(t, body, task_id) for t in targets))
+        found = await self._retry(
+            lambda: self._requests.publish_many([(t, body) for t in targets], self._retry.timeout),
+            f"index task {task_id}",
+        )
         return Positions(
             found[0],
             found[1],
             found[2] if ahead_of_write else 0,
             found[-1] if owned == 0 else owned or 0,
-        )
-
-    async def _publish(self, subject: str, body: bytes, task_id: str) -> int:
-        return await self._retry(
-            lambda: self._requests.publish(subject, body, {}, self._retry.timeout),
-            f"index task {task_id}",
         )
 
     async def owners(self) -> dict[str, str]:
