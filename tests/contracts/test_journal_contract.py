@@ -12,11 +12,11 @@ import pytest
 from a2a.types.a2a_pb2 import Part, Role, StreamResponse, Task, TaskState
 
 from a2a_grpc_server.jetstream.conn import (
-    EVENTS_STREAM,
     INDEX_STREAM,
     TASKS_BUCKET,
     NatsConfig,
     connect,
+    events_stream,
 )
 from a2a_grpc_server.jetstream.formats import Formats
 from a2a_grpc_server.jetstream.journal import JetStreamJournal, Snapshot, encode
@@ -45,7 +45,7 @@ def nats_url() -> Iterator[str]:
         yield cluster.urls[0]
 
 
-@pytest.fixture(params=["memory", "nats", "nats-indexed"])
+@pytest.fixture(params=["memory", "nats", "nats-indexed", "nats-sharded"])
 async def journal(request: pytest.FixtureRequest) -> AsyncIterator[TaskJournal]:
     """Every implementation, empty: in memory, and JetStream on a real nats-server
     (snapshots every 4 changes, so reads fold changes after a snapshot), listing by
@@ -54,15 +54,23 @@ async def journal(request: pytest.FixtureRequest) -> AsyncIterator[TaskJournal]:
     if request.param == "memory":
         yield MemoryJournal()
         return
-    conn = await connect(NatsConfig(servers=[request.getfixturevalue("nats_url")]))
+    streams = 3 if request.param == "nats-sharded" else 1
+    url = request.getfixturevalue("nats_url")
+    conn = await connect(NatsConfig(servers=[url], event_streams=streams))
     requests = JetStreamRequests(conn.nc)
     await requests.start()
     formats = Formats()
     journal = JetStreamJournal(
-        requests, conn.js, conn.tasks, "instance-1", snapshot_every=4, formats=formats
+        requests,
+        conn.js,
+        conn.tasks,
+        "instance-1",
+        snapshot_every=4,
+        formats=formats,
+        event_streams=streams,
     )
-    if request.param == "nats-indexed":
-        formats.settle()
+    if request.param in ("nats-indexed", "nats-sharded"):
+        formats.settle()  # (a cluster of one: every instance keeps the index, reads shards)
         await journal.keep_index({"instance-1"})
         assert journal.indexed
     try:
@@ -71,7 +79,8 @@ async def journal(request: pytest.FixtureRequest) -> AsyncIterator[TaskJournal]:
         await journal.close()
         await requests.close()
         await conn.js.delete_key_value(TASKS_BUCKET)
-        await conn.js.delete_stream(EVENTS_STREAM)
+        for shard in range(streams):
+            await conn.js.delete_stream(events_stream(shard))
         await conn.js.delete_stream(INDEX_STREAM)
         await conn.close()
 

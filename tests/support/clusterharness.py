@@ -61,6 +61,7 @@ async def start_instance(
     events_per_task: int = 16_384,
     retry_for: float = 30.0,
     auth: Authenticator | None = None,
+    event_streams: int = 1,
 ) -> Instance:
     """Start one instance joined to the cluster on ``servers``."""
     cluster = await NatsCluster.connect(
@@ -72,6 +73,7 @@ async def start_instance(
             events_per_task=events_per_task,
             retry_for=retry_for,
             key=CLUSTER_KEY,
+            event_streams=event_streams,
         )
     )
     service = A2AService(

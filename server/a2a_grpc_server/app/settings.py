@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ServerConfig
-from ..jetstream.natsconfig import NatsConfig
+from ..jetstream.natsconfig import MAX_EVENT_STREAMS, NatsConfig
 from ..jetstream.signing import signer_for
 
 ENV_PREFIX = "A2A_GRPC_SERVER_"
@@ -383,6 +383,8 @@ def nats_config(values: Mapping[str, tuple[Any, str]]) -> NatsConfig | None:
         del kwargs["instance_id"]  # a new one per process
     if kwargs["lease"] <= 0 or kwargs["replicas"] < 1:
         raise SettingError("lease must be > 0 and nats_replicas >= 1")
+    if not 1 <= kwargs["event_streams"] <= MAX_EVENT_STREAMS:
+        raise SettingError(f"nats_event_streams must be 1 to {MAX_EVENT_STREAMS}")
     if kwargs["user"] and not kwargs["password_file"]:
         raise SettingError("nats_user needs nats_password_file")
     if bool(kwargs["tls_cert"]) != bool(kwargs["tls_key"]):

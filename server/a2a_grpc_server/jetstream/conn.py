@@ -6,6 +6,8 @@ Assets (created if missing, identical on every instance):
   task, one message per change (see ``journal``), bounded by age, messages
   per task and bytes (oldest dropped first); direct gets allowed, so a task's
   changes after a snapshot are read in one request (NATS Server 2.11 or newer);
+  with ``event_streams`` above 1, also ``A2A_EVENTS_<k>`` on
+  ``a2a.ev.<k>.<task id>`` (the same limits each), k = 1 …;
 * KV bucket ``A2A_TASKS``: a snapshot per task (history 1, max age
   ``task_ttl``), so reading a task costs a snapshot plus a few changes;
 * KV bucket ``A2A_INSTANCES``: one heartbeat key per live instance;
@@ -44,6 +46,20 @@ INSTANCES_BUCKET = "A2A_INSTANCES"
 PUSH_BUCKET = "A2A_PUSH"
 EVENTS_STREAM = "A2A_EVENTS"
 EVENTS_SUBJECT = "a2a.events"
+SHARD_SUBJECT = "a2a.ev"
+"""Event stream k >= 1 (``A2A_EVENTS_<k>``) carries ``a2a.ev.<k>.<task id>``."""
+
+
+def events_stream(shard: int) -> str:
+    """The name of event stream ``shard`` (0: ``A2A_EVENTS``, as before there were more)."""
+    return EVENTS_STREAM if shard == 0 else f"{EVENTS_STREAM}_{shard}"
+
+
+def events_subjects(shard: int) -> str:
+    """The subjects event stream ``shard`` takes (a prefix of each task's subject)."""
+    return EVENTS_SUBJECT if shard == 0 else f"{SHARD_SUBJECT}.{shard}"
+
+
 INDEX_STREAM = "A2A_INDEX"
 INDEX_SUBJECT = "a2a.idx"
 CONTROL_SUBJECT = "a2a.ctl"
@@ -201,7 +217,8 @@ async def _ensure_assets(
             tasks = await _ensure_kv(js, TASKS_BUCKET, config.task_ttl, config.replicas)
             instances = await _ensure_kv(js, INSTANCES_BUCKET, INSTANCES_TTL, config.replicas)
             push = await _ensure_kv(js, PUSH_BUCKET, config.task_ttl, config.replicas)
-            await _ensure_events(js, config)
+            for shard in range(config.event_streams):
+                await _ensure_events(js, config, shard)
             await _ensure_index(js, config)
             return tasks, instances, push
         except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError) as exc:
@@ -231,10 +248,11 @@ async def _ensure_kv(js: JetStreamContext, bucket: str, ttl: float, replicas: in
         return await js.key_value(bucket)
 
 
-async def _ensure_events(js: JetStreamContext, config: NatsConfig) -> None:
+async def _ensure_events(js: JetStreamContext, config: NatsConfig, shard: int) -> None:
+    name = events_stream(shard)
     stream = api.StreamConfig(
-        name=EVENTS_STREAM,
-        subjects=[f"{EVENTS_SUBJECT}.>"],
+        name=name,
+        subjects=[f"{events_subjects(shard)}.>"],
         retention=api.RetentionPolicy.LIMITS,
         discard=api.DiscardPolicy.OLD,
         max_age=config.events_ttl,
@@ -251,11 +269,11 @@ async def _ensure_events(js: JetStreamContext, config: NatsConfig) -> None:
         if exc.err_code != IN_USE:
             raise
         # The first instance's limits stand; the features every instance needs are added.
-        existing = (await js.stream_info(EVENTS_STREAM)).config
+        existing = (await js.stream_info(name)).config
         if not existing.allow_direct:
             existing.allow_direct = True
             await js.update_stream(existing)
-        logger.warning("stream %s exists with other settings; using it as it is", EVENTS_STREAM)
+        logger.warning("stream %s exists with other settings; using it as it is", name)
 
 
 async def _ensure_index(js: JetStreamContext, config: NatsConfig) -> None:

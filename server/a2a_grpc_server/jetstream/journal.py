@@ -65,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import hashlib
 import logging
 import re
 import struct
@@ -98,7 +99,7 @@ from ..journal import (
     status_ns,
 )
 from ..model import taskops
-from .conn import EVENTS_STREAM, EVENTS_SUBJECT, TASKS_BUCKET
+from .conn import TASKS_BUCKET, events_stream, events_subjects
 from .formats import CURRENT as CURRENT_FORMAT
 from .formats import HEADER as FORMAT
 from .formats import LEGACY, Formats, check_header, mark, unmark
@@ -114,6 +115,7 @@ from .index import (
     listing,
 )
 from .index import HEADER as INDEX_HEADER
+from .natsconfig import MAX_EVENT_STREAMS
 from .requests import JetStreamRequests, WrongLastSequenceError
 from .retry import Retry
 
@@ -146,9 +148,23 @@ _KEY = re.compile(r"^[A-Za-z0-9_=-]+$")
 _KNOWN_FINAL = 4096
 
 
-def subject(task_id: str) -> str:
-    """The subject that carries ``task_id``'s changes."""
-    return f"{EVENTS_SUBJECT}.{task_id}"
+def subject(task_id: str, shard: int = 0) -> str:
+    """The subject that carries ``task_id``'s changes (in event stream ``shard``)."""
+    return f"{events_subjects(shard)}.{task_id}"
+
+
+SHARD = "A2a-Shard"
+"""A snapshot's header: the event stream its task's record is in (absent: 0)."""
+SHARDS = "shards"
+"""The feature of an instance that reads a task's record where its snapshot says."""
+_KNOWN_SHARDS = 65_536
+
+
+def shard_for(task_id: str, streams: int) -> int:
+    """The event stream a new task goes to, of ``streams``: by its id's hash."""
+    if streams <= 1:
+        return 0
+    return int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:4], "big") % streams
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +231,8 @@ class Snapshot:
     """The key's revision."""
     index: Positions | None = None
     """Its entries in the listing index (see ``index``; None: written without)."""
+    shard: int = 0
+    """The event stream its task's record is in (header ``A2a-Shard``)."""
 
     @classmethod
     def decode(cls, value: bytes, rev: int, headers: Mapping[str, str] | None = None) -> Snapshot:
@@ -228,7 +246,10 @@ class Snapshot:
         if rest.startswith(SCOPE_MARK):
             scope, rest = rest[len(SCOPE_MARK) :].split(b"\n", 1)
         index = Positions.read((headers or {}).get(INDEX_HEADER))
-        return cls(owner.decode(), int(state), int(seq), int(pos), scope.decode(), rest, rev, index)
+        shard = _shard_header((headers or {}).get(SHARD))
+        return cls(
+            owner.decode(), int(state), int(seq), int(pos), scope.decode(), rest, rev, index, shard
+        )
 
     @property
     def final(self) -> bool:
@@ -238,6 +259,19 @@ class Snapshot:
     def task(self) -> Task:
         """The task it holds."""
         return Task.FromString(self.body)
+
+
+def _shard_header(value: str | None) -> int:
+    """The event stream an ``A2a-Shard`` header names (0 when absent).
+
+    Raises:
+        UnknownFormatError: Not a number this version can read.
+    """
+    if value is None:
+        return 0
+    if not value.isdigit() or int(value) >= MAX_EVENT_STREAMS:
+        raise UnknownFormatError("a snapshot's event stream", value[:16])
+    return int(value)
 
 
 def _new(positions: Positions, kept: Positions | None) -> tuple[int, ...]:
@@ -302,6 +336,7 @@ class _Snapshotted:
     scope: str
     index: Positions | None = None
     owner: str = ""
+    shard: int = 0
 
 
 INDEXED = "i"
@@ -342,6 +377,7 @@ class JetStreamJournal:
         retry: Retry | None = None,
         formats: Formats | None = None,
         page_tokens: PageTokens | None = None,
+        event_streams: int = 1,
     ) -> None:
         self._requests = requests
         self._tokens = page_tokens or PageTokens()
@@ -351,6 +387,9 @@ class JetStreamJournal:
         self._kv = kv
         self._owner = owner
         self._every = snapshot_every
+        self._streams = event_streams
+        self._shards: OrderedDict[str, int] = OrderedDict()
+        """The event stream of tasks this instance wrote or read lately (their snapshots say)."""
         self._snapshotted: dict[str, _Snapshotted] = {}
         self._final: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._index = TaskIndex(requests, self._retry)
@@ -388,7 +427,35 @@ class JetStreamJournal:
         if not _KEY.match(task_id):
             return None  # such an id was never created here
         entry = await self._kv_entry(task_id)
-        return Snapshot.decode(*entry) if entry is not None else None
+        if entry is None:
+            return None
+        snap = Snapshot.decode(*entry)
+        self._remember_shard(task_id, snap.shard)
+        return snap
+
+    def _remember_shard(self, task_id: str, shard: int) -> None:
+        self._shards[task_id] = shard
+        self._shards.move_to_end(task_id)
+        while len(self._shards) > _KNOWN_SHARDS:
+            self._shards.popitem(last=False)
+
+    async def _shard(self, task_id: str) -> int:
+        """The event stream of the task's record: as last seen, else as its snapshot says."""
+        known = self._shards.get(task_id)
+        if known is None:
+            snap = await self.snapshot(task_id)
+            known = snap.shard if snap is not None else 0
+        return known
+
+    def _new_shard(self, task_id: str) -> int:
+        """The event stream of a new task (and remembered as its own).
+
+        Spread over ``event_streams`` once every live instance reads a record
+        where its snapshot says; else the first, as before.
+        """
+        shard = shard_for(task_id, self._streams) if self._formats.everyone(SHARDS) else 0
+        self._remember_shard(task_id, shard)
+        return shard
 
     async def create(
         self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True, scope: str = ""
@@ -404,26 +471,29 @@ class JetStreamJournal:
             PartialWriteError: The task and some changes were recorded, then one failed.
             StoreUnavailableError: NATS did not answer.
         """
+        shard = self._new_shard(task.id)
         if not keep_frames and taskops.is_final(task):
             value = encode(self._owner, task, changes[-1].seq, 0, scope, self._formats.writing)
             try:
-                await self._put_snapshot(task, value, 0, scope, self._owner, None, "")
+                await self._put_snapshot(task, value, 0, scope, self._owner, None, "", shard)
             except VersionConflictError:
+                self._shards.pop(task.id, None)  # (someone else's, wherever its snapshot says)
                 raise TaskExistsError(task.id) from None
             self._remember_final(task.id, 0)
             return 0
         try:
             version, positions = await self._append_indexed(task, changes, 0, scope, None, "")
         except (VersionConflictError, FinalTaskError, UnknownTaskError):
+            self._shards.pop(task.id, None)  # (someone else's, wherever its snapshot says)
             raise TaskExistsError(task.id) from None
         except PartialWriteError as exc:
             # Snapshot what stands from the task as it was created (its first frame).
             initial = StreamResponse.FromString(changes[0].frame).task
-            await self._snapshot_new(initial, 1, 0, scope)
+            await self._snapshot_new(initial, 1, 0, scope, shard)
             raise exc from exc.__cause__
         if taskops.is_final(task):
             self._remember_final(task.id, version)
-        await self._snapshot_new(task, changes[-1].seq, version, scope, positions)
+        await self._snapshot_new(task, changes[-1].seq, version, scope, shard, positions)
         return version
 
     async def _append_indexed(
@@ -461,23 +531,30 @@ class JetStreamJournal:
         seq: int,
         pos: int,
         scope: str,
+        shard: int,
         positions: Positions | None = None,
     ) -> None:
         """Write a new task's first snapshot (best effort: the record stands without it)."""
         try:
             value = encode(self._owner, task, seq, pos, scope, self._formats.writing)
             rev, index = await self._put_snapshot(
-                task, value, 0, scope, self._owner, None, "", positions
+                task, value, 0, scope, self._owner, None, "", shard, positions
             )
+        except VersionConflictError:
+            # Its id has a snapshot already: another task's, recorded in another event
+            # stream (only two instances spreading over different numbers of streams
+            # could pick the same id in two): this record is nobody's.
+            self._shards.pop(task.id, None)
+            raise TaskExistsError(task.id) from None
         except StoreError as exc:
             # Written at the task's next change (revision 0: the key is still new).
             logger.warning("could not snapshot new task %s: %s", task.id, exc)
             if not taskops.is_final(task):
-                self._snapshotted[task.id] = _Snapshotted(0, 0, -1, scope)
+                self._snapshotted[task.id] = _Snapshotted(0, 0, -1, scope, shard=shard)
             return
         if not taskops.is_final(task):
             self._snapshotted[task.id] = _Snapshotted(
-                rev, seq, task.status.state, scope, index, self._owner
+                rev, seq, task.status.state, scope, index, self._owner, shard
             )
 
     async def update(self, task: Task, expected_version: int, changes: Sequence[Change]) -> int:
@@ -775,7 +852,7 @@ class JetStreamJournal:
             async with gate:
                 try:
                     await self._put_snapshot(
-                        snap.task(), value, snap.rev, snap.scope, snap.owner, None, ""
+                        snap.task(), value, snap.rev, snap.scope, snap.owner, None, "", snap.shard
                     )
                 except VersionConflictError:
                     return 0
@@ -849,7 +926,7 @@ class JetStreamJournal:
         )
         try:
             await self._put_snapshot(
-                recorded.task, value, snap.rev, snap.scope, "", snap.index, snap.owner
+                recorded.task, value, snap.rev, snap.scope, "", snap.index, snap.owner, snap.shard
             )
         except VersionConflictError:
             return None  # written meanwhile (by its owner's last frames, say): read it again
@@ -887,12 +964,14 @@ class JetStreamJournal:
         value = encode(owner, task, snap.seq, snap.pos, snap.scope, self._formats.writing)
         try:
             rev, index = await self._put_snapshot(
-                task, value, snap.rev, snap.scope, owner, snap.index, snap.owner
+                task, value, snap.rev, snap.scope, owner, snap.index, snap.owner, snap.shard
             )
         except VersionConflictError:
             return None
         self._snapshotted.pop(task.id, None)  # (read again at its next change)
-        return Snapshot(owner, snap.state, snap.seq, snap.pos, snap.scope, snap.body, rev, index)
+        return Snapshot(
+            owner, snap.state, snap.seq, snap.pos, snap.scope, snap.body, rev, index, snap.shard
+        )
 
     async def repair(self, recorded: RecordedTask) -> None:
         """Write the snapshot of a task whose record ended but whose snapshot says it runs.
@@ -917,16 +996,17 @@ class JetStreamJournal:
         """
         found: builtins.list[Entry] = []
         read = 0
+        shard = await self._shard(task_id)
         while messages is None or read < messages:
             most = FOLD_BATCH if messages is None else min(FOLD_BATCH, messages - read)
             request: dict[str, object] = {
                 "seq": after_pos + 1,
-                "next_by_subj": subject(task_id),
+                "next_by_subj": subject(task_id, shard),
                 "batch": most,
             }
             msgs = await self._retry(
                 lambda r=request, t=self._retry.timeout: self._requests.direct_get(  # type: ignore[misc]
-                    EVENTS_STREAM, r, t
+                    events_stream(shard), r, t
                 ),
                 f"read the changes of task {task_id}",
             )
@@ -951,9 +1031,10 @@ class JetStreamJournal:
 
     async def _last_message(self, task_id: str) -> Msg | None:
         """The task's last message in the stream, or None."""
-        request: dict[str, object] = {"last_by_subj": subject(task_id)}
+        shard = await self._shard(task_id)
+        request: dict[str, object] = {"last_by_subj": subject(task_id, shard)}
         msgs = await self._retry(
-            lambda: self._requests.direct_get(EVENTS_STREAM, request, self._retry.timeout),
+            lambda: self._requests.direct_get(events_stream(shard), request, self._retry.timeout),
             f"read the last change of task {task_id}",
         )
         return msgs[0] if msgs else None
@@ -975,10 +1056,11 @@ class JetStreamJournal:
             else api.DeliverPolicy.ALL,
             opt_start_seq=after_pos + 1 if after_pos else None,
         )
+        shard = await self._shard(task_id)
         return await self._retry(
             lambda: self._js.subscribe(
-                subject(task_id),
-                stream=EVENTS_STREAM,
+                subject(task_id, shard),
+                stream=events_stream(shard),
                 cb=handle,
                 ordered_consumer=True,
                 idle_heartbeat=IDLE_HEARTBEAT,
@@ -1043,13 +1125,12 @@ class JetStreamJournal:
         """Publish one message with a compare-and-set on the subject's last sequence."""
         headers[EXPECT] = str(expected)
         attempts = 0
+        where = subject(task_id, await self._shard(task_id))
 
         async def attempt() -> int:
             nonlocal attempts
             attempts += 1
-            return await self._requests.publish(
-                subject(task_id), payload, headers, self._retry.timeout
-            )
+            return await self._requests.publish(where, payload, headers, self._retry.timeout)
 
         try:
             return await self._retry(attempt, f"record a change of task {task_id}")
@@ -1076,9 +1157,13 @@ class JetStreamJournal:
         there, whatever was written after it (a survivor may have ended the task
         on top of it while this instance was paused); 0 if another message is.
         """
-        request: dict[str, object] = {"seq": expected + 1, "next_by_subj": subject(task_id)}
+        shard = await self._shard(task_id)
+        request: dict[str, object] = {
+            "seq": expected + 1,
+            "next_by_subj": subject(task_id, shard),
+        }
         msgs = await self._retry(
-            lambda: self._requests.direct_get(EVENTS_STREAM, request, self._retry.timeout),
+            lambda: self._requests.direct_get(events_stream(shard), request, self._retry.timeout),
             f"read the change after {expected} of task {task_id}",
         )
         found = (msgs[0].headers or {}) if msgs else {}
@@ -1117,7 +1202,13 @@ class JetStreamJournal:
                     self._index.drop_later(positions.all())
                 return  # its record is gone (retention)
             known = _Snapshotted(
-                stored.rev, stored.seq, stored.state, stored.scope, stored.index, stored.owner
+                stored.rev,
+                stored.seq,
+                stored.state,
+                stored.scope,
+                stored.index,
+                stored.owner,
+                stored.shard,
             )
         if force or self._due(known, task, seq):
             # A survivor ending a lost owner's task records itself as its owner.
@@ -1165,6 +1256,7 @@ class JetStreamJournal:
                 self._owner,
                 known.index,
                 known.owner,
+                known.shard,
                 positions,
             )
         except VersionConflictError:
@@ -1172,7 +1264,14 @@ class JetStreamJournal:
             if stored is None or stored.owner != self._owner or stored.seq > seq:
                 raise
             return await self._put_snapshot(
-                task, value, stored.rev, known.scope, self._owner, stored.index, stored.owner
+                task,
+                value,
+                stored.rev,
+                known.scope,
+                self._owner,
+                stored.index,
+                stored.owner,
+                stored.shard,
             )
 
     async def _put_snapshot(
@@ -1184,6 +1283,7 @@ class JetStreamJournal:
         owner: str,
         replaced: Positions | None,
         replaced_owner: str,
+        shard: int,
         positions: Positions | None = None,
     ) -> tuple[int, Positions]:
         """Index (unless ``positions`` are given), then CAS-write a snapshot.
@@ -1197,6 +1297,7 @@ class JetStreamJournal:
             replaced: The entries of the snapshot it replaces (dropped in the
                 background once it is written), if known.
             replaced_owner: That snapshot's owner.
+            shard: The event stream of its task's record.
             positions: Its entries, if already published (``_add``).
 
         Returns:
@@ -1209,7 +1310,7 @@ class JetStreamJournal:
         if positions is None:
             positions = await self._add(task, scope, owner, replaced, replaced_owner)
         try:
-            written = await self._write_snapshot(task.id, value, rev, positions.header())
+            written = await self._write_snapshot(task.id, value, rev, positions.header(), shard)
         except VersionConflictError:
             self._index.drop_later(_new(positions, replaced))
             raise
@@ -1242,12 +1343,16 @@ class JetStreamJournal:
         """Finish the index's background deletes (bounded)."""
         await self._index.close()
 
-    async def _write_snapshot(self, key: str, value: bytes, rev: int, index: str = "") -> int:
+    async def _write_snapshot(
+        self, key: str, value: bytes, rev: int, index: str = "", shard: int = 0
+    ) -> int:
         """CAS-write a snapshot; a retry that finds its own bytes already written succeeds."""
         attempts = 0
         headers = {EXPECT: str(rev)}
         if index:
             headers[INDEX_HEADER] = index
+        if shard:
+            headers[SHARD] = str(shard)
 
         async def attempt() -> int:
             nonlocal attempts

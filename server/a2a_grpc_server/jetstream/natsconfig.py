@@ -9,6 +9,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
+MAX_EVENT_STREAMS = 64
+"""The most event streams a cluster's record is spread over (``NatsConfig.event_streams``)."""
+
 
 def new_instance_id() -> str:
     """A fresh id for this process (ownership does not survive a restart)."""
@@ -35,6 +38,11 @@ class NatsConfig:
             once), so at least as many changes; the default matches
             ``ServerConfig.log_max_frames``.
         events_max_bytes: Most bytes the event stream keeps (oldest dropped first).
+        event_streams: Event streams the record is spread over (``A2A_EVENTS``, then
+            ``A2A_EVENTS_1`` …): each new task goes to one by its id's hash, named in
+            its snapshot, so writes spread over as many JetStream stream leaders on
+            a NATS cluster (each stream has the limits above). Changing it moves new
+            tasks only; instances may differ. 1 for a small cluster; at most 64.
         snapshot_every: Changes between two snapshots of a running task (it is
             also snapshotted when created, when its state changes, and when it
             ends): reading a task folds at most this many changes.
@@ -69,6 +77,7 @@ class NatsConfig:
     events_ttl: float = 3_600.0
     events_per_task: int = 16_384
     events_max_bytes: int = 1 << 30
+    event_streams: int = 1
     snapshot_every: int = 32
     retry_for: float = 30.0
     key_file: str | None = None

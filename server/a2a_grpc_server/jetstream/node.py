@@ -69,6 +69,7 @@ class NatsCluster:
             Retry(conn.config.retry_for),
             self.formats,
             PageTokens(self._signer.derive(b"page tokens")),
+            conn.config.event_streams,
         )
         self._relays: Relays | None = None
         self._router: Router | None = None
