@@ -6,6 +6,7 @@ when it leaves)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -26,7 +27,7 @@ from a2a_grpc_server.jetstream.formats import Formats
 from a2a_grpc_server.jetstream.index import MARKER
 from a2a_grpc_server.jetstream.journal import JetStreamJournal, encode
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
-from a2a_grpc_server.journal import Change, TaskQuery
+from a2a_grpc_server.journal import Change, InvalidPageTokenError, TaskQuery
 from a2a_grpc_server.model import taskops
 from a2a_grpc_server.model.scope import scope_key
 from tests.support import formatfixtures as fx
@@ -284,7 +285,7 @@ async def test_a_marker_not_renewed_for_ten_minutes_is_rebuilt(cluster: Cluster)
     assert await journal.index_fresh()
     old = task("old", "c", S.TASK_STATE_WORKING)  # written with no entries, as 0.1.0 does
     await journal._write_snapshot("old", encode("gone", old, 1, 0, ALICE, 2), 0)
-    stale = json.dumps({"format": 1, "by": "i-1", "at": time.time_ns() - 601 * 10**9})
+    stale = json.dumps({"format": 1, "by": "i-1", "at": time.time_ns() - 601 * 10**9, "kv_seq": 0})
     await journal._requests.publish(MARKER, stale.encode(), {"Nats-Rollup": "sub"}, 5.0)
     restarted = JetStreamJournal(
         journal._requests, journal._js, journal._kv, "i-1", formats=cluster.formats
@@ -348,3 +349,188 @@ async def test_an_entry_naming_another_scopes_task_is_never_listed(cluster: Clus
     ):
         assert [t.id for t in (await journal.list(query)).tasks] == ["alices"], query
     assert [t.id for t in (await journal.list(TaskQuery(scope=BOB))).tasks] == ["bobs"]
+
+
+async def test_a_fresh_marker_after_an_older_version_ran_alone_is_rebuilt(
+    cluster: Cluster,
+) -> None:
+    """Every instance rolled back to a version before the index and forward again within
+    the marker's ten minutes: nobody heard the older one, but what it wrote since the
+    marker's last renewal has no entries, so an instance that starts does not trust it."""
+    journal = cluster.journal
+    await journal.keep_index({"i-1"})
+    before = task("before", "c", S.TASK_STATE_COMPLETED)
+    await journal.create(before, [change(1, before)], scope=ALICE)
+    assert await journal.index_fresh()
+    old = task("olds", "c", S.TASK_STATE_WORKING)  # written with no entries, as 0.1.0 does
+    await journal._write_snapshot("olds", encode("old-1", old, 1, 0, ALICE, 2), 0)
+    restarted = JetStreamJournal(
+        journal._requests, journal._js, journal._kv, "i-1", formats=cluster.formats
+    )
+    assert not await restarted.index_fresh()
+    await restarted.keep_index({"i-1"})
+    assert restarted.indexed and await restarted.index_fresh()
+    listed = await restarted.list(TaskQuery(scope=ALICE))
+    assert [t.id for t in listed.tasks] == ["olds", "before"]
+    lost = await restarted.owned_unfinished(lambda owner: owner == "old-1")
+    assert [s.task().id for s in lost] == ["olds"]
+    await restarted.close()
+
+
+async def test_a_task_running_past_the_index_ttl_keeps_an_owner_entry(nats_url: str) -> None:
+    """Entries expire with the index's max age (task_ttl); a task running longer keeps its
+    snapshot alive by writing it, and its owner entry is published again before it can
+    expire, so a sweep still finds it."""
+    conn = await connect(NatsConfig(servers=[nats_url], task_ttl=2.0))
+    requests = JetStreamRequests(conn.nc)
+    await requests.start()
+    formats = Formats()
+    formats.settle()
+    journal = JetStreamJournal(
+        requests, conn.js, conn.tasks, "i-1", snapshot_every=1, formats=formats, task_ttl=2.0
+    )
+    try:
+        await journal.keep_index({"i-1"})
+        t = task("long", "c", S.TASK_STATE_WORKING)
+        version = await journal.create(t, [change(1, t)], scope=ALICE)
+        first = await journal.snapshot("long")
+        assert first is not None and first.index is not None and first.index.o
+        seq = 1
+        async with asyncio.timeout(30):
+            while True:  # (writes, every change a snapshot, until its owner entry expired)
+                seq += 1
+                version = await journal.update(t, version, [change(seq, t)])
+                if not await journal._index._get({"seq": first.index.o}):
+                    break
+                await asyncio.sleep(0.2)  # sync-ok: the index's max age passing
+        for _ in range(2):
+            seq += 1
+            version = await journal.update(t, version, [change(seq, t)])
+        found = await journal.owned_unfinished(lambda owner: owner == "i-1")
+        assert [s.task().id for s in found] == ["long"]
+    finally:
+        await journal.close()
+        await requests.close()
+        await conn.js.delete_key_value(TASKS_BUCKET)
+        for name in (EVENTS_STREAM, INDEX_STREAM):
+            await conn.js.delete_stream(name)
+        await conn.close()
+
+
+async def test_a_task_written_while_a_listing_reads_it_is_listed(cluster: Cluster) -> None:
+    """A write of t2 publishes its new entries, then its snapshot: a listing that reads t2's
+    new entry before that snapshot lands, and its old one after, still lists t2 (at its new
+    place)."""
+    journal = cluster.journal
+    await journal.keep_index({"i-1"})
+    versions = {}
+    tasks = {}
+    for n in range(5):
+        t = task(f"t{n}", "c", S.TASK_STATE_WORKING)
+        versions[t.id] = await journal.create(t, [change(1, t)], scope=ALICE)
+        tasks[t.id] = t
+    held, go = asyncio.Event(), asyncio.Event()
+    write = journal._write_snapshot
+
+    async def held_back(key: str, *args: object) -> int:
+        if key == "t2":
+            held.set()  # (its entries are published)
+            await go.wait()
+        return await write(key, *args)  # type: ignore[arg-type]
+
+    journal._write_snapshot = held_back  # type: ignore[method-assign, assignment]
+    t2 = tasks["t2"]
+    t2.status.state = S.TASK_STATE_INPUT_REQUIRED
+    update = asyncio.create_task(journal.update(t2, versions["t2"], [change(2, t2)]))
+    await held.wait()
+    read = journal.snapshot
+    reads = 0
+
+    async def landing(task_id: str) -> object:
+        nonlocal reads
+        if task_id == "t2":
+            reads += 1
+            if reads == 2:  # the write lands between the listing's two reads of t2
+                go.set()
+                await update
+        return await read(task_id)
+
+    journal.snapshot = landing  # type: ignore[method-assign, assignment]
+    try:
+        listed = [t.id for t in (await journal.list(TaskQuery(scope=ALICE))).tasks]
+    finally:
+        journal.snapshot = read  # type: ignore[method-assign]
+        journal._write_snapshot = write  # type: ignore[method-assign]
+        go.set()
+        await update
+    assert reads == 2, "both of t2's entries were read"
+    assert listed == ["t2", "t4", "t3", "t1", "t0"]
+
+
+async def test_a_page_is_found_while_entries_are_written_above_its_token(
+    cluster: Cluster, nats_url: str
+) -> None:
+    """Alice's tasks created through another instance while her second page is sought
+    (each count of the index sees more entries than the one before): the page is the
+    next two tasks, and the pages after it go on to the last."""
+    journal = cluster.journal
+    await journal.keep_index({"i-1"})
+    for n in range(10):
+        t = task(f"a{n}", "c", S.TASK_STATE_COMPLETED)
+        await journal.create(t, [change(1, t)], scope=ALICE)
+        other = task(f"b{n}", "c", S.TASK_STATE_COMPLETED)
+        await journal.create(other, [change(1, other)], scope=BOB)
+    first = await journal.list(TaskQuery(scope=ALICE, page_size=2))
+    assert [t.id for t in first.tasks] == ["a9", "a8"]
+    conn = await connect(NatsConfig(servers=[nats_url], instance_id="i-2"))
+    requests = JetStreamRequests(conn.nc)
+    await requests.start()
+    writer = JetStreamJournal(requests, conn.js, conn.tasks, "i-2", formats=cluster.formats)
+    count_from = journal._index.count_from
+    created = 0
+
+    async def moving(subject: str, start: int) -> int:
+        nonlocal created
+        if created < 6:
+            created += 1
+            t = task(f"new{created}", "c", S.TASK_STATE_COMPLETED)
+            await writer.create(t, [change(1, t)], scope=ALICE)
+        return await count_from(subject, start)
+
+    journal._index.count_from = moving  # type: ignore[method-assign]
+    try:
+        page = await journal.list(
+            TaskQuery(scope=ALICE, page_size=2, page_token=first.next_page_token)
+        )
+    finally:
+        journal._index.count_from = count_from  # type: ignore[method-assign]
+        await writer.close()
+        await requests.close()
+        await conn.close()
+    assert created == 6
+    assert [t.id for t in page.tasks] == ["a7", "a6"]
+    rest = await walk(journal, TaskQuery(scope=ALICE, page_size=2, page_token=page.next_page_token))
+    assert rest == ["a5", "a4", "a3", "a2", "a1", "a0"]
+
+
+async def test_a_page_token_never_issued_is_refused_without_reading_the_bucket(
+    cluster: Cluster,
+) -> None:
+    journal = cluster.journal
+    await journal.keep_index({"i-1"})
+    for n in range(3):
+        t = task(f"t{n}", "c", S.TASK_STATE_COMPLETED)
+        await journal.create(t, [change(1, t)], scope=ALICE)
+    scans = 0
+    scan = journal._scan
+
+    async def counted() -> object:
+        nonlocal scans
+        scans += 1
+        return await scan()
+
+    journal._scan = counted  # type: ignore[method-assign, assignment]
+    for token in ("garbage", "AAAA", "x" * 40):
+        with pytest.raises(InvalidPageTokenError):
+            await journal.list(TaskQuery(scope=ALICE, page_token=token))
+    assert scans == 0

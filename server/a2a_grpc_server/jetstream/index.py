@@ -93,6 +93,10 @@ STALE_AFTER = 600 * 1_000_000_000
 """Nanoseconds after which an entry its snapshot does not name is deleted by a listing."""
 BATCH = 256
 """Entries one direct get returns at most."""
+DROP_BATCH = 64
+"""Entries deleted at once in the background."""
+DROP_QUEUE = 100_000
+"""Most entries waiting to be deleted in the background."""
 SEQ_HEADER = "Nats-Sequence"
 PENDING = "Nats-Num-Pending"
 SUBJECT_HEADER = "Nats-Subject"
@@ -130,6 +134,10 @@ def listing(scope: str, context_id: str, state: int) -> tuple[str, str]:
     return f"{INDEX_SUBJECT}.s.{s}.{st}", "s"
 
 
+KINDS = ("s", "c", "f", "o", "ot")
+"""The keys of an ``A2a-Index`` header."""
+
+
 @dataclass(frozen=True, slots=True)
 class Positions:
     """Where a snapshot's entries are (stream sequences; 0: none of that kind)."""
@@ -138,14 +146,16 @@ class Positions:
     c: int
     f: int = 0
     o: int = 0
+    ot: int = 0
+    """When the ``o`` entry was published (seconds since the epoch)."""
 
     def of(self, kind: str) -> int:
         """The position of the entry of ``kind`` (``s``, ``c``, ``f`` or ``o``)."""
         return int(getattr(self, kind))
 
     def header(self) -> str:
-        """The ``A2a-Index`` header value naming them, ``s=…,c=…[,f=…][,o=…]``."""
-        return ",".join(f"{k}={self.of(k)}" for k in "scfo" if self.of(k))
+        """The ``A2a-Index`` header value naming them, ``s=…,c=…[,f=…][,o=…,ot=…]``."""
+        return ",".join(f"{k}={getattr(self, k)}" for k in KINDS if getattr(self, k))
 
     def all(self) -> tuple[int, ...]:
         """Every position named."""
@@ -159,7 +169,7 @@ class Positions:
         found: dict[str, int] = {}
         for part in value.split(","):
             kind, _, pos = part.partition("=")
-            if kind not in "scfo" or not kind or not pos.isdigit():
+            if kind not in KINDS or not pos.isdigit():
                 return None
             found[kind] = int(pos)
         if "s" not in found or "c" not in found:
@@ -205,6 +215,17 @@ class IndexEntry:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """The index's marker: every snapshot written up to ``kv_seq`` has its entries."""
+
+    at: int
+    """When it was last written (nanoseconds since the epoch, its writer's clock)."""
+    kv_seq: int
+    """The snapshot bucket's last sequence then (what was written after it is checked by
+    an instance that starts: a version before the index may have run alone since)."""
+
+
 class TaskIndex:
     """Writes and reads the ``A2A_INDEX`` stream.
 
@@ -220,14 +241,21 @@ class TaskIndex:
         self._dropping: asyncio.Task[None] | None = None
 
     def drop_later(self, positions: Sequence[int]) -> None:
-        """Delete entries in the background (nothing waits for it; see ``drop``)."""
+        """Delete entries in the background (nothing waits for it; see ``drop``).
+
+        At most ``DROP_QUEUE`` wait: past that the oldest are given up (stale
+        entries: skipped by listings, and expired with the stream's max age).
+        """
         self._to_drop.extend(p for p in positions if p)
+        while len(self._to_drop) > DROP_QUEUE:
+            self._to_drop.popleft()
         if self._to_drop and (self._dropping is None or self._dropping.done()):
             self._dropping = asyncio.create_task(self._drain(), name=f"{TASK_PREFIX}:index-drop")
 
     async def _drain(self) -> None:
-        while self._to_drop:  # (one at a time: no task of its own per delete)
-            await self._delete(self._to_drop.popleft())
+        while self._to_drop:  # (a batch at a time, in one coroutine)
+            batch = [self._to_drop.popleft() for _ in range(min(DROP_BATCH, len(self._to_drop)))]
+            await self.drop(batch)
 
     async def close(self) -> None:
         """Finish the deletes asked for (bounded by a request's timeout), then stop."""
@@ -247,6 +275,7 @@ class TaskIndex:
         status_ns: int,
         owner: str = "",
         owned: int | None = None,
+        owned_at: int = 0,
     ) -> Positions:
         """Publish a snapshot write's entries; return their positions.
 
@@ -260,6 +289,7 @@ class TaskIndex:
             owned: Its entry among ``owner``'s unfinished tasks: None for none (a
                 final task, or nobody's), 0 to publish one, else the position of
                 the one its last snapshot of the same owner has (kept).
+            owned_at: When that one was published (seconds since the epoch).
 
         Raises:
             StoreUnavailableError: NATS did not answer.
@@ -286,11 +316,12 @@ class TaskIndex:
             lambda: self._requests.publish_many([(t, body) for t in targets], self._retry.timeout),
             f"index task {task_id}",
         )
+        if owned == 0:
+            return Positions(
+                found[0], found[1], found[2] if ahead_of_write else 0, found[-1], now // 10**9
+            )
         return Positions(
-            found[0],
-            found[1],
-            found[2] if ahead_of_write else 0,
-            found[-1] if owned == 0 else owned or 0,
+            found[0], found[1], found[2] if ahead_of_write else 0, owned or 0, owned_at
         )
 
     async def owners(self) -> dict[str, str]:
@@ -334,16 +365,14 @@ class TaskIndex:
             pos = found[-1].pos + 1
 
     async def drop(self, positions: Sequence[int]) -> None:
-        """Delete entries (best effort: one left behind is stale, and expires)."""
-        await asyncio.gather(*(self._delete(p) for p in positions if p))
-
-    async def _delete(self, pos: int) -> None:
-        request = json.dumps({"seq": pos, "no_erase": True}).encode()
+        """Delete entries, all at once (best effort: one left behind is stale, and expires)."""
+        subject = f"$JS.API.STREAM.MSG.DELETE.{INDEX_STREAM}"
+        requests = [
+            (subject, json.dumps({"seq": p, "no_erase": True}).encode()) for p in positions if p
+        ]
         # One left behind is stale: skipped by listings, deleted by one later, or expired.
         with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, TimeoutError):
-            await self._requests.api(
-                f"$JS.API.STREAM.MSG.DELETE.{INDEX_STREAM}", request, self._retry.timeout
-            )
+            await self._requests.request_many(requests, self._retry.timeout)
 
     async def count_from(self, subject: str, start: int) -> int:
         """How many entries on ``subject`` (a filter) are at position ``start`` or after.
@@ -361,6 +390,10 @@ class TaskIndex:
     ) -> tuple[list[IndexEntry], bool]:
         """Up to ``want`` entries on ``subject`` before position ``before``, newest first.
 
+        Counts move while it reads (entries are written and deleted meanwhile), so
+        each step counts both ends afresh, and a range found empty is followed by
+        the one below it: it never answers none while some lie below.
+
         Returns:
             The entries, and whether any other comes before the last of them.
 
@@ -368,19 +401,29 @@ class TaskIndex:
             StoreUnavailableError: NATS did not answer.
             UnknownFormatError: An entry in a format this version does not read.
         """
-        if before is None:
-            above, total = 0, await self.count_from(subject, 1)
-        else:
-            above, total = await asyncio.gather(
-                self.count_from(subject, before), self.count_from(subject, 1)
-            )
-        here = total - above  # entries before ``before``
-        if here <= 0:
-            return [], False
         top = before if before is not None else await self._end(subject)
-        lo = 1
-        if here > 2 * want:
-            lo = await self._start(subject, top, above, want)
+        found: list[IndexEntry] = []  # (ascending: each range read is put before the last)
+        while len(found) < want and top > 1:
+            missing = want - len(found)
+            above, total = await asyncio.gather(
+                self.count_from(subject, top), self.count_from(subject, 1)
+            )
+            if total - above <= 0:
+                break
+            lo = 1 if total - above <= 2 * missing else await self._start(subject, top, missing)
+            found = await self._read(subject, lo, top) + found
+            top = lo
+        found = found[-want:] if want else []
+        found.reverse()
+        if not found:
+            return [], False
+        below_last = await self.count_from(subject, 1) - await self.count_from(
+            subject, found[-1].pos
+        )
+        return found, below_last > 0
+
+    async def _read(self, subject: str, lo: int, top: int) -> list[IndexEntry]:
+        """The entries on ``subject`` from position ``lo`` to before ``top``, oldest first."""
         found: list[IndexEntry] = []
         pos = lo
         while pos < top:
@@ -390,15 +433,21 @@ class TaskIndex:
             if len(msgs) < BATCH or entries[-1].pos >= top:
                 break
             pos = entries[-1].pos + 1
-        found.reverse()
-        return found[:want], here > min(want, len(found))
+        return found
 
     async def _end(self, subject: str) -> int:
         """One past the position of the last entry on ``subject``."""
         msgs = await self._get({"last_by_subj": subject})
         return int((msgs[0].headers or {})[SEQ_HEADER]) + 1 if msgs else 1
 
-    async def _start(self, subject: str, top: int, above: int, want: int) -> int:
+    async def _between(self, subject: str, lo: int, top: int) -> int:
+        """How many entries on ``subject`` lie from ``lo`` to before ``top``, counted together."""
+        at_lo, at_top = await asyncio.gather(
+            self.count_from(subject, lo), self.count_from(subject, top)
+        )
+        return at_lo - at_top
+
+    async def _start(self, subject: str, top: int, want: int) -> int:
         """A position from which between ``want`` and about ``4 * want`` entries lie before ``top``.
 
         Gallops down from ``top`` (steps of x4) until at least ``want`` lie between,
@@ -407,15 +456,15 @@ class TaskIndex:
         span = 4 * want
         hi, lo = top, max(top - span, 1)
         while True:
-            between = await self.count_from(subject, lo) - above
+            between = await self._between(subject, lo, top)
             if between >= want or lo == 1:
                 break
             hi, span = lo, span * 4
             lo = max(top - span, 1)
-        # Entries before ``hi`` (minus ``above``) are fewer than ``want``; at ``lo`` enough.
+        # Fewer than ``want`` lie from ``hi``; at least that many (or all) from ``lo``.
         while between > 4 * want and hi - lo > 1:
             mid = (lo + hi) // 2
-            at_mid = await self.count_from(subject, mid) - above
+            at_mid = await self._between(subject, mid, top)
             if at_mid >= want:
                 lo, between = mid, at_mid
             else:
@@ -428,8 +477,8 @@ class TaskIndex:
             "read the task index",
         )
 
-    async def built(self) -> int | None:
-        """When the marker was last written (nanoseconds, writer's clock), or None if absent.
+    async def built(self) -> Marker | None:
+        """The marker (see ``Marker``), or None if absent.
 
         Raises:
             StoreUnavailableError: NATS did not answer.
@@ -440,20 +489,20 @@ class TaskIndex:
             return None
         try:
             found = json.loads(msgs[0].data)
-            fmt, at = found["format"], int(found["at"])
+            fmt, at, seq = found["format"], int(found["at"]), int(found["kv_seq"])
         except (ValueError, TypeError, KeyError):
             raise UnknownFormatError("the task index's marker", repr(msgs[0].data[:40])) from None
         if fmt != 1:
             raise UnknownFormatError("the task index's marker", str(fmt))
-        return at
+        return Marker(at, seq)
 
-    async def mark_built(self, by: str) -> None:
+    async def mark_built(self, by: str, kv_seq: int) -> None:
         """Write (or renew) the marker: it replaces the one before (see the module docstring).
 
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        body = json.dumps({"format": 1, "by": by, "at": time.time_ns()}).encode()
+        body = json.dumps({"format": 1, "by": by, "at": time.time_ns(), "kv_seq": kv_seq}).encode()
         await self._retry(
             lambda: self._requests.publish(
                 MARKER, body, {"Nats-Rollup": "sub"}, self._retry.timeout

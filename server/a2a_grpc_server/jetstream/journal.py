@@ -65,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import re
@@ -261,6 +262,41 @@ class Snapshot:
         return Task.FromString(self.body)
 
 
+class _Ahead:
+    """A listing's reader of the ``f`` entries: tasks whose status is later than their write.
+
+    Read down alongside the listing's walk, a batch at a time, never all at once.
+    """
+
+    def __init__(self, index: TaskIndex, subject: str, before: int | None, *, enabled: bool):
+        self._index, self._subject, self._cursor = index, subject, before
+        self._pending: builtins.list[IndexEntry] = []
+        self.done = not enabled
+        """Every ``f`` entry below the page token has been read from the index."""
+
+    @property
+    def exhausted(self) -> bool:
+        """Every ``f`` entry below the page token has been handed out."""
+        return self.done and not self._pending
+
+    async def down_to(self, low: int, most: int) -> builtins.list[IndexEntry]:
+        """The entries at ``low`` or above not handed out yet, newest first.
+
+        With ``low`` 0 (the walk has ended), at most ``most`` of the rest.
+        """
+        taken: builtins.list[IndexEntry] = []
+        while not (self.done and not self._pending):
+            while self._pending and self._pending[0].pos >= low and (low or len(taken) < most):
+                taken.append(self._pending.pop(0))
+            if self._pending or (not low and len(taken) >= most):
+                break
+            entries, more = await self._index.below(self._subject, self._cursor, INDEX_BATCH)
+            self._pending.extend(entries)
+            self._cursor = entries[-1].pos if entries else self._cursor
+            self.done = not more or not entries
+        return taken
+
+
 def _shard_header(value: str | None) -> int:
     """The event stream an ``A2a-Shard`` header names (0 when absent).
 
@@ -349,6 +385,8 @@ MARKER_RENEW = 60.0
 """Seconds between two renewals of the index's marker by the smallest live instance."""
 MARKER_FRESH = 600 * 1_000_000_000
 """Nanoseconds after its last renewal past which the marker is not trusted."""
+UNINDEXED_CHECK = 100_000
+"""Most snapshot writes since the marker's last renewal an instance that starts checks."""
 
 RELEASE_ATTEMPTS = 2
 """Reads of a task ``release`` makes when its snapshot moves under it."""
@@ -378,6 +416,7 @@ class JetStreamJournal:
         formats: Formats | None = None,
         page_tokens: PageTokens | None = None,
         event_streams: int = 1,
+        task_ttl: float = 86_400.0,
     ) -> None:
         self._requests = requests
         self._tokens = page_tokens or PageTokens()
@@ -388,6 +427,8 @@ class JetStreamJournal:
         self._owner = owner
         self._every = snapshot_every
         self._streams = event_streams
+        self._entry_ttl = task_ttl
+        """How long the index keeps an entry (its stream's max age)."""
         self._shards: OrderedDict[str, int] = OrderedDict()
         """The event stream of tasks this instance wrote or read lately (their snapshots say)."""
         self._snapshotted: dict[str, _Snapshotted] = {}
@@ -395,6 +436,8 @@ class JetStreamJournal:
         self._index = TaskIndex(requests, self._retry)
         self._built = False
         """Whether this instance has seen the index's marker (see ``keep_index``)."""
+        self._unmarked = False
+        """Whether this instance removed the marker since it heard one that does not keep it."""
         self._renew_at = 0.0
         """When (monotonic) ``keep_index`` next renews the marker, or notes it was renewed."""
 
@@ -615,26 +658,24 @@ class JetStreamJournal:
         subject, which = listing(query.scope, query.context_id, query.state)
         want = query.page_size + 1
         after = query.status_after_ns
-        candidates: builtins.list[tuple[IndexEntry, str]] = []
-        if after:  # (tasks whose status is later than their write: from their own entries)
-            candidates = [(e, "f") for e in await self._ahead(query, before)]
+        ahead_of = _Ahead(self._index, ahead(query.scope), before, enabled=bool(after))
         found: dict[str, tuple[IndexEntry, Snapshot]] = {}
         stale: builtins.list[int] = []
         cursor = before
-        walked: builtins.list[IndexEntry] = []
         while True:
             entries, more = await self._index.below(subject, cursor, want)
             if after:
                 recent = [e for e in entries if e.written_ns >= after - 3 * CLOCK_SKEW]
                 more = more and len(recent) == len(entries)
                 entries = recent
-            walked.extend(entries)
-            await self._validate([(e, which) for e in entries] + candidates, query, found, stale)
-            candidates = []
+            # Down to the lowest entry walked; once the walk ends, below it too.
+            low = entries[-1].pos if entries and more else 0
+            candidates = [(e, which) for e in entries]
+            candidates += [(e, "f") for e in await ahead_of.down_to(low, want)]
+            await self._validate(candidates, query, before, found, stale)
             cursor = entries[-1].pos if entries else cursor
-            # Enough once ``want`` tasks lie at or above the lowest entry walked.
-            low = walked[-1].pos if walked else 0
-            if not entries or not more or sum(e.pos >= low for e, _ in found.values()) >= want:
+            enough = sum(e.pos >= low for e, _ in found.values()) >= want
+            if enough or (not more and ahead_of.exhausted):
                 break
         if stale:
             await self._index.drop(stale)
@@ -654,8 +695,50 @@ class JetStreamJournal:
         )
         return page
 
+    async def _validate(
+        self,
+        entries: builtins.list[tuple[IndexEntry, str]],
+        query: TaskQuery,
+        before: int | None,
+        found: dict[str, tuple[IndexEntry, Snapshot]],
+        stale: builtins.list[int],
+    ) -> None:
+        """Add to ``found`` the tasks of the entries their snapshots name, that match ``query``.
+
+        An entry its snapshot no longer names, because the snapshot names a newer one
+        of the same kind, stands for that one when it lies in the range listed (below
+        the page token): written while this listing ran, the newer entry may have
+        been passed over before its snapshot was written. A task met through two
+        entries (its ``s`` or ``c`` one and its ``f`` one) is kept at the lower
+        position (a page token after it passes both).
+        """
+        gate = asyncio.Semaphore(INDEX_CONCURRENCY)
+
+        async def read(task_id: str) -> Snapshot | None:
+            async with gate:
+                return await self.snapshot(task_id)
+
+        snaps = await asyncio.gather(*(read(e.task_id) for e, _ in entries))
+        old = time.time_ns() - STALE_AFTER
+        for (entry, which), snap in zip(entries, snaps, strict=True):
+            named = snap.index.of(which) if snap is not None and snap.index is not None else 0
+            if snap is None or named != entry.pos:
+                if which != "f" and named > entry.pos and (before is None or named < before):
+                    entry = dataclasses.replace(entry, pos=named)  # (its stand-in)
+                else:
+                    if entry.written_ns < old:
+                        stale.append(entry.pos)
+                    continue  # its task was written again since, or the write failed
+            assert snap is not None
+            task = snap.task()
+            if not query.matches(task.context_id, task.status.state, status_ns(task), snap.scope):
+                continue
+            known = found.get(entry.task_id)
+            if known is None or entry.pos < known[0].pos:
+                found[entry.task_id] = (entry, snap)
+
     async def _ahead(self, query: TaskQuery, before: int | None) -> builtins.list[IndexEntry]:
-        """The scope's entries of tasks whose status is later than their write (few)."""
+        """The scope's entries of tasks whose status is later than their write (for a count)."""
         found: builtins.list[IndexEntry] = []
         cursor = before
         while True:
@@ -664,32 +747,6 @@ class JetStreamJournal:
             if not more or not entries:
                 return found
             cursor = entries[-1].pos
-
-    async def _validate(
-        self,
-        entries: builtins.list[tuple[IndexEntry, str]],
-        query: TaskQuery,
-        found: dict[str, tuple[IndexEntry, Snapshot]],
-        stale: builtins.list[int],
-    ) -> None:
-        """Add to ``found`` the tasks of the entries their snapshots name, that match ``query``.
-
-        A task met through two entries (its ``s`` or ``c`` one and its ``f`` one)
-        is kept at the lower position (a page token after it passes both).
-        """
-        snaps = await asyncio.gather(*(self.snapshot(e.task_id) for e, _ in entries))
-        old = time.time_ns() - STALE_AFTER
-        for (entry, which), snap in zip(entries, snaps, strict=True):
-            if snap is None or snap.index is None or snap.index.of(which) != entry.pos:
-                if entry.written_ns < old:
-                    stale.append(entry.pos)
-                continue  # its task was written again since, or the write failed
-            task = snap.task()
-            if not query.matches(task.context_id, task.status.state, status_ns(task), snap.scope):
-                continue
-            known = found.get(entry.task_id)
-            if known is None or entry.pos < known[0].pos:
-                found[entry.task_id] = (entry, snap)
 
     async def _indexed_total(self, query: TaskQuery, subject: str) -> int:
         """How many entries match (by status timestamp: those written since, read back)."""
@@ -724,6 +781,8 @@ class JetStreamJournal:
 
     async def _list_scanning(self, query: TaskQuery) -> TaskPage:
         """One page from every snapshot (before the index, or a page token from then)."""
+        if query.page_token:  # (refused before anything is read)
+            self._tokens.decode(query.page_token, "n", query.scope)
         found: builtins.list[tuple[int, Snapshot]] = []
         for value, revision, headers in await self._scan():
             snap = Snapshot.decode(value, revision, headers)
@@ -745,9 +804,9 @@ class JetStreamJournal:
 
     def index_due(self) -> bool:
         """Whether ``keep_index`` has something to do (cheap: no request)."""
-        return (
-            not self._built or self._formats.lacking(FEATURE) or time.monotonic() >= self._renew_at
-        )
+        if self._formats.lacking(FEATURE):
+            return not self._unmarked
+        return not self._built or time.monotonic() >= self._renew_at
 
     async def keep_index(self, live: set[str]) -> None:
         """Keep the index's marker true (see ``index``); run by the lease, once settled.
@@ -763,8 +822,11 @@ class JetStreamJournal:
         """
         if self._formats.lacking(FEATURE):
             self._built = False
-            await self._index.unmark()
+            if not self._unmarked:  # (once while such an instance is heard)
+                await self._index.unmark()
+                self._unmarked = True
             return
+        self._unmarked = False
         if not self._formats.everyone(FEATURE):
             self._built = False
             return
@@ -772,7 +834,7 @@ class JetStreamJournal:
         if self._built:
             self._renew_at = time.monotonic() + MARKER_RENEW
             if smallest:
-                await self._index.mark_built(self._owner)
+                await self._index.mark_built(self._owner, await self._bucket_seq())
             return
         if await self.index_fresh():
             self._built = True
@@ -781,9 +843,10 @@ class JetStreamJournal:
             return
         if not smallest:
             return
+        seq = await self._bucket_seq()  # (what is written from now on is indexed)
         done = await self.index_unindexed()
         if self._formats.everyone(FEATURE):
-            await self._index.mark_built(self._owner)
+            await self._index.mark_built(self._owner, seq)
             self._built = True
             self._renew_at = time.monotonic() + MARKER_RENEW
             logger.info("listing index built (%d snapshots indexed); ListTasks reads it", done)
@@ -799,8 +862,57 @@ class JetStreamJournal:
         """
         if self._formats.lacking(FEATURE):
             return False
-        at = await self._index.built()
-        return at is not None and time.time_ns() - at < MARKER_FRESH
+        marker = await self._index.built()
+        if marker is None or time.time_ns() - marker.at >= MARKER_FRESH:
+            return False
+        return not await self._unindexed_since(marker.kv_seq)
+
+    async def _bucket_seq(self) -> int:
+        """The snapshot bucket's last sequence."""
+
+        async def attempt() -> int:
+            info = await self._js.stream_info(f"KV_{TASKS_BUCKET}")
+            return int(info.state.last_seq)
+
+        return await self._retry(attempt, "read the task bucket's state")
+
+    async def _unindexed_since(self, seq: int) -> bool:
+        """Whether a snapshot written after bucket sequence ``seq`` has no index entries.
+
+        Reads the headers of what was written since (the marker's last renewal,
+        a minute ago while the cluster ran): a version before the index that ran
+        alone since (a rollback of every instance, and back) wrote without them.
+        More than ``UNINDEXED_CHECK`` writes since: taken as yes (rebuilt).
+        """
+        return await self._retry(lambda: self._unindexed_once(seq), "check the task bucket")
+
+    async def _unindexed_once(self, seq: int) -> bool:
+        config = api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=seq + 1,
+            ack_policy=api.AckPolicy.NONE,
+            headers_only=True,
+            inactive_threshold=SCAN_IDLE,
+            mem_storage=True,
+            num_replicas=1,
+        )
+        sub = await self._js.pull_subscribe(
+            f"$KV.{TASKS_BUCKET}.>", stream=f"KV_{TASKS_BUCKET}", config=config
+        )
+        try:
+            pending = (await sub.consumer_info()).num_pending or 0
+            if pending > UNINDEXED_CHECK:
+                return True
+            while pending:
+                for msg in await sub.fetch(batch=min(pending, SCAN_BATCH), timeout=5.0):
+                    pending = msg.metadata.num_pending
+                    headers = msg.headers or {}
+                    if "KV-Operation" not in headers and INDEX_HEADER not in headers:
+                        return True
+            return False
+        finally:
+            with contextlib.suppress(Exception):  # the consumer also expires on its own
+                await sub.unsubscribe()
 
     async def owned_unfinished(self, lost: Callable[[str], bool]) -> builtins.list[Snapshot]:
         """The snapshots of the unfinished tasks of the owners ``lost`` picks, from the index.
@@ -1332,11 +1444,27 @@ class JetStreamJournal:
         kept from the snapshot it replaces when that one had the same owner.
         """
         owned: int | None = None
+        owned_at = 0
         if owner and not taskops.is_final(task):
-            same = replaced is not None and replaced_owner == owner
-            owned = replaced.o if same and replaced is not None else 0
+            owned = 0
+            # Kept while young: entries expire with the stream's max age (task_ttl), and
+            # a task may run longer than that.
+            if (
+                replaced is not None
+                and replaced_owner == owner
+                and replaced.o
+                and time.time() - replaced.ot < self._entry_ttl / 2
+            ):
+                owned, owned_at = replaced.o, replaced.ot
         return await self._index.add(
-            scope, task.context_id, task.status.state, task.id, status_ns(task), owner, owned
+            scope,
+            task.context_id,
+            task.status.state,
+            task.id,
+            status_ns(task),
+            owner,
+            owned,
+            owned_at,
         )
 
     async def close(self) -> None:

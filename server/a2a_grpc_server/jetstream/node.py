@@ -70,6 +70,7 @@ class NatsCluster:
             self.formats,
             PageTokens(self._signer.derive(b"page tokens")),
             conn.config.event_streams,
+            conn.config.task_ttl,
         )
         self._relays: Relays | None = None
         self._router: Router | None = None

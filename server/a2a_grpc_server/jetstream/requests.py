@@ -149,6 +149,44 @@ class JetStreamRequests:
             while deadlines and deadlines[0][1].done():
                 deadlines.popleft()
 
+    async def request_many(
+        self,
+        requests: Sequence[tuple[str, bytes]],
+        timeout: float,  # noqa: ASYNC109 (a timer, not a wait: the replies may come late)
+    ) -> list[Msg | BaseException]:
+        """Send several requests at once; their replies (or what failed), in order.
+
+        One coroutine for all of them, as ``publish_many``; a reply not come
+        within ``timeout`` is a ``nats.errors.TimeoutError``.
+        """
+        loop = asyncio.get_running_loop()
+        replies: list[tuple[str, asyncio.Future[Msg]]] = []
+        deadline = loop.time() + timeout
+        for _ in requests:
+            reply: asyncio.Future[Msg] = loop.create_future()
+            replies.append((self._register(reply.set_result), reply))
+            self._deadlines.append((deadline, reply))
+        if self._timer is None:
+            self._timer = loop.call_later(timeout, self._expire)
+        out: list[Msg | BaseException] = []
+        try:
+            for (subject, data), (inbox, _) in zip(requests, replies, strict=True):
+                await self._nc.publish(subject, data, reply=inbox)
+            for _, reply in replies:
+                try:
+                    out.append(await reply)
+                except nats.errors.Error as exc:
+                    out.append(exc)
+            return out
+        finally:
+            for inbox, reply in replies:
+                self._waiting.pop(inbox.rsplit(".", 1)[1], None)
+                if not reply.done():
+                    reply.cancel()
+            deadlines = self._deadlines
+            while deadlines and deadlines[0][1].done():
+                deadlines.popleft()
+
     def _expire(self) -> None:
         """Fail the publishes whose ack is overdue; wait for the next deadline."""
         self._timer = None
