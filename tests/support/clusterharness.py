@@ -61,6 +61,7 @@ async def start_instance(
     events_per_task: int = 16_384,
     retry_for: float = 30.0,
     auth: Authenticator | None = None,
+    routed_in_flight: int = 256,
 ) -> Instance:
     """Start one instance joined to the cluster on ``servers``."""
     cluster = await NatsCluster.connect(
@@ -72,6 +73,7 @@ async def start_instance(
             events_per_task=events_per_task,
             retry_for=retry_for,
             key=CLUSTER_KEY,
+            routed_in_flight=routed_in_flight,
         )
     )
     service = A2AService(

@@ -121,7 +121,11 @@ class NatsCluster:
         self._local = local
         self._relays = Relays(self._journal, tasks.pool, tasks.metrics)
         self._router = Router(
-            self.conn.nc, self.instance_id, tasks.config.cancel_timeout, self._signer
+            self.conn.nc,
+            self.instance_id,
+            tasks.config.cancel_timeout,
+            self._signer,
+            in_flight=self.conn.config.routed_in_flight,
         )
         self.lease = Lease(
             self.conn,
