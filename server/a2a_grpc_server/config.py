@@ -112,11 +112,11 @@ class ServerConfig:
             over it a new SubscribeToTask is refused (SUBSCRIBERS_QUOTA). 0:
             no quota.
         quota_push_configs: Most push configs one principal keeps, over all its
-            tasks (with the in-memory journal; in cluster mode only
-            ``push_max_configs`` per task bounds them); over it a new config is
-            refused (PUSH_CONFIGS_QUOTA). A config is at most about 11 KB (its
-            URL, token and credentials are bounded), so this bounds a
-            principal's configs to about 11 MB. 0: no quota.
+            tasks (in cluster mode, over the cluster: configs are shared, and
+            count until deleted or their task's record expires, ``task_ttl``);
+            over it a new config is refused (PUSH_CONFIGS_QUOTA). A config is
+            at most about 11 KB (its URL, token and credentials are bounded),
+            so this bounds a principal's configs to about 11 MB. 0: no quota.
         max_live_tasks: Most live tasks on this instance, all principals
             together (LIVE_TASKS_LIMIT); once half are taken, a principal gets
             no more than a fair share (LIVE_TASKS_FAIR_SHARE: see the quotas

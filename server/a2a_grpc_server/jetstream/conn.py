@@ -10,7 +10,9 @@ Assets (created if missing, identical on every instance):
   ``task_ttl``), so reading a task costs a snapshot plus a few changes;
 * KV bucket ``A2A_INSTANCES``: one heartbeat key per live instance;
 * KV bucket ``A2A_PUSH``: push configs and their cursors (see ``pushstore``),
-  max age ``task_ttl``.
+  max age ``task_ttl``;
+* KV bucket ``A2A_PUSH_CALLERS``: which principal each push config counts
+  against (``quota_push_configs``; see ``pushstore``), max age ``task_ttl``.
 
 Control requests between instances use core NATS request/reply on
 ``a2a.ctl.<instance id>.<op>``.
@@ -40,6 +42,7 @@ logger = logging.getLogger(__name__)
 TASKS_BUCKET = "A2A_TASKS"
 INSTANCES_BUCKET = "A2A_INSTANCES"
 PUSH_BUCKET = "A2A_PUSH"
+PUSH_CALLERS_BUCKET = "A2A_PUSH_CALLERS"
 EVENTS_STREAM = "A2A_EVENTS"
 EVENTS_SUBJECT = "a2a.events"
 CONTROL_SUBJECT = "a2a.ctl"
@@ -66,6 +69,7 @@ class NatsConnection:
     tasks: KeyValue
     instances: KeyValue
     push: KeyValue
+    push_callers: KeyValue
     events: ConnectionEvents = field(default_factory=lambda: ConnectionEvents())
 
     async def close(self) -> None:
@@ -111,14 +115,14 @@ async def connect(config: NatsConfig) -> NatsConnection:
     js = nc.jetstream(timeout=5)
     try:
         async with asyncio.timeout(SETUP_TIMEOUT):
-            tasks, instances, push = await _ensure_assets(js, config)
+            tasks, instances, push, push_callers = await _ensure_assets(js, config)
     except TimeoutError as exc:
         await nc.close()
         raise ConnectionError("JetStream did not become available within 20 s") from exc
     except BaseException:
         await nc.close()  # whatever went wrong, no connection is left behind
         raise
-    return NatsConnection(config, nc, js, tasks, instances, push, events)
+    return NatsConnection(config, nc, js, tasks, instances, push, push_callers, events)
 
 
 async def _connect(
@@ -191,14 +195,15 @@ def _secret(path: str) -> str:
 
 async def _ensure_assets(
     js: JetStreamContext, config: NatsConfig
-) -> tuple[KeyValue, KeyValue, KeyValue]:
+) -> tuple[KeyValue, KeyValue, KeyValue, KeyValue]:
     while True:
         try:
             tasks = await _ensure_kv(js, TASKS_BUCKET, config.task_ttl, config.replicas)
             instances = await _ensure_kv(js, INSTANCES_BUCKET, INSTANCES_TTL, config.replicas)
             push = await _ensure_kv(js, PUSH_BUCKET, config.task_ttl, config.replicas)
+            callers = await _ensure_kv(js, PUSH_CALLERS_BUCKET, config.task_ttl, config.replicas)
             await _ensure_events(js, config)
-            return tasks, instances, push
+            return tasks, instances, push, callers
         except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError) as exc:
             logger.info("waiting for JetStream: %s", type(exc).__name__)
         except nats.js.errors.APIError as exc:

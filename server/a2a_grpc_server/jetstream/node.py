@@ -74,7 +74,7 @@ class NatsCluster:
         self._router: Router | None = None
         self.lease: Lease | None = None
         self.push_store = JetStreamPushConfigs(
-            conn.push, Retry(conn.config.retry_for), self.formats
+            conn.push, Retry(conn.config.retry_for), self.formats, callers=conn.push_callers
         )
         """Push configs and cursors, shared by every instance."""
         self._local: Local | None = None
