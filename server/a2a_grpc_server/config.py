@@ -57,8 +57,9 @@ class ServerConfig:
             subscription or a cancel brings it back).
         max_parked_tasks: Most tasks waiting for input this instance holds.
             Over it, with the in-memory journal a new task is refused
-            (RESOURCE_EXHAUSTED, PARKED_TASKS_LIMIT); in cluster mode the
-            longest-waiting unread task leaves memory early instead.
+            (RESOURCE_EXHAUSTED, PARKED_TASKS_LIMIT) and a running task that
+            asks for input ends FAILED; in cluster mode the longest-waiting
+            unread task leaves memory early instead.
         shutdown_drain: Seconds ``serve`` goes on accepting calls after SIGTERM
             while its health says NOT_SERVING, so load balancers and a
             Kubernetes Service stop routing to it before it stops accepting
@@ -100,7 +101,8 @@ class ServerConfig:
             new task is refused (RESOURCE_EXHAUSTED, LIVE_TASKS_QUOTA). 0: no quota.
         quota_parked_tasks: Most tasks of one principal waiting for input
             (INPUT_REQUIRED, AUTH_REQUIRED) on this instance; over it a new task
-            is refused (PARKED_TASKS_QUOTA). In cluster mode a waiting task that
+            is refused (PARKED_TASKS_QUOTA), and with the in-memory journal a
+            running task that asks for input ends FAILED. In cluster mode a waiting task that
             left memory (``parked_timeout``) no longer counts. 0: no quota.
         quota_streams: Most open streams (SendStreamingMessage, SubscribeToTask)
             of one principal on this instance; over it a new stream is refused
@@ -110,11 +112,11 @@ class ServerConfig:
             over it a new SubscribeToTask is refused (SUBSCRIBERS_QUOTA). 0:
             no quota.
         quota_push_configs: Most push configs one principal keeps, over all its
-            tasks (with the in-memory journal; in cluster mode only
-            ``push_max_configs`` per task bounds them); over it a new config is
-            refused (PUSH_CONFIGS_QUOTA). A config is at most about 11 KB (its
-            URL, token and credentials are bounded), so this bounds a
-            principal's configs to about 11 MB. 0: no quota.
+            tasks (in cluster mode, over the cluster: configs are shared, and
+            count until deleted or their task's record expires, ``task_ttl``);
+            over it a new config is refused (PUSH_CONFIGS_QUOTA). A config is
+            at most about 11 KB (its URL, token and credentials are bounded),
+            so this bounds a principal's configs to about 11 MB. 0: no quota.
         max_live_tasks: Most live tasks on this instance, all principals
             together (LIVE_TASKS_LIMIT); once half are taken, a principal gets
             no more than a fair share (LIVE_TASKS_FAIR_SHARE: see the quotas

@@ -255,3 +255,33 @@ async def test_another_callers_task_is_refused_before_its_body_is_read(tmp_path:
         assert journal.reads == [], "refused before the body was read"
         await h.stub.GetTask(GetTaskRequest(id=task.id), metadata=ALICE)
         assert journal.reads == [task.id], "the owner's read does read it"
+
+
+async def test_a_context_belongs_to_the_tenant_that_created_it_without_authentication() -> None:
+    # Without an authenticator only the tenant tells callers apart: a context id must be
+    # good for the tenant it was issued to only (issue 22).
+    async def reply(text: str, context_id: str, tenant: str) -> Task:
+        request = send_request(text, context_id=context_id)
+        request.tenant = tenant
+        task: Task = (await h.stub.SendMessage(request, metadata=V1)).task
+        return task
+
+    agent = MemoryAgent()
+    async with asyncio.timeout(30), serve(agent) as h:
+        first = await reply("tenant a's secret plan", "", "a")
+        mine = first.context_id
+        again = await reply("and more", mine, "a")
+        assert again.context_id == mine, "the creating tenant joins its own context"
+        assert again.status.message.parts[0].text == "tenant a's secret plan"
+        stolen = await reply("what did tenant a say?", mine, "b")
+        assert stolen.context_id != mine, "a fresh context"
+        assert stolen.status.message.parts[0].text == "(nothing earlier)"
+        # Nor may a caller without a tenant (the anonymous scope takes ids as sent).
+        tenantless = await reply("and what now?", mine, "")
+        assert tenantless.context_id != mine, "a fresh context"
+        assert tenantless.status.message.parts[0].text == "(nothing earlier)"
+        assert agent.memory[mine] == ["tenant a's secret plan", "and more"]
+        # Without tenant or principal, ids are taken as sent, as before.
+        plain = await reply("one", "my-own-context", "")
+        assert plain.context_id == "my-own-context"
+        assert (await reply("two", "my-own-context", "")).status.message.parts[0].text == "one"

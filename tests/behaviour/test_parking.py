@@ -17,7 +17,7 @@ from a2a.types.a2a_pb2 import (
 
 from a2a_grpc_server import ServerConfig
 from tests.support import natsserver
-from tests.support.agents import InputAgent
+from tests.support.agents import AskWhenReleased, InputAgent
 from tests.support.clusterharness import instances
 from tests.support.harness import (
     V1,
@@ -115,3 +115,34 @@ async def test_in_cluster_mode_the_longest_parked_task_leaves_memory_for_a_new_o
             assert done.task.status.state == S.TASK_STATE_COMPLETED
             stored = await b.stub.GetTask(GetTaskRequest(id=oldest), metadata=V1)
             assert stored.status.state == S.TASK_STATE_COMPLETED
+
+
+async def test_in_cluster_mode_tasks_that_ask_for_input_later_stay_within_max_parked_tasks() -> (
+    None
+):
+    # The cap was applied only when a task was created: three tasks created while none
+    # waited all stayed in memory once they asked (issue 22). In cluster mode a waiting task
+    # costs nothing out of memory: the longest-waiting one leaves, none fails.
+    config = ServerConfig(cancel_timeout=1.0, max_parked_tasks=2)
+    agent = AskWhenReleased()
+    with natsserver.running(1) as cluster:
+        async with (
+            asyncio.timeout(30),
+            instances(agent, cluster.urls, config=config) as (a, b),
+        ):
+            texts = ["1", "2", "3"]
+            calls = []
+            for text in texts:
+                calls.append(a.stub.SendMessage(send_request(text), metadata=V1))
+                await agent.working(text).wait()
+            ids = []
+            for text, call in zip(texts, calls, strict=True):
+                agent.release(text)
+                answer = await call
+                assert answer.task.status.state == S.TASK_STATE_INPUT_REQUIRED
+                ids.append(answer.task.id)
+            parking = a.service.engine.tasks.parking
+            assert parking.count == 2 and parking.evicted == 1
+            assert a.service.engine.tasks.live_task(ids[0]) is None, "the longest-waiting left"
+            done = await b.stub.SendMessage(follow_up(ids[0]), metadata=V1)
+            assert done.task.status.state == S.TASK_STATE_COMPLETED

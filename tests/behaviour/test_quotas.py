@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 import pytest
 from a2a.types.a2a_pb2 import (
+    GetTaskRequest,
     ListTasksRequest,
     StreamResponse,
     SubscribeToTaskRequest,
@@ -22,7 +23,7 @@ from a2a_grpc_server.app.service import grpc_options
 from a2a_grpc_server.journal import StoreUnavailableError
 from a2a_grpc_server.rpc.auth import TokenFile
 from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY
-from tests.support.agents import InputAgent, StepAgent
+from tests.support.agents import AskWhenReleased, InputAgent, StepAgent
 from tests.support.harness import (
     ALICE,
     BOB,
@@ -320,3 +321,58 @@ async def test_tasks_brought_back_into_memory_count_against_the_limit() -> None:
         assert done.task.status.state == S.TASK_STATE_COMPLETED, "one in memory goes on"
         again = await h.stub.SendMessage(follow_up, metadata=V1)  # room again: it comes back
         assert again.task.status.state == S.TASK_STATE_COMPLETED
+
+
+async def asked(h: Harness, agent: AskWhenReleased, texts: list[str], metadata: Any) -> list[Any]:
+    """Start a task per text (all WORKING at once), then have each ask for input in turn;
+    return each task's status when its SendMessage answered."""
+    calls = []
+    for text in texts:
+        calls.append(h.stub.SendMessage(send_request(text), metadata=metadata))  # (under way)
+        await agent.working(text).wait()
+    statuses = []
+    for text, call in zip(texts, calls, strict=True):
+        agent.release(text)
+        statuses.append((await call).task)
+    return statuses
+
+
+async def test_tasks_that_ask_for_input_later_are_held_to_the_fair_share(tmp_path: Path) -> None:
+    # The share of max_parked_tasks was checked only when a task was created: alice's tasks,
+    # all created while none waited, then all parked past it (issue 22). Now a task that
+    # would wait past it ends FAILED, saying why, and the share holds.
+    auth, who = many(tmp_path, ["alice", "bob"])
+    limits = ServerConfig(cancel_timeout=1.0, quota_parked_tasks=100, max_parked_tasks=4)
+    agent = AskWhenReleased()
+    async with asyncio.timeout(30), serve(agent, limits, auth=auth) as h:
+        tasks = await asked(h, agent, ["a0", "a1", "a2", "a3"], who["alice"])
+        states = [task.status.state for task in tasks]
+        waiting, failed = S.TASK_STATE_INPUT_REQUIRED, S.TASK_STATE_FAILED
+        assert states == [waiting, waiting, failed, failed]  # her share: 4 // (2 * 1)
+        why = tasks[2].status.message.parts[0].text
+        assert "PARKED_TASKS_FAIR_SHARE" in why and "max_parked_tasks" in why
+        recorded = await h.stub.GetTask(GetTaskRequest(id=tasks[3].id), metadata=who["alice"])
+        assert recorded.status.state == failed
+        parking = h.service.engine.tasks.parking
+        assert parking.count == 2 and parking.count_of("alice") == 2
+        (bobs,) = await asked(h, agent, ["b0"], who["bob"])  # below his share, he waits
+        assert bobs.status.state == waiting
+        follow_up = send_request("Ada", task_id=tasks[0].id)  # hers go on as before
+        done = await h.stub.SendMessage(follow_up, metadata=who["alice"])
+        assert done.task.status.state == S.TASK_STATE_COMPLETED
+        assert parking.count == 2
+
+
+async def test_tasks_that_ask_for_input_later_are_held_to_max_parked_tasks() -> None:
+    limits = ServerConfig(cancel_timeout=1.0, max_parked_tasks=2)
+    agent = AskWhenReleased()
+    async with asyncio.timeout(30), serve(agent, limits) as h:
+        tasks = await asked(h, agent, ["t0", "t1", "t2"], V1)
+        states = [task.status.state for task in tasks]
+        assert states == [S.TASK_STATE_INPUT_REQUIRED] * 2 + [S.TASK_STATE_FAILED]
+        assert "PARKED_TASKS_LIMIT" in tasks[2].status.message.parts[0].text
+        assert h.service.engine.tasks.parking.count == 2
+        done = await h.stub.SendMessage(send_request("Ada", task_id=tasks[0].id), metadata=V1)
+        assert done.task.status.state == S.TASK_STATE_COMPLETED
+        (again,) = await asked(h, agent, ["t3"], V1)  # one was continued: room again
+        assert again.status.state == S.TASK_STATE_INPUT_REQUIRED

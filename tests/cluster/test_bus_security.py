@@ -14,10 +14,19 @@ from pathlib import Path
 
 import grpc
 import nats
-from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, TaskState
+import pytest
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.tasks import TaskUpdater
+from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    TaskState,
+)
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from a2a_grpc_server import ServerConfig
 from a2a_grpc_server.jetstream.formats import CURRENT
 from a2a_grpc_server.jetstream.formats import HEADER as FORMAT
 from a2a_grpc_server.jetstream.routing import CALL_HEADERS, CALLER, TIMEOUT, control_subject
@@ -27,7 +36,7 @@ from tests.support import cluster_key_file
 from tests.support.agents import Hanging, InputAgent
 from tests.support.certs import issue
 from tests.support.clusterharness import instances
-from tests.support.harness import V1, send_request
+from tests.support.harness import V1, rich_status, send_request
 from tests.support.serveproc import refusal, start
 
 S = TaskState
@@ -175,3 +184,65 @@ def test_credentials_that_need_nkeys_say_so(tmp_path: Path) -> None:
         assert "need the nkeys package" in said, said
     else:
         assert "cannot connect to NATS" in said, said
+
+
+class SlowCancel(AgentExecutor):
+    """Works until canceled; its ``cancel()`` waits until the test releases the task."""
+
+    def __init__(self) -> None:
+        self.working: dict[str, asyncio.Event] = {}
+        self.canceling: dict[str, asyncio.Event] = {}
+        self._release: dict[str, asyncio.Event] = {}
+
+    def release(self, task_id: str) -> None:
+        self._release.setdefault(task_id, asyncio.Event()).set()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.task_id is not None and context.context_id is not None
+        await TaskUpdater(event_queue, context.task_id, context.context_id).start_work()
+        self.working.setdefault(context.task_id, asyncio.Event()).set()
+        await asyncio.Event().wait()  # (until canceled)
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.task_id is not None and context.context_id is not None
+        self.canceling.setdefault(context.task_id, asyncio.Event()).set()
+        await self._release.setdefault(context.task_id, asyncio.Event()).wait()
+        await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
+
+
+async def test_routed_requests_past_the_instances_bound_are_refused_at_once(
+    nats_url: str,
+) -> None:
+    # Every routed request got an asyncio task of its own, however many were in flight
+    # (issue 22). Past routed_in_flight a cancel or follow-up is refused at once,
+    # UNAVAILABLE OWNER_UNAVAILABLE, having done nothing; a retry once there is room works.
+    agent = SlowCancel()
+    config = ServerConfig(cancel_timeout=30.0)
+    async with (
+        asyncio.timeout(60),
+        instances(agent, [nats_url], config=config, routed_in_flight=2) as (a, b),
+    ):
+        ids = []
+        for text in ("1", "2", "3"):
+            answer = await a.stub.SendMessage(send_request(text, immediately=True), metadata=V1)
+            ids.append(answer.task.id)
+        for task_id in ids:  # each WORKING at A
+            await agent.working.setdefault(task_id, asyncio.Event()).wait()
+        held = [b.stub.CancelTask(CancelTaskRequest(id=i), metadata=V1) for i in ids[:2]]
+        for task_id in ids[:2]:  # both routed cancels are being served at A
+            await agent.canceling.setdefault(task_id, asyncio.Event()).wait()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async with asyncio.timeout(5):  # at once, not after the others
+                await b.stub.CancelTask(CancelTaskRequest(id=ids[2]), metadata=V1)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert rich_status(caught.value)[1].reason == "OWNER_UNAVAILABLE"
+        assert "routed_in_flight" in (caught.value.details() or "")
+        assert ids[2] not in agent.canceling, "nothing was done"
+        seen = await a.stub.GetTask(GetTaskRequest(id=ids[2]), metadata=V1)
+        assert seen.status.state == S.TASK_STATE_WORKING
+        for task_id in ids:
+            agent.release(task_id)
+        for call in held:
+            assert (await call).status.state == S.TASK_STATE_CANCELED
+        retried = await b.stub.CancelTask(CancelTaskRequest(id=ids[2]), metadata=V1)
+        assert retried.status.state == S.TASK_STATE_CANCELED

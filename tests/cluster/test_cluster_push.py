@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
     DeleteTaskPushNotificationConfigRequest,
     GetTaskPushNotificationConfigRequest,
     ListTaskPushNotificationConfigsRequest,
@@ -17,9 +20,9 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import ServerConfig
-from tests.support.agents import GatedPerTask
-from tests.support.clusterharness import collect, instances
-from tests.support.harness import V1, send_request
+from tests.support.agents import GatedPerTask, InputAgent
+from tests.support.clusterharness import Instance, collect, instances
+from tests.support.harness import ALICE, BOB, V1, rich_status, send_request, tokens
 from tests.support.serveproc import owner_process
 from tests.support.webhook import Answer, Post, assert_complete, receiving, with_webhook
 
@@ -148,3 +151,43 @@ async def test_a_survivor_resumes_a_final_frame_the_lost_owner_was_still_retryin
             adopted = b.service.metrics.push_deliveries["delivered"]
             adopted += c.service.metrics.push_deliveries["delivered"]
             assert adopted >= 1, "a survivor delivered it"
+
+
+async def test_one_callers_push_configs_are_bounded_over_the_cluster(
+    nats_url: str, tmp_path: Path
+) -> None:
+    # In cluster mode only push_max_configs per task bounded a caller: the shared bucket had
+    # no count by principal, so a caller's tasks could hold any number (issue 22).
+    config = ServerConfig(
+        cancel_timeout=1.0, quota_push_configs=3, push_allow_private=True, push_retry_for=0
+    )
+    async with (
+        asyncio.timeout(60),
+        instances(InputAgent(), [nats_url], config=config, auth=tokens(tmp_path)) as (a, b),
+    ):
+        alice = [(await a.stub.SendMessage(send_request("hi"), metadata=ALICE)).task for _ in "ab"]
+        theirs = (await a.stub.SendMessage(send_request("hi"), metadata=BOB)).task
+
+        def create(via: Instance, task_id: str, config_id: str, who: Any) -> Any:
+            made = TaskPushNotificationConfig(  # (nothing listens: given up at once)
+                task_id=task_id, id=config_id, url="http://127.0.0.1:9/"
+            )
+            return via.stub.CreateTaskPushNotificationConfig(made, metadata=who)
+
+        await create(a, alice[0].id, "c0", ALICE)  # through the owner
+        await create(b, alice[0].id, "c1", ALICE)  # through the other instance
+        await create(b, alice[1].id, "c2", ALICE)
+        await create(a, alice[1].id, "c2", ALICE)  # replacing one is not another
+        for via in (a, b):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await create(via, alice[1].id, "c3", ALICE)
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert rich_status(caught.value)[1].reason == "PUSH_CONFIGS_QUOTA"
+        await create(b, theirs.id, "c0", BOB)  # another caller is not held up
+        await b.stub.DeleteTaskPushNotificationConfig(
+            DeleteTaskPushNotificationConfigRequest(task_id=alice[0].id, id="c0"), metadata=ALICE
+        )
+        await create(a, alice[1].id, "c3", ALICE)  # one deleted: room again
+        for task in (*alice, theirs):
+            who = BOB if task is theirs else ALICE
+            await a.stub.CancelTask(CancelTaskRequest(id=task.id), metadata=who)

@@ -3,15 +3,16 @@ JetStream KV on a real nats-server."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
 
-from a2a_grpc_server.errors import InvalidFieldError
-from a2a_grpc_server.jetstream.conn import PUSH_BUCKET, NatsConfig, connect
-from a2a_grpc_server.jetstream.pushstore import JetStreamPushConfigs
+from a2a_grpc_server.errors import InvalidFieldError, QuotaExceededError
+from a2a_grpc_server.jetstream.conn import PUSH_BUCKET, PUSH_CALLERS_BUCKET, NatsConfig, connect
+from a2a_grpc_server.jetstream.pushstore import JetStreamPushConfigs, caller_key
 from a2a_grpc_server.jetstream.retry import Retry
 from a2a_grpc_server.push.configs import MemoryPushConfigs, PushConfigLimitError, PushConfigStore
 from tests.support import natsserver
@@ -30,9 +31,10 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[PushConfigStore
         return
     conn = await connect(NatsConfig(servers=[request.getfixturevalue("nats_url")]))
     try:
-        yield JetStreamPushConfigs(conn.push, Retry(5.0))
+        yield JetStreamPushConfigs(conn.push, Retry(5.0), callers=conn.push_callers)
     finally:
         await conn.js.delete_key_value(PUSH_BUCKET)
+        await conn.js.delete_key_value(PUSH_CALLERS_BUCKET)
         await conn.close()
 
 
@@ -92,6 +94,36 @@ async def test_a_task_holds_at_most_the_configs_it_may(store: PushConfigStore) -
     await store.put(config(new_task(), "c"), most=2, seq=0)  # (another task's count is its own)
 
 
+async def test_a_principals_configs_are_counted_over_all_its_tasks(
+    store: PushConfigStore,
+) -> None:
+    # In cluster mode only push_max_configs per task bounded a caller: its configs over many
+    # tasks were not counted (issue 22).
+    alice = ("alice", 2)
+    first, second = new_task(), new_task()
+    await store.put(config(first, "a"), most=10, seq=0, caller=alice)
+    await store.put(config(second, "b"), most=10, seq=0, caller=alice)
+    with pytest.raises(QuotaExceededError) as caught:
+        await store.put(config(new_task(), "c"), most=10, seq=0, caller=alice)
+    assert caught.value.reason == "PUSH_CONFIGS_QUOTA"
+    await store.put(config(first, "a", "https://new.test/"), most=10, seq=0, caller=alice)
+    await store.put(config(new_task(), "c"), most=10, seq=0, caller=("bob", 2))  # his own count
+    assert await store.delete(second, "b")
+    await store.put(config(new_task(), "d"), most=10, seq=0, caller=alice)  # room again
+
+
+async def test_a_principals_configs_created_at_once_keep_to_its_quota(
+    store: PushConfigStore,
+) -> None:
+    dave = (f"dave-{uuid.uuid4()}", 2)
+    made = await asyncio.gather(
+        *(store.put(config(new_task(), "a"), most=10, seq=0, caller=dave) for _ in range(20)),
+        return_exceptions=True,
+    )
+    refused = [r for r in made if isinstance(r, QuotaExceededError)]
+    assert len(refused) == 18, made
+
+
 async def test_configs_are_listed_oldest_first_page_by_page(store: PushConfigStore) -> None:
     task_id = new_task()
     for name in ("a", "b", "c", "d", "e"):
@@ -132,3 +164,31 @@ async def test_forgetting_a_task_leaves_the_others_configs(store: PushConfigStor
     await store.put(config(dropped, "a"), most=10, seq=0)
     store.forget(dropped)
     assert await store.get(kept, "a") == config(kept, "a")
+
+
+async def test_a_count_left_over_by_a_crash_is_set_right_when_it_refuses(nats_url: str) -> None:
+    # A crash between a config's index key and the config leaves the key alone: the count runs
+    # over. When it would refuse, keys whose config is gone are purged (once per 30 s).
+    conn = await connect(NatsConfig(servers=[nats_url]))
+    now = [0.0]
+    store = JetStreamPushConfigs(
+        conn.push, Retry(5.0), callers=conn.push_callers, clock=lambda: now[0]
+    )
+    try:
+        carol, first = ("carol", 2), new_task()
+        await store.put(config(first, "a"), most=10, seq=0, caller=carol)
+        for lost in ("x", "y"):  # two creations that crashed after counting themselves
+            await conn.push_callers.put(f"{caller_key('carol')}.{new_task()}.{lost}", b"")
+        await store.put(config(new_task(), "b"), most=10, seq=0, caller=carol)  # set right
+        with pytest.raises(QuotaExceededError):  # a and b: at the quota
+            await store.put(config(new_task(), "c"), most=10, seq=0, caller=carol)
+        await conn.push_callers.put(f"{caller_key('carol')}.{new_task()}.z", b"")  # one more
+        assert await store.delete(first, "a")
+        with pytest.raises(QuotaExceededError):  # b and z: not set right again within 30 s
+            await store.put(config(new_task(), "c"), most=10, seq=0, caller=carol)
+        now[0] += 30.0
+        await store.put(config(new_task(), "c"), most=10, seq=0, caller=carol)
+    finally:
+        await conn.js.delete_key_value(PUSH_BUCKET)
+        await conn.js.delete_key_value(PUSH_CALLERS_BUCKET)
+        await conn.close()

@@ -433,6 +433,37 @@ class GatedPerTask(AgentExecutor):
             await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
 
 
+class AskWhenReleased(AgentExecutor):
+    """Emits WORKING, waits until the test releases the message's text, then asks for input;
+    completes on the follow-up. The test decides when each task starts to wait."""
+
+    def __init__(self) -> None:
+        self._working: dict[str, asyncio.Event] = {}
+        self._release: dict[str, asyncio.Event] = {}
+
+    def working(self, text: str) -> asyncio.Event:
+        """Set once the task started by the message ``text`` is WORKING."""
+        return self._working.setdefault(text, asyncio.Event())
+
+    def release(self, text: str) -> None:
+        """Let the task started by ``text`` ask for input."""
+        self._release.setdefault(text, asyncio.Event()).set()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = _updater(context, event_queue)
+        await updater.start_work()
+        if context.current_task is not None:  # the follow-up
+            await updater.complete()
+            return
+        text = context.get_user_input()
+        self.working(text).set()
+        await self._release.setdefault(text, asyncio.Event()).wait()
+        await updater.requires_input(updater.new_agent_message([Part(text="your name?")]))
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).cancel()
+
+
 class WhoAgent(AgentExecutor):
     """Completes each task; records who the call context says is calling."""
 

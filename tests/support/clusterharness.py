@@ -62,6 +62,7 @@ async def start_instance(
     retry_for: float = 30.0,
     auth: Authenticator | None = None,
     event_streams: int = 1,
+    routed_in_flight: int = 256,
 ) -> Instance:
     """Start one instance joined to the cluster on ``servers``."""
     cluster = await NatsCluster.connect(
@@ -74,6 +75,7 @@ async def start_instance(
             retry_for=retry_for,
             key=CLUSTER_KEY,
             event_streams=event_streams,
+            routed_in_flight=routed_in_flight,
         )
     )
     service = A2AService(

@@ -64,6 +64,7 @@ ERRORS: dict[str, type[Exception]] = {
         ServerShuttingDownError,
         InternalError,
         OwnerTimeoutError,
+        OwnerUnavailableError,
     )
 }
 """The errors that cross as themselves; any other comes back as the first of these in

@@ -139,7 +139,7 @@ class TaskEngine:
     ) -> None:
         self.tasks = tasks
         """Which tasks are live here (see ``registry``)."""
-        self.runs = Runs(executor, tasks.config, tasks.parking)
+        self.runs = Runs(executor, tasks.config, tasks.parking, tasks.quotas)
         """The executions of this instance (see ``runs``)."""
         self.push = push
         """Push notifications (None: push is off)."""

@@ -22,10 +22,12 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from ..config import ServerConfig
 from ..execution.live import LiveTask
 from ..execution.pacing import Pacer
-from ..execution.parking import ParkingLot
+from ..execution.parking import ParkedTasksLimitError, ParkingLot
+from ..execution.quotas import QuotaExceededError, Quotas
 from ..execution.supervisor import ExecutionSupervisor
 from ..model import taskops
 from ..model.names import TASK_PREFIX
+from ..model.scope import principal_of
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +39,17 @@ class Runs:
         executor: The agent.
         config: Limits (event queue, ``cancel_timeout``, ``loop_slice``).
         parking: Where a task waiting for input parks once its run ended.
+        quotas: What a principal may hold, its waiting tasks included.
     """
 
-    def __init__(self, executor: AgentExecutor, config: ServerConfig, parking: ParkingLot) -> None:
+    def __init__(
+        self, executor: AgentExecutor, config: ServerConfig, parking: ParkingLot, quotas: Quotas
+    ) -> None:
         self.executor = executor
         """The agent."""
         self._config = config
         self._parking = parking
+        self._quotas = quotas
         self.pacer = Pacer(config.loop_slice)
         """Shares the event loop between bursts and everything else (see ``pacing``)."""
         self._runs: dict[asyncio.Task[None], ExecutionSupervisor] = {}
@@ -77,6 +83,7 @@ class Runs:
             pacer=self.pacer,
             execute=execute,
             cancel=cancel,
+            may_wait=None if self._parking.durable else self._may_wait,
         )
         self._current[live.task_id] = run
         self._parking.unpark(live.task_id)
@@ -85,6 +92,22 @@ class Runs:
         self._idle.clear()
         task.add_done_callback(self._done, context=contextvars.Context())
         return run
+
+    def _may_wait(self, live: LiveTask) -> str | None:
+        """Whether ``live`` may wait for input here (see ``ExecutionSupervisor``).
+
+        With the in-memory journal a waiting task costs memory until it is
+        continued, so asking for input is held to the same bounds as a new task
+        (``Quotas.check_waiting``); past one, the task ends FAILED instead.
+        """
+        if self._parking.counts(live.task_id):
+            return None  # counted already (asked twice in one run)
+        try:
+            self._quotas.check_waiting(principal_of(live.scope), self._parking)
+        except (QuotaExceededError, ParkedTasksLimitError) as exc:
+            return f"no room to wait for input on this server ({exc.reason}): {exc}"
+        self._parking.reserve(live)
+        return None
 
     async def wait_idle(self) -> None:
         """Wait until no run is alive."""

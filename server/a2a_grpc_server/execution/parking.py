@@ -14,9 +14,15 @@ its lock) for as long as they wait, so:
   memory early; with the in-memory journal, where the record itself is
   memory, the new task is refused (``ParkedTasksLimitError``,
   RESOURCE_EXHAUSTED) until some parked task is continued or canceled.
+* the bound holds for tasks that start to wait later too: a task counts
+  from the moment its executor asks for input (``reserve``, before its run
+  ends); with the in-memory journal the engine's ``Runs`` ask
+  ``Quotas.check_waiting`` first and end a task past it FAILED; with a
+  durable one ``park`` has the longest-parked unread tasks leave memory.
 
 Who runs what: everything here runs on the event loop, synchronously; the
-engine's ``Runs`` call ``park`` when a run ends and ``unpark`` when work
+engine's ``Runs`` call ``reserve`` when an executor asks for input, ``park``
+when a run ends and ``unpark`` when work
 resumes on the task, and its ``LiveTasks`` call ``make_room`` before they
 create a task (and ``unpark`` when it ends).
 """
@@ -80,12 +86,20 @@ class ParkingLot:
 
     @property
     def count(self) -> int:
-        """Parked tasks this instance holds (in memory, or in its in-memory journal)."""
-        return len(self._parked) + len(self._held)
+        """Parked tasks this instance holds (in memory, or in its in-memory journal).
+
+        A task that asked for input counts from then on (``reserve``), before
+        its run has ended and it parks.
+        """
+        return len(self._principals)
 
     def count_of(self, principal: str) -> int:
         """Parked tasks of ``principal`` this instance holds (as ``count``)."""
         return self._per_principal[principal]
+
+    def counts(self, task_id: str) -> bool:
+        """Whether the task is counted as parked (or as about to park) here."""
+        return task_id in self._principals
 
     @property
     def holders(self) -> int:
@@ -102,15 +116,40 @@ class ParkingLot:
         """Whether a parked task can leave memory at no cost (the journal is elsewhere)."""
         return self._durable
 
+    def reserve(self, live: LiveTask) -> bool:
+        """Count ``live`` as parked from now on (it asked for input; its run still ends).
+
+        Its run's end parks it, or whatever ends the wait (a follow-up's run, the
+        task's end) ``unpark``s it, as for a parked task.
+
+        Returns:
+            False if it was counted already.
+        """
+        if live.task_id in self._principals:
+            return False
+        principal = principal_of(live.scope)
+        self._principals[live.task_id] = principal
+        self._per_principal[principal] += 1
+        return True
+
     def park(self, live: LiveTask) -> None:
-        """``live`` is waiting for input from now on."""
+        """``live`` is waiting for input from now on.
+
+        With a durable journal, while more than ``max_parked_tasks`` are held the
+        longest-parked unread tasks leave memory (not this one: it may be coming
+        back for a caller; when every other is being read, the cap is exceeded by
+        tasks being read, which ``max_streams`` bounds).
+        """
         self._held.discard(live.task_id)
-        if live.task_id not in self._principals:
-            principal = principal_of(live.scope)
-            self._principals[live.task_id] = principal
-            self._per_principal[principal] += 1
+        self.reserve(live)
         self._parked[live.task_id] = (live, self._clock())
         self._parked.move_to_end(live.task_id)
+        if self._durable and self.count > self._most:
+            for waiting, _ in list(self._parked.values()):
+                if self.count <= self._most:
+                    break
+                if waiting is not live:
+                    self._leave(waiting)
         self._schedule()
 
     def unpark(self, task_id: str) -> None:

@@ -6,6 +6,8 @@ per instance (in cluster mode, each instance counts what it serves):
 * live tasks (``quota_live_tasks``) and tasks waiting for input
   (``quota_parked_tasks``) of one principal: checked before a new task is
   made; a follow-up to a task the principal already holds is never refused;
+  with the in-memory journal the parked-task bounds are checked again when
+  a task asks for input (``check_waiting``: past one, it ends FAILED);
 * open streams of one principal (``quota_streams``): checked before a stream
   call does anything;
 * SubscribeToTask streams of one task (``quota_subscribers``).
@@ -38,6 +40,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..config import ServerConfig
+from ..errors import ParkedTasksLimitError
 from ..errors import (  # re-exported: the error tree lives in errors
     QuotaExceededError as QuotaExceededError,
 )
@@ -77,25 +80,29 @@ class Quotas:
                 "LIVE_TASKS_QUOTA", "quota_live_tasks", most, "live tasks of one caller"
             )
         parked = parking.count_of(principal)
-        most = config.quota_parked_tasks
-        if most and parked >= most:
-            raise QuotaExceededError(
-                "PARKED_TASKS_QUOTA",
-                "quota_parked_tasks",
-                most,
-                "tasks of one caller waiting for input",
-            )
+        _check_parked_quota(config.quota_parked_tasks, parked)
         self.check_live_limit(principal)  # (the instance's limit and fair share alike)
-        share = None
         if not parking.durable:  # (durable: a parked task leaves memory instead, see parking)
-            share = _share(principal, parked, parking.count, parking.most, parking.holders)
-        if share is not None:
-            raise QuotaExceededError(
-                "PARKED_TASKS_FAIR_SHARE",
-                "max_parked_tasks",
-                share,
-                "tasks of one caller waiting for input while this instance is busy (a fair share)",
-            )
+            _check_parked_share(principal, parked, parking)
+
+    def check_waiting(self, principal: str, parking: ParkingLot) -> None:
+        """Before a task of ``principal`` starts waiting for input (it is not counted yet).
+
+        The same bounds as for a new task, checked again when a task asks
+        for input (tasks that park later would otherwise overshoot them):
+        the caller's quota, the instance's ``max_parked_tasks`` and the
+        fair share of it. Only for the in-memory journal (``parking.durable``
+        is False): in cluster mode a waiting task leaves memory instead.
+
+        Raises:
+            QuotaExceededError: PARKED_TASKS_QUOTA or PARKED_TASKS_FAIR_SHARE.
+            ParkedTasksLimitError: The instance holds ``max_parked_tasks``.
+        """
+        parked = parking.count_of(principal)
+        _check_parked_quota(self._config.quota_parked_tasks, parked)
+        if parking.most and parking.count >= parking.most:
+            raise ParkedTasksLimitError(parking.most)
+        _check_parked_share(principal, parked, parking)
 
     def check_live_limit(self, principal: str) -> None:
         """Before a new task of ``principal``, or a follow-up that brings one back into memory.
@@ -181,6 +188,27 @@ class Quotas:
         self.live_total -= 1
         if self.live[principal] <= 0:
             del self.live[principal]
+
+
+def _check_parked_quota(most: int, parked: int) -> None:
+    if most and parked >= most:
+        raise QuotaExceededError(
+            "PARKED_TASKS_QUOTA",
+            "quota_parked_tasks",
+            most,
+            "tasks of one caller waiting for input",
+        )
+
+
+def _check_parked_share(principal: str, parked: int, parking: ParkingLot) -> None:
+    share = _share(principal, parked, parking.count, parking.most, parking.holders)
+    if share is not None:
+        raise QuotaExceededError(
+            "PARKED_TASKS_FAIR_SHARE",
+            "max_parked_tasks",
+            share,
+            "tasks of one caller waiting for input while this instance is busy (a fair share)",
+        )
 
 
 def _share(principal: str, held: int, total: int, limit: int, holders: int) -> int | None:

@@ -13,6 +13,8 @@ Assets (created if missing, identical on every instance):
 * KV bucket ``A2A_INSTANCES``: one heartbeat key per live instance;
 * KV bucket ``A2A_PUSH``: push configs and their cursors (see ``pushstore``),
   max age ``task_ttl``;
+* KV bucket ``A2A_PUSH_CALLERS``: which principal each push config counts
+  against (``quota_push_configs``; see ``pushstore``), max age ``task_ttl``;
 * stream ``A2A_INDEX`` on ``a2a.idx.>``: the listing index (see ``index``),
   max age ``task_ttl``, direct gets allowed.
 
@@ -44,6 +46,7 @@ logger = logging.getLogger(__name__)
 TASKS_BUCKET = "A2A_TASKS"
 INSTANCES_BUCKET = "A2A_INSTANCES"
 PUSH_BUCKET = "A2A_PUSH"
+PUSH_CALLERS_BUCKET = "A2A_PUSH_CALLERS"
 EVENTS_STREAM = "A2A_EVENTS"
 EVENTS_SUBJECT = "a2a.events"
 SHARD_SUBJECT = "a2a.ev"
@@ -86,6 +89,7 @@ class NatsConnection:
     tasks: KeyValue
     instances: KeyValue
     push: KeyValue
+    push_callers: KeyValue
     events: ConnectionEvents = field(default_factory=lambda: ConnectionEvents())
 
     async def close(self) -> None:
@@ -131,14 +135,14 @@ async def connect(config: NatsConfig) -> NatsConnection:
     js = nc.jetstream(timeout=5)
     try:
         async with asyncio.timeout(SETUP_TIMEOUT):
-            tasks, instances, push = await _ensure_assets(js, config)
+            tasks, instances, push, push_callers = await _ensure_assets(js, config)
     except TimeoutError as exc:
         await nc.close()
         raise ConnectionError("JetStream did not become available within 20 s") from exc
     except BaseException:
         await nc.close()  # whatever went wrong, no connection is left behind
         raise
-    return NatsConnection(config, nc, js, tasks, instances, push, events)
+    return NatsConnection(config, nc, js, tasks, instances, push, push_callers, events)
 
 
 async def _connect(
@@ -211,16 +215,17 @@ def _secret(path: str) -> str:
 
 async def _ensure_assets(
     js: JetStreamContext, config: NatsConfig
-) -> tuple[KeyValue, KeyValue, KeyValue]:
+) -> tuple[KeyValue, KeyValue, KeyValue, KeyValue]:
     while True:
         try:
             tasks = await _ensure_kv(js, TASKS_BUCKET, config.task_ttl, config.replicas)
             instances = await _ensure_kv(js, INSTANCES_BUCKET, INSTANCES_TTL, config.replicas)
             push = await _ensure_kv(js, PUSH_BUCKET, config.task_ttl, config.replicas)
+            callers = await _ensure_kv(js, PUSH_CALLERS_BUCKET, config.task_ttl, config.replicas)
             for shard in range(config.event_streams):
                 await _ensure_events(js, config, shard)
             await _ensure_index(js, config)
-            return tasks, instances, push
+            return tasks, instances, push, callers
         except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError) as exc:
             logger.info("waiting for JetStream: %s", type(exc).__name__)
         except nats.js.errors.APIError as exc:

@@ -67,6 +67,12 @@ class NatsConfig:
             without it, with ``tls_cert``, the system's CAs).
         tls_cert: A client certificate (PEM) to present to NATS (with ``tls_key``).
         tls_key: The client certificate's private key (PEM).
+        routed_in_flight: Most routed requests (cancels, follow-ups, push configs
+            sent by other instances) this instance serves at once. Past it a
+            cancel or follow-up is refused at once, before anything is done
+            (the client gets UNAVAILABLE ``OWNER_UNAVAILABLE`` and retries); a
+            push config waits for room (refusing it would leave its webhook
+            without a deliverer while the owner lives).
     """
 
     servers: list[str] = field(default_factory=lambda: ["nats://127.0.0.1:4222"])
@@ -90,6 +96,11 @@ class NatsConfig:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    routed_in_flight: int = 256
     key: bytes | None = None
     """The shared key itself, for embedders and tests (instead of ``key_file``; not a
     setting)."""
+
+    def __post_init__(self) -> None:
+        if self.routed_in_flight < 1:
+            raise ValueError("routed_in_flight must be positive")

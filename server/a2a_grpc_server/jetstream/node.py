@@ -76,7 +76,7 @@ class NatsCluster:
         self._router: Router | None = None
         self.lease: Lease | None = None
         self.push_store = JetStreamPushConfigs(
-            conn.push, Retry(conn.config.retry_for), self.formats
+            conn.push, Retry(conn.config.retry_for), self.formats, callers=conn.push_callers
         )
         """Push configs and cursors, shared by every instance."""
         self._local: Local | None = None
@@ -123,7 +123,11 @@ class NatsCluster:
         self._local = local
         self._relays = Relays(self._journal, tasks.pool, tasks.metrics)
         self._router = Router(
-            self.conn.nc, self.instance_id, tasks.config.cancel_timeout, self._signer
+            self.conn.nc,
+            self.instance_id,
+            tasks.config.cancel_timeout,
+            self._signer,
+            in_flight=self.conn.config.routed_in_flight,
         )
         self.lease = Lease(
             self.conn,

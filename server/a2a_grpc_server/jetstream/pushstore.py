@@ -12,21 +12,41 @@ survivor that ended the task) moves its cursor with a compare-and-set on the
 key's revision, so a config deleted meanwhile is not written back: the
 delivery learns it is gone and stops. Two instances creating configs for
 one task at the same moment may together exceed ``push_max_configs`` by one.
+
+Each principal's configs are counted (``quota_push_configs``) over the whole
+cluster, by an index in a second bucket, ``A2A_PUSH_CALLERS`` (the same max
+age): one empty key per config, ``<principal digest>.<config's key>``.
+Counting is a watch of the principal's keys (at most its quota of them). A
+new config writes its index key first, then itself; a deleted one goes
+first, then its index key. So a crash between the two writes leaves an index
+key without a config, never a config without one: the count may run over,
+never under. It is set right (*reconciled*) when it refuses: the index keys
+whose config is gone are purged, at most once per ``RECONCILE_EVERY`` seconds
+per principal and instance, so a caller at its quota cannot make every
+attempt cost a read per config. One instance counts one principal's new
+configs one at a time; instances creating configs for one principal at the
+same moment may together exceed its quota by one each. Instances of a
+version before this index neither write nor read it: their configs are not
+counted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
+import hashlib
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import nats.js.errors
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
 from nats.js.kv import KeyValue
 
+from ..errors import QuotaExceededError
 from ..push.configs import ConfigPage, PushConfigLimitError, decode_page_token
 from .formats import Formats, mark, unmark
 from .retry import Retry
@@ -38,6 +58,10 @@ Orphans = list["Orphan"]
 
 REVISIONS_KEPT = 4096
 """Configs whose key revision this instance remembers (those it delivered to lately)."""
+RECONCILE_EVERY = 30.0
+"""Least seconds between two reconciliations of one principal's count by one instance."""
+RECONCILED_KEPT = 4096
+"""Principals whose last reconciliation this instance remembers."""
 
 WHAT = "a push config"
 HEAD = struct.Struct(">QQB")
@@ -47,6 +71,11 @@ HEAD = struct.Struct(">QQB")
 def _key(task_id: str, config_id: str) -> str:
     encoded = base64.urlsafe_b64encode(config_id.encode()).decode().rstrip("=")
     return f"{task_id}.{encoded or '_'}"
+
+
+def caller_key(principal: str) -> str:
+    """The first token of ``principal``'s index keys (a digest: names are any text)."""
+    return hashlib.blake2s(principal.encode(), digest_size=16, person=b"a2a-push").hexdigest()
 
 
 def _pack(number: int, cursor: int, deliverer: str, config: TaskPushNotificationConfig) -> bytes:
@@ -83,12 +112,28 @@ class JetStreamPushConfigs:
         kv: The ``A2A_PUSH`` bucket.
         retry: How long reads and writes retry through a NATS outage.
         formats: Which format to write (see ``formats``; None: format 1 only).
+        callers: The ``A2A_PUSH_CALLERS`` bucket (None: configs are not counted
+            per principal).
+        clock: Monotonic clock that paces reconciliations.
     """
 
-    def __init__(self, kv: KeyValue, retry: Retry, formats: Formats | None = None) -> None:
+    def __init__(
+        self,
+        kv: KeyValue,
+        retry: Retry,
+        formats: Formats | None = None,
+        *,
+        callers: KeyValue | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._kv = kv
         self._retry = retry
         self._formats = formats or Formats()
+        self._callers = callers
+        self._clock = clock
+        self._counting: dict[str, tuple[asyncio.Lock, int]] = {}
+        """Per principal being counted here: its lock and how many wait for it."""
+        self._reconciled: OrderedDict[str, float] = OrderedDict()
         self._revisions: OrderedDict[tuple[str, str], tuple[int, bytes]] = OrderedDict()
         """Per config this instance delivered to lately: the key's revision and value (at
         most ``REVISIONS_KEPT``; a config not among them costs one read more)."""
@@ -103,8 +148,8 @@ class JetStreamPushConfigs:
     ) -> None:
         """Keep ``config``; see ``PushConfigStore.put``.
 
-        ``caller``'s quota is not counted here: the bucket has no index by
-        principal yet, so only ``most`` per task bounds a caller, through its tasks.
+        ``caller``'s configs are counted over the cluster (see the module
+        docstring), when the store has the ``callers`` bucket.
         """
         task_id = config.task_id
         key = _key(task_id, config.id)
@@ -114,7 +159,18 @@ class JetStreamPushConfigs:
             raise PushConfigLimitError(task_id, most)
         value = _pack(number or time.time_ns(), seq, deliverer, config)
         stored = mark(value, self._formats.writing)
-        await self._retry(lambda: self._kv.put(key, stored), "store a push config")
+        principal, quota = caller
+        if number or self._callers is None:  # (a replacement is not a new one)
+            await self._retry(lambda: self._kv.put(key, stored), "store a push config")
+            self._revisions.pop((task_id, config.id), None)
+            return
+        # (Counted even without a quota here: another instance, or a later setting, may have one.)
+        who = caller_key(principal)
+        async with self._counted(who) if quota else contextlib.nullcontext():
+            if quota:
+                await self._admit(who, quota)
+            await self._index_put(f"{who}.{key}")
+            await self._retry(lambda: self._kv.put(key, stored), "store a push config")
         self._revisions.pop((task_id, config.id), None)
 
     async def get(self, task_id: str, config_id: str) -> TaskPushNotificationConfig | None:
@@ -138,6 +194,10 @@ class JetStreamPushConfigs:
         if existed:
             await self._retry(lambda: self._kv.purge(key), "delete a push config")
         self._revisions.pop((task_id, config_id), None)
+        callers = self._callers
+        if callers is not None:  # (then its index key: see the module docstring)
+            for index in await self._watch_keys(callers, f"*.{key}"):
+                await self._uncount(index)
         return existed
 
     async def cursor(self, task_id: str, config_id: str) -> int | None:
@@ -254,10 +314,14 @@ class JetStreamPushConfigs:
 
     async def _keys(self, task_id: str) -> Sequence[str]:
         """The keys of the task's configs."""
+        return await self._watch_keys(self._kv, f"{task_id}.*")
+
+    async def _watch_keys(self, kv: KeyValue, pattern: str) -> Sequence[str]:
+        """The keys of ``kv`` that match ``pattern``."""
 
         async def keys() -> list[str]:
-            # A watch of this task's keys only (``KeyValue.keys`` reads every key).
-            watcher = await self._kv.watch(f"{task_id}.*", ignore_deletes=True, meta_only=True)
+            # A watch of these keys only (``KeyValue.keys`` reads every key).
+            watcher = await kv.watch(pattern, ignore_deletes=True, meta_only=True)
             found = []
             try:
                 async for entry in watcher:
@@ -269,6 +333,64 @@ class JetStreamPushConfigs:
             return found
 
         return await self._retry(keys, "list push configs")
+
+    @contextlib.asynccontextmanager
+    async def _counted(self, who: str) -> AsyncIterator[None]:
+        """Count ``who``'s new configs one at a time on this instance."""
+        lock, waiting = self._counting.get(who) or (asyncio.Lock(), 0)
+        self._counting[who] = (lock, waiting + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, waiting = self._counting[who]
+            if waiting == 1:
+                del self._counting[who]
+            else:
+                self._counting[who] = (lock, waiting - 1)
+
+    async def _admit(self, who: str, quota: int) -> None:
+        """Refuse a new config of the principal ``who`` names if it holds ``quota``.
+
+        Raises:
+            QuotaExceededError: PUSH_CONFIGS_QUOTA.
+        """
+        assert self._callers is not None
+        held = await self._watch_keys(self._callers, f"{who}.>")
+        if len(held) >= quota and self._may_reconcile(who):
+            held = [index for index in held if await self._still_counts(index)]
+        if len(held) >= quota:
+            raise QuotaExceededError(
+                "PUSH_CONFIGS_QUOTA", "quota_push_configs", quota, "push configs of one caller"
+            )
+
+    def _may_reconcile(self, who: str) -> bool:
+        now = self._clock()
+        last = self._reconciled.get(who)
+        if last is not None and now - last < RECONCILE_EVERY:
+            return False
+        self._reconciled[who] = now
+        self._reconciled.move_to_end(who)
+        while len(self._reconciled) > RECONCILED_KEPT:
+            self._reconciled.popitem(last=False)
+        return True
+
+    async def _still_counts(self, index: str) -> bool:
+        """Whether an index key's config exists; if not, the key is purged."""
+        if await self._get(index.split(".", 1)[1]) is not None:
+            return True
+        await self._uncount(index)
+        return False
+
+    async def _uncount(self, index: str) -> None:
+        callers = self._callers
+        assert callers is not None
+        await self._retry(lambda: callers.purge(index), "uncount a push config")
+
+    async def _index_put(self, index: str) -> None:
+        callers = self._callers
+        assert callers is not None
+        await self._retry(lambda: callers.put(index, b""), "count a push config")
 
     async def _entries(self, task_id: str) -> Entries:
         found: Entries = []

@@ -7,9 +7,16 @@ itself: the cancel's frames go through the owner's journal and log, never
 around them. Errors come back as a header naming the domain error
 class, and are raised again on the asking instance.
 
-Who runs what: nats-py calls ``_on_request`` in the subscription's task; it
-only spawns the serving task and returns, so one slow cancel never delays
-another.
+Who runs what: nats-py calls ``_on_request`` in the subscription's task (one
+per operation, each message in turn); it checks the request's signature,
+then spawns the serving task and returns, so one slow cancel never delays
+another. At most ``in_flight`` requests are served at once (NatsConfig's
+``routed_in_flight``): past it a cancel or follow-up is answered at once
+with ``OwnerUnavailableError`` (UNAVAILABLE, retryable: nothing was done, so
+no task is lost or half-changed), while a push request waits in its
+subscription's callback for room (NATS holds what arrives meanwhile, within
+the subscription's pending limits): refusing it would leave its config
+without a deliverer.
 """
 
 from __future__ import annotations
@@ -82,15 +89,26 @@ class Router:
         instance_id: This instance's id.
         cancel_timeout: The engine's ``cancel_timeout`` (see ``routed.default_wait``).
         signer: Signs requests and answers, and checks those received (``signing``).
+        in_flight: Most requests served at once (see the module docstring).
     """
 
-    def __init__(self, nc: Client, instance_id: str, cancel_timeout: float, signer: Signer) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        instance_id: str,
+        cancel_timeout: float,
+        signer: Signer,
+        *,
+        in_flight: int = 256,
+    ) -> None:
         self._nc = nc
         self._signer = signer
         self._id = instance_id
         self._bound = default_wait(cancel_timeout)
         self._subs: list[NatsSubscription] = []
         self._serving: set[asyncio.Task[None]] = set()
+        self._room = asyncio.Semaphore(in_flight)
+        self._in_flight = in_flight
         self._local: Local | None = None
 
     async def start(self, local: Local) -> None:
@@ -222,13 +240,7 @@ class Router:
             "push": self._serve_push,
             "send": self._serve_send,
         }.get(op, self._serve_unknown)
-        task = asyncio.create_task(self._serve(msg, serve), name=f"{TASK_PREFIX}:routed-{op}")
-        self._serving.add(task)
-        task.add_done_callback(self._serving.discard)
-
-    async def _serve(self, msg: Msg, serve: Callable[[Msg, Caller], Awaitable[bytes]]) -> None:
         headers = msg.headers or {}
-        received = asyncio.get_running_loop().time()
         try:
             nonce = self._signer.check(msg.subject, headers, msg.data)
             if nonce and headers.get(REPLY_TO) != msg.reply:
@@ -237,6 +249,31 @@ class Router:
             # Not answered: an answer signed here is one a forger could use.
             _refused_log.log("routed %s refused, not answered: %s", msg.subject, exc)
             return
+        if self._room.locked() and op != "push":
+            _refused_log.log("routed %s refused: %d requests in flight", op, self._in_flight)
+            busy = OwnerUnavailableError(
+                f"instance {self._id}, which runs this task, is serving {self._in_flight} "
+                "routed requests (routed_in_flight); nothing was done: retry"
+            )
+            await self._answer(msg, nonce, *encode_error(busy))
+            return
+        await self._room.acquire()  # (at once, but for a push while full: see above)
+        task = asyncio.create_task(
+            self._serve(msg, nonce, serve), name=f"{TASK_PREFIX}:routed-{op}"
+        )
+        self._serving.add(task)
+        task.add_done_callback(self._served)
+
+    def _served(self, task: asyncio.Task[None]) -> None:
+        self._serving.discard(task)
+        self._room.release()
+
+    async def _serve(
+        self, msg: Msg, nonce: str, serve: Callable[[Msg, Caller], Awaitable[bytes]]
+    ) -> None:
+        headers = msg.headers or {}
+        received = asyncio.get_running_loop().time()
+        reply_headers: dict[str, str] | None
         try:
             check_header(headers, "a routed request")
             if CALLER not in headers:
@@ -255,6 +292,11 @@ class Router:
             reply_headers = {ERROR: InternalError.__name__}
         if asyncio.get_running_loop().time() - received > float(headers.get(TIMEOUT, "inf")):
             logger.warning("routed %s took longer than its asker waits", msg.subject)
+        await self._answer(msg, nonce, reply, reply_headers)
+
+    async def _answer(
+        self, msg: Msg, nonce: str, reply: bytes, reply_headers: dict[str, str] | None
+    ) -> None:
         answer_headers = dict(reply_headers or {})
         if nonce:
             answer_headers[ANSWERS] = nonce

@@ -43,15 +43,21 @@ def scope_key(tenant: str, principal: str) -> str:
 def context_for(scope: str, asked: str) -> str:
     """The context id of a new task of ``scope`` whose message named ``asked`` ("" for none).
 
+    Any scope but the anonymous one (a principal, or only a tenant) is issued
+    ids that carry its tag (``<uuid>.<tag>``, a hash of the scope and the
+    uuid): ``asked`` is taken only if it carries this scope's tag; any other
+    id, another scope's or one never issued, gets a fresh context: the same
+    answer for both, so a caller can neither join another's context nor
+    learn that it exists.
+
     The anonymous scope takes ``asked`` as it is (or a fresh id), as if there
-    were no scopes. Any other scope is issued ids that carry its tag
-    (``<uuid>.<tag>``, a hash of the scope and the uuid): ``asked`` is taken
-    only if it carries this scope's tag; any other id, another scope's or one
-    never issued, gets a fresh context: the same answer for both, so a
-    caller can neither join another's context nor learn that it exists.
+    were no scopes, except an id in the issued form: that one is another
+    scope's (the anonymous scope is never issued one; a server without an
+    authenticator may serve tenant-less callers beside tenants), so it gets
+    a fresh context too.
     """
     if scope == ANONYMOUS:
-        return asked or str(uuid.uuid4())
+        return asked if asked and not _issued_form(asked) else str(uuid.uuid4())
     if asked:
         base, dot, tag = asked.rpartition(".")
         # (bytes: compare_digest refuses a str that is not ASCII, and ids are any text)
@@ -61,9 +67,19 @@ def context_for(scope: str, asked: str) -> str:
     return f"{base}.{_context_tag(scope, base)}"
 
 
+def _issued_form(context_id: str) -> bool:
+    """Whether ``context_id`` reads as issued to a scope (``<base>.<tag>``)."""
+    _, dot, tag = context_id.rpartition(".")
+    return bool(dot) and len(tag) == _TAG_CHARS and all(c in _HEX for c in tag)
+
+
+_TAG_CHARS = 16
+_HEX = frozenset("0123456789abcdef")
+
+
 def _context_tag(scope: str, base: str) -> str:
     return hashlib.blake2s(
-        f"{scope}\n{base}".encode(), digest_size=8, person=b"a2a-ctx"
+        f"{scope}\n{base}".encode(), digest_size=_TAG_CHARS // 2, person=b"a2a-ctx"
     ).hexdigest()
 
 

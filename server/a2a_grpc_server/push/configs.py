@@ -129,8 +129,9 @@ class PushConfigStore(Protocol):
             seq: The last frame its webhook does not get.
             deliverer: The instance that delivers it (cluster mode: the task's owner).
             caller: The principal creating it, and the most configs one principal
-                may keep (``quota_push_configs``; 0: no quota). A store that does
-                not count per principal (the shared one, in cluster mode) ignores it.
+                may keep (``quota_push_configs``; 0: no quota). The config counts
+                against the principal until it is deleted or forgotten; replacing
+                one (the same id) is not a new one.
 
         Raises:
             PushConfigLimitError: The task has ``most`` other configs already.

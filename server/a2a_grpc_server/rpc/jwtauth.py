@@ -8,7 +8,12 @@ host, and only when allowed explicitly); it is read at start (a URL: at the
 first call) and read again when a token names a key it does not hold (a key
 rotation), at most once per ``REFRESH_EVERY`` seconds whatever the endpoint
 answers, and one read at a time (concurrent calls share it), so neither
-unknown key ids nor a failing endpoint can make the server hammer it.
+unknown key ids nor a failing endpoint can make the server hammer it. Until
+a first read has succeeded (no key held: every call is refused), a failed
+read is retried sooner: after ``FIRST_RETRY`` seconds, doubling after each
+failure up to ``REFRESH_EVERY`` (with jitter, less up to a fifth, so a fleet
+started while the endpoint was down does not retry in step): an endpoint
+down for a moment at start does not mean 30 s of UNAUTHENTICATED.
 
 Who runs what: ``authenticate`` runs on the event loop at the start of each
 call (see ``auth``); a refresh from a URL is an ``await`` there (httpx).
@@ -20,7 +25,9 @@ import asyncio
 import ipaddress
 import json
 import logging
+import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 REFRESH_EVERY = 30.0
 """Least seconds between two reads of the JWKS for an unknown key id."""
+FIRST_RETRY = 1.0
+"""Seconds before a failed read is retried while no key is held (then doubling)."""
 LEEWAY = 30.0
 """Seconds of clock skew tolerated on ``exp`` and ``nbf``."""
 FETCH_TIMEOUT = 5.0
@@ -51,6 +60,7 @@ class JwtAuthenticator:
         claim: The claim that names the principal.
         allow_http_loopback: Accept an ``http://`` URL to a loopback host
             (127.0.0.1, ::1, localhost): a JWKS served beside the server.
+        clock: Monotonic clock (seconds) that paces the reads.
 
     Raises:
         ValueError: The JWKS file cannot be read or holds no usable key, or
@@ -65,10 +75,15 @@ class JwtAuthenticator:
         claim: str = "sub",
         *,
         allow_http_loopback: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._source, self._issuer, self._audience, self._claim = jwks, issuer, audience, claim
         self._keys: dict[str, jwt.PyJWK] = {}
+        self._clock = clock
         self._read_at: float | None = None
+        self._pause = REFRESH_EVERY
+        """Least seconds from the last read's start to the next one's."""
+        self._backoff = FIRST_RETRY
         self._reading: asyncio.Future[bool] | None = None
         if jwks.startswith("http://") and not (allow_http_loopback and _loopback(jwks)):
             raise ValueError(
@@ -125,15 +140,15 @@ class JwtAuthenticator:
         return Principal(name)
 
     async def _refresh(self) -> bool:
-        """Read the JWKS again (at most once per ``REFRESH_EVERY``, one read at a time).
+        """Read the JWKS again (paced as the module docstring says, one read at a time).
 
         Returns:
             Whether it was read (by this call or by the one it joined).
         """
         reading = self._reading
         if reading is None:
-            now = time.monotonic()
-            if self._read_at is not None and now - self._read_at < REFRESH_EVERY:
+            now = self._clock()
+            if self._read_at is not None and now - self._read_at < self._pause:
                 return False
             self._read_at = now
             reading = self._reading = asyncio.ensure_future(self._read_again())
@@ -148,8 +163,23 @@ class JwtAuthenticator:
             document = await self._fetch() if self._is_url() else self._read_file()
             self._use(document)
         except (ValueError, OSError, httpx.HTTPError, TypeError, AttributeError) as exc:
-            logger.warning("JWKS %s not read again: %s; keeping the keys held", self._source, exc)
+            if self._keys:
+                logger.warning(
+                    "JWKS %s not read again: %s; keeping the keys held", self._source, exc
+                )
+                self._pause = REFRESH_EVERY
+            else:
+                # Nothing held: every call is refused until a read succeeds.
+                self._pause = self._backoff * random.uniform(0.8, 1.0)  # (jitter)
+                self._backoff = min(self._backoff * 2, REFRESH_EVERY)
+                logger.warning(
+                    "JWKS %s not read: %s; no key held, next read in %.1f s at the earliest",
+                    self._source,
+                    exc,
+                    self._pause,
+                )
             return False
+        self._pause = REFRESH_EVERY
         return True
 
     def _is_url(self) -> bool:

@@ -20,12 +20,14 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 READY = "Server is ready"
 START_TIMEOUT = 15.0
+PAUSE_TIMEOUT = 5.0
 
 
 def binary() -> str:
@@ -108,9 +110,22 @@ class Node:
         ready.set()  # exited: start() checks poll()
 
     def pause(self) -> None:
-        """SIGSTOP the process: connections stay open, nothing is answered."""
+        """SIGSTOP the process: connections stay open, nothing is answered.
+
+        Returns once every thread of it is stopped (where ``/proc`` tells): the
+        signal stops them asynchronously, and a write sent right after ``kill``
+        returned was sometimes still answered (a loaded machine, one run of four).
+
+        Raises:
+            RuntimeError: It did not stop within 5 s.
+        """
         assert self.proc is not None
         os.kill(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + PAUSE_TIMEOUT
+        while not _stopped(self.proc.pid):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nats-server {self.name} did not stop on SIGSTOP")
+            time.sleep(0.001)  # sync-ok: polling the kernel's view of the process, bounded
 
     def resume(self) -> None:
         """SIGCONT a paused process."""
@@ -174,3 +189,20 @@ def running(size: int = 1, max_payload: int = 0, conf: str = "") -> Iterator[Clu
             yield cluster
         finally:
             cluster.stop()
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (True where ``/proc`` does not tell)."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/stat") as stat:
+                state = stat.read().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue  # (the thread is gone)
+        if state not in ("T", "t"):
+            return False
+    return True

@@ -109,20 +109,21 @@ def test_a_jwks_without_a_usable_key_is_refused(tmp_path: Path) -> None:
 
 @contextlib.contextmanager
 def jwks_endpoint(
-    document: dict[str, Any] | None, *, status: int = 200, delay: float = 0.0
+    document: dict[str, Any] | None, *, status: int | list[int] = 200, delay: float = 0.0
 ) -> Iterator[tuple[str, list[str]]]:
-    """An HTTP server on 127.0.0.1 answering ``status`` at /jwks, with ``document`` (None:
-    no body) after ``delay`` seconds; yields its URL and the paths of the requests it
-    received."""
+    """An HTTP server on 127.0.0.1 answering ``status`` at /jwks (a list: one per request in
+    turn, the last one repeated), with ``document`` (None: no body) after ``delay`` seconds;
+    yields its URL and the paths of the requests it received."""
     seen: list[str] = []
     body = json.dumps(document).encode() if document is not None else b""
+    statuses = status if isinstance(status, list) else [status]
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             seen.append(self.path)
             if delay:
                 time.sleep(delay)  # sync-ok: a slow endpoint, so concurrent calls overlap it
-            self.send_response(status)
+            self.send_response(statuses[min(len(seen), len(statuses)) - 1])
             if body:
                 self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -165,7 +166,8 @@ async def test_a_failing_jwks_endpoint_is_read_once_however_many_calls_wait(
 ) -> None:
     key, _ = keypair("k1")
     with jwks_endpoint(None, status=503, delay=0.2) as (url, seen):
-        auth = JwtAuthenticator(url, ISSUER, AUDIENCE, allow_http_loopback=True)
+        clock = Clock()  # (still: the call after them comes before any retry is due)
+        auth = JwtAuthenticator(url, ISSUER, AUDIENCE, allow_http_loopback=True, clock=clock)
         agent = WhoAgent()
         server = A2AServer(agent, host="127.0.0.1", port=0, http_port=None, auth=auth)
         await server.start()
@@ -183,6 +185,73 @@ async def test_a_failing_jwks_endpoint_is_read_once_however_many_calls_wait(
     assert seen == ["/jwks"], f"one read for 40 calls, none again within {REFRESH_EVERY} s"
     warnings = [r for r in caplog.records if "JWKS" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert agent.users == []
+
+
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@contextlib.asynccontextmanager
+async def jwks_url_server(
+    agent: WhoAgent, url: str, clock: Clock
+) -> AsyncIterator[a2a_pb2_grpc.A2AServiceStub]:
+    auth = JwtAuthenticator(url, ISSUER, AUDIENCE, allow_http_loopback=True, clock=clock)
+    server = A2AServer(agent, host="127.0.0.1", port=0, http_port=None, auth=auth)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(server.grpc_address) as channel:
+            yield a2a_pb2_grpc.A2AServiceStub(channel)
+    finally:
+        await server.stop(grace=0)
+
+
+async def refused(stub: a2a_pb2_grpc.A2AServiceStub, jwt_token: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call(stub, jwt_token)
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_until_a_first_jwks_read_succeeds_a_failed_read_is_retried_sooner() -> None:
+    # The first failed read meant REFRESH_EVERY (30 s) of UNAUTHENTICATED for everyone, even
+    # when the endpoint was back a moment later (issue 22). With no key held, a failed read is
+    # retried after 1 s, then 2 s, ... (less up to a fifth of jitter), still one at a time.
+    key, public = keypair("k1")
+    stranger, _ = keypair("k9")
+    agent, clock = WhoAgent(), Clock()
+    with jwks_endpoint({"keys": [public]}, status=[503, 503, 200], delay=0.1) as (url, seen):
+        async with asyncio.timeout(20), jwks_url_server(agent, url, clock) as stub:
+            await asyncio.gather(*(refused(stub, token(key, "k1")) for _ in range(20)))
+            assert len(seen) == 1, "concurrent calls share one read"
+            for elapsed, reads in ((0.7, 1), (1.0, 2), (2.5, 2)):  # retries at >=0.8 and >=1.6
+                clock.now = 1000.0 + elapsed
+                await refused(stub, token(key, "k1"))
+                assert len(seen) == reads, elapsed
+            clock.now = 1000.0 + 3.0  # the endpoint is back
+            await call(stub, token(key, "k1"))
+            assert len(seen) == 3
+            clock.now += REFRESH_EVERY - 1  # once keys are held, unknown ones wait the bound
+            await refused(stub, token(stranger, "k9"))
+            assert len(seen) == 3
+    assert agent.users == [("alice", True)]
+
+
+async def test_a_jwks_endpoint_down_from_the_start_is_read_a_bounded_number_of_times() -> None:
+    key, _ = keypair("k1")
+    agent, clock = WhoAgent(), Clock()
+    with jwks_endpoint(None, status=503) as (url, seen):
+        async with asyncio.timeout(30), jwks_url_server(agent, url, clock) as stub:
+            for _ in range(120):  # a call a second for two minutes
+                await refused(stub, token(key, "k1"))
+                clock.now += 1.0
+    # Reads at 0, 1, 3, 7, then ever further apart, up to REFRESH_EVERY: at most 9.
+    assert 6 <= len(seen) <= 9, len(seen)
     assert agent.users == []
 
 
