@@ -28,6 +28,7 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import ServerConfig
+from a2a_grpc_server.errors import ServerShuttingDownError
 from a2a_grpc_server.jetstream import formats
 from tests.support.agents import InputAgent
 from tests.support.clusterharness import Instance, instances
@@ -213,6 +214,51 @@ async def test_two_instances_racing_for_a_released_task_run_it_once(nats_url: st
         assert names[0] == "hi" and len(names) == 2, "one follow-up ran: the executor ran once"
         for err in refused:
             assert err.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE)
+
+
+async def test_a_follow_up_its_leaving_owner_refuses_waits_for_the_hand_over(
+    nats_url: str,
+) -> None:
+    """A follow-up through B, routed to the owner A while A shuts down (A refuses: it is
+    leaving, and has not released its waiting task yet): B waits for the release, claims
+    the task and runs the follow-up, instead of answering UNAVAILABLE (in a rolling update
+    a client's one retry could land there, and fail)."""
+    async with (
+        asyncio.timeout(40),
+        instances(InputAgent(), [nats_url], names=("A", "B"), lease=2.0) as (a, b),
+    ):
+        task = await ask(a.stub)
+        await both_read_format_2(a, b)
+        releasing, go, refused = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        release = a.cluster.journal.release
+
+        async def held(task_id: str, owner: str) -> object:
+            releasing.set()
+            await go.wait()
+            return await release(task_id, owner)
+
+        front = b.service.operations
+        routed = front._peers.send  # type: ignore[attr-defined]
+
+        async def watched(*args: object) -> object:
+            try:
+                return await routed(*args)
+            except ServerShuttingDownError:
+                refused.set()
+                raise
+
+        a.cluster.journal.release = held  # type: ignore[method-assign, assignment]
+        front._peers.send = watched  # type: ignore[attr-defined]
+        leaving = asyncio.create_task(a.service.shutdown(grace=0))
+        await releasing.wait()  # (A refuses new work now; its task is not released yet)
+        call = b.stub.SendMessage(answer_request(task), metadata=V1, timeout=10)
+        answered = asyncio.ensure_future(call)
+        await refused.wait()  # (A refused it; B waits for the hand-over)
+        go.set()
+        await leaving
+        reply = await answered
+        assert_completed(reply.task)
+        assert b.service.metrics.tasks_claimed == 1
 
 
 async def test_a_released_task_can_be_canceled_through_any_instance(nats_url: str) -> None:

@@ -11,11 +11,14 @@ the shared record, and a cancel or follow-up message is sent to the owner,
 which runs it through its own engine, so every reader everywhere sees the
 same frames and outcome. A task that waits for input owned by nobody (its
 owner shut down or was lost) is claimed by the instance that takes its next
-message or cancel, and runs there.
+message or cancel, and runs there. A cancel or follow-up its owner refuses
+because it is shutting down waits (bounded by the client's deadline) until the
+owner has handed the task over, then goes on where it went.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -23,10 +26,19 @@ from a2a.types.a2a_pb2 import Message, SendMessageRequest, Task
 
 from ..engine.engine import Started, TaskEngine
 from ..engine.ports import Peers
+from ..errors import ServerShuttingDownError
 from ..journal import RecordedTask, TaskJournal
 from ..log.tasklog import LogReader
 from ..model import taskops
 from ..model.caller import Caller
+
+HANDOVER_WAIT = 10.0
+"""Seconds a follow-up or cancel waits for a task's owner, shutting down, to hand it over."""
+HANDOVER_MARGIN = 0.5
+"""Seconds before the client's deadline by which that wait gives up."""
+HANDOVER_FIRST = 0.05
+HANDOVER_MOST = 0.5
+"""Seconds between two reads of the task meanwhile: from the first, doubling to the most."""
 
 
 @dataclass(slots=True)
@@ -87,19 +99,26 @@ class ClusterFront:
         engine, message = self._engine, request.message
         if not engine.accepting or not message.task_id:
             return await engine.send(request, call, subscribe=subscribe, resumable=resumable)
+        started = time.monotonic()
         found = await engine.check_follow_up(message.task_id, message.context_id, call.scope)
         found = await self._take_if_free(found)
-        if not engine.tasks.owned_elsewhere(found):
-            return await engine.send(
-                request, call, subscribe=subscribe, resumable=resumable, found=found
-            )
-        # Subscribed before the owner starts: no frame of this message is missed.
-        snapshot, reader = await self._peers.subscribe(found)
-        try:
-            await self._peers.send(found, request, call)
-        except BaseException:
-            reader.close()
-            raise
+        while True:
+            if not engine.tasks.owned_elsewhere(found):
+                return await engine.send(
+                    request, call, subscribe=subscribe, resumable=resumable, found=found
+                )
+            # Subscribed before the owner starts: no frame of this message is missed.
+            snapshot, reader = await self._peers.subscribe(found)
+            try:
+                await self._peers.send(found, request, call)
+            except ServerShuttingDownError:
+                reader.close()
+                found = await self._handed_over(found, call, started)
+                continue
+            except BaseException:
+                reader.close()
+                raise
+            break
         message.context_id = snapshot.context_id
         taskops.add_user_message(snapshot, message)
         return Routed(snapshot, reader, engine.tasks.journal)
@@ -116,11 +135,42 @@ class ClusterFront:
             return await engine.cancel(task_id, call)
         started = time.monotonic()
         found = await self._take_if_free(await engine.tasks.recorded(task_id, call.scope))
-        if taskops.is_final(found.task) or not engine.tasks.owned_elsewhere(found):
-            return await engine.cancel(task_id, call, found=found, started=started)
-        final = await self._peers.cancel(found, call)
-        engine.tasks.metrics.cancel_seconds.observe(time.monotonic() - started)
-        return final
+        while True:
+            if taskops.is_final(found.task) or not engine.tasks.owned_elsewhere(found):
+                return await engine.cancel(task_id, call, found=found, started=started)
+            try:
+                final = await self._peers.cancel(found, call)
+            except ServerShuttingDownError:
+                found = await self._handed_over(found, call, started)
+                continue
+            engine.tasks.metrics.cancel_seconds.observe(time.monotonic() - started)
+            return final
+
+    async def _handed_over(self, found: RecordedTask, call: Caller, started: float) -> RecordedTask:
+        """The task once its owner, shutting down, has handed it over (or ended it).
+
+        An owner that refuses because it is leaving releases its waiting tasks to
+        the cluster (and ends the rest) as it goes: the task is read again, with a
+        growing back-off, until its record shows another owner, nobody (then it
+        is claimed here) or its end; within ``HANDOVER_WAIT`` and the client's
+        deadline.
+
+        Raises:
+            ServerShuttingDownError: The owner did not hand it over in time.
+        """
+        limit = HANDOVER_WAIT
+        if call.timeout is not None:
+            limit = min(limit, call.timeout - HANDOVER_MARGIN)
+        delay = HANDOVER_FIRST
+        while time.monotonic() - started + delay < limit:
+            await asyncio.sleep(delay)  # (the owner is releasing its waiting tasks)
+            again = await self._engine.tasks.recorded(found.task.id, found.scope)
+            if again.owner != found.owner or taskops.is_final(again.task):
+                return await self._take_if_free(again)
+            delay = min(delay * 2, HANDOVER_MOST)
+        raise ServerShuttingDownError(
+            "the task's instance is shutting down and did not hand it over in time; retry"
+        )
 
     async def _take_if_free(self, found: RecordedTask) -> RecordedTask:
         """The task, claimed for this instance first if it waits owned by nobody.
