@@ -662,8 +662,11 @@ class JetStreamJournal:
         found: dict[str, tuple[IndexEntry, Snapshot]] = {}
         stale: builtins.list[int] = []
         cursor = before
+        walked = False
         while True:
-            entries, more = await self._index.below(subject, cursor, want)
+            entries, more = (
+                ([], False) if walked else await self._index.below(subject, cursor, want)
+            )
             if after:
                 recent = [e for e in entries if e.written_ns >= after - 3 * CLOCK_SKEW]
                 more = more and len(recent) == len(entries)
@@ -674,6 +677,7 @@ class JetStreamJournal:
             candidates += [(e, "f") for e in await ahead_of.down_to(low, want)]
             await self._validate(candidates, query, before, found, stale)
             cursor = entries[-1].pos if entries else cursor
+            walked = not more  # (the rest comes from the f entries, if any)
             enough = sum(e.pos >= low for e, _ in found.values()) >= want
             if enough or (not more and ahead_of.exhausted):
                 break
