@@ -28,7 +28,7 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import InvalidAgentResponseError
 
 from ..config import DEFAULT_MAX_TASK_BYTES
-from ..errors import quote
+from ..errors import TaskHandedOverError, quote
 from ..journal import (
     Change,
     FinalTaskError,
@@ -356,6 +356,9 @@ class LiveTask:
             # The record's last change is final: whoever wrote it, the log is sealed
             # with the recorded status (the same as ours when ours landed).
             landed = min(landed, ahead - 1)
+        if recorded is not None and self._continued_elsewhere(recorded, ahead - landed):
+            self._dirty = False
+            return
         if recorded is not None:
             self._task = self.log.snapshot = recorded.task
             self._version = recorded.version
@@ -420,7 +423,40 @@ class LiveTask:
             return False
         if recorded.seq <= self.log.last_seq:
             return False  # no change beyond this log's: not ended elsewhere (see _reconcile)
-        self._seal_as_recorded(recorded)
+        if not self._continued_elsewhere(recorded, recorded.seq - self.log.last_seq):
+            self._seal_as_recorded(recorded)
+        return True
+
+    def _continued_elsewhere(self, recorded: RecordedTask, others: int) -> bool:
+        """Hand the log's readers over if another instance continued the task meanwhile.
+
+        A task this instance held waiting for input, released by a survivor while
+        this instance was out of touch, may have been claimed and run elsewhere:
+        the record then holds changes beyond this log's, and not only a closing
+        one (a survivor's FAILED). Sealing the log with the record's last status
+        would skip the frames between, so its readers are handed over instead
+        (UNAVAILABLE TASK_HANDED_OVER): they resubscribe, or resume from their
+        cursor, through the record, which holds every frame.
+
+        Args:
+            recorded: The task as recorded.
+            others: How many of the record's changes beyond this log's are not ours.
+        """
+        snapshot = self.log.snapshot
+        waiting = snapshot is not None and snapshot.status.state in taskops.INTERRUPTED
+        if not waiting or others <= 1 or self.log.closed:
+            return False
+        logger.warning(
+            "task %s was continued by instance %s while this one was out of touch: "
+            "its streams here are handed over",
+            self.task_id,
+            recorded.owner or "(none)",
+        )
+        self.log.hand_over(
+            TaskHandedOverError(
+                self.task_id, "another instance continued it while this one was out of touch"
+            )
+        )
         return True
 
     async def _create(self, given: Task | None) -> None:
