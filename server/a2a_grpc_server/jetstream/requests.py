@@ -125,29 +125,13 @@ class JetStreamRequests:
         Raises:
             As ``publish``, for the first one that failed (the others may stand).
         """
-        loop = asyncio.get_running_loop()
-        replies: list[tuple[str, asyncio.Future[Msg]]] = []
-        deadline = loop.time() + timeout
-        for _ in messages:
-            reply: asyncio.Future[Msg] = loop.create_future()
-            replies.append((self._register(reply.set_result), reply))
-            self._deadlines.append((deadline, reply))
-        if self._timer is None:
-            self._timer = loop.call_later(timeout, self._expire)
+        replies = self._expect(len(messages), timeout)
         try:
             for (subject, data), (inbox, _) in zip(messages, replies, strict=True):
                 await self._nc.publish(subject, data, reply=inbox)
             return [_ack(await reply) for _, reply in replies]
         finally:
-            for inbox, reply in replies:
-                self._waiting.pop(inbox.rsplit(".", 1)[1], None)
-                if not reply.done():
-                    reply.cancel()
-                elif not reply.cancelled():
-                    reply.exception()  # (retrieved: an error after the first is not reported)
-            deadlines = self._deadlines
-            while deadlines and deadlines[0][1].done():
-                deadlines.popleft()
+            self._forget(replies)
 
     async def request_many(
         self,
@@ -159,15 +143,7 @@ class JetStreamRequests:
         One coroutine for all of them, as ``publish_many``; a reply not come
         within ``timeout`` is a ``nats.errors.TimeoutError``.
         """
-        loop = asyncio.get_running_loop()
-        replies: list[tuple[str, asyncio.Future[Msg]]] = []
-        deadline = loop.time() + timeout
-        for _ in requests:
-            reply: asyncio.Future[Msg] = loop.create_future()
-            replies.append((self._register(reply.set_result), reply))
-            self._deadlines.append((deadline, reply))
-        if self._timer is None:
-            self._timer = loop.call_later(timeout, self._expire)
+        replies = self._expect(len(requests), timeout)
         out: list[Msg | BaseException] = []
         try:
             for (subject, data), (inbox, _) in zip(requests, replies, strict=True):
@@ -179,13 +155,32 @@ class JetStreamRequests:
                     out.append(exc)
             return out
         finally:
-            for inbox, reply in replies:
-                self._waiting.pop(inbox.rsplit(".", 1)[1], None)
-                if not reply.done():
-                    reply.cancel()
-            deadlines = self._deadlines
-            while deadlines and deadlines[0][1].done():
-                deadlines.popleft()
+            self._forget(replies)
+
+    def _expect(self, count: int, timeout: float) -> list[tuple[str, asyncio.Future[Msg]]]:
+        """``count`` replies to wait for (their inboxes), each failed after ``timeout``."""
+        loop = asyncio.get_running_loop()
+        replies: list[tuple[str, asyncio.Future[Msg]]] = []
+        deadline = loop.time() + timeout
+        for _ in range(count):
+            reply: asyncio.Future[Msg] = loop.create_future()
+            replies.append((self._register(reply.set_result), reply))
+            self._deadlines.append((deadline, reply))
+        if self._timer is None:
+            self._timer = loop.call_later(timeout, self._expire)
+        return replies
+
+    def _forget(self, replies: list[tuple[str, asyncio.Future[Msg]]]) -> None:
+        """Stop waiting for ``replies`` (an error not awaited counts as retrieved)."""
+        for inbox, reply in replies:
+            self._waiting.pop(inbox.rsplit(".", 1)[1], None)
+            if not reply.done():
+                reply.cancel()
+            elif not reply.cancelled():
+                reply.exception()
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][1].done():
+            deadlines.popleft()
 
     def _expire(self) -> None:
         """Fail the publishes whose ack is overdue; wait for the next deadline."""
