@@ -31,7 +31,7 @@ from a2a_grpc_server.journal import RecordedTask, Released
 from a2a_grpc_server.log.tasklog import LogReader
 from a2a_grpc_server.model.caller import Caller
 from tests.support import clusterharness, fakecluster
-from tests.support.agents import GatedPerTask, InputAgent
+from tests.support.agents import GatedPerTask, HeldFollowUpAgent, InputAgent
 from tests.support.harness import send_request
 
 S = TaskState
@@ -264,3 +264,42 @@ async def test_a_copy_another_instance_claimed_meanwhile_is_handed_over_at_shutd
         after = await p.recorded(task_id)
         assert after.owner == p.b_cluster.instance_id
         assert after.task.status.state == S.TASK_STATE_INPUT_REQUIRED, "not ended FAILED"
+
+
+async def test_a_run_that_finds_its_task_continued_elsewhere_hands_its_readers_over(
+    backend: Backend,
+) -> None:
+    # Fault suite seed 282806: A admitted a follow-up (its message recorded, its run
+    # live) and was then out of touch; a survivor released the task, B claimed it and
+    # ran it to its end. A's run, back, found the record ahead by B's changes. Sealing
+    # A's log with the record's final frame (or numbering past B's changes) skipped
+    # B's frames for A's readers; writing on top ended B's task FAILED. Its readers are
+    # handed over instead (they follow the record), and A writes nothing more.
+    agent = HeldFollowUpAgent()
+    async with asyncio.timeout(30), pair(backend, agent) as p:
+        asked = await waiting_on_a(p)
+        task_id = asked.live.task_id
+        _, reader = await p.a.engine.subscribe(task_id, ANYONE.scope)
+        before = await p.recorded(task_id)
+        held = await p.a.engine.send(send_request("held", task_id=task_id), ANYONE, subscribe=False)
+        await agent.holding.wait()
+        assert await p.a_cluster.release(task_id)  # (as a survivor releases it)
+        assert await p.b_cluster.claim(await p.recorded(task_id)) is not None
+        by_b = await p.b.engine.send(send_request("B", task_id=task_id), ANYONE, subscribe=False)
+        await by_b.outcome(immediately=False)
+        await p.b.engine.wait_idle()
+        continued = await p.recorded(task_id)
+        assert continued.task.status.state == S.TASK_STATE_COMPLETED
+        agent.go.set()
+        with pytest.raises(TaskHandedOverError):
+            await frames(reader)
+        await held.outcome(immediately=False)
+        await p.a.engine.wait_idle()
+        after = await p.recorded(task_id)
+        assert (after.seq, after.task.status.state) == (continued.seq, S.TASK_STATE_COMPLETED)
+        assert after.task.status.message.parts[0].text == "hello B", "nothing of A's on top"
+        assert p.a.engine.tasks.live_task(task_id) is None, "A let go of it"
+        replayed = await frames(await p.b_cluster.replay(after, before.seq))
+        # (The two follow-up messages take numbers without frames.)
+        assert [seq for seq, _ in replayed] == list(range(after.seq - 2, after.seq + 1))
+        assert state_of(replayed[-1][1]) == S.TASK_STATE_COMPLETED, "a reader resumes to B's end"

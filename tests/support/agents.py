@@ -184,6 +184,35 @@ class InputAgent(AgentExecutor):
         await _updater(context, event_queue).cancel()
 
 
+class HeldFollowUpAgent(AgentExecutor):
+    """Asks for input; completes on the follow-up after a WORKING and an artifact.
+
+    A follow-up whose text is ``held`` first sets ``holding``, then waits for
+    ``go``: its run is live (its message recorded) but has emitted nothing yet,
+    as an owner's run is while the instance is paused.
+    """
+
+    def __init__(self) -> None:
+        self.holding = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = _updater(context, event_queue)
+        if context.current_task is None:
+            await updater.requires_input(updater.new_agent_message([Part(text="your name?")]))
+            return
+        text = context.get_user_input()
+        if text == "held":
+            self.holding.set()
+            await self.go.wait()
+        await updater.start_work()
+        await updater.add_artifact([Part(text=f"for {text}")], artifact_id="a")
+        await updater.complete(updater.new_agent_message([Part(text=f"hello {text}")]))
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).cancel()
+
+
 class FloodAgent(AgentExecutor):
     """Emits ``count`` artifact updates of ``size`` bytes once released, then completes.
 

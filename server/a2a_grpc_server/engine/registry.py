@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 from a2a.types.a2a_pb2 import Message, Task
 
 from ..config import ServerConfig
-from ..errors import TaskHandedOverError
 from ..execution.live import LiveTask
 from ..execution.parking import ParkingLot
 from ..execution.quotas import Quotas
@@ -119,11 +118,7 @@ class LiveTasks:
         resubscribe through another instance), its deliveries stop (their
         cursors stay, for whoever continues it) and it leaves memory.
         """
-        self._drop(live)
-        self.parking.unpark(live.task_id)
-        if self._listener is not None:
-            self._listener.evicted(live.task_id)
-        live.log.hand_over(TaskHandedOverError(live.task_id, why))
+        live.hand_over(why)
 
     async def recorded(self, task_id: str, scope: str | None = None) -> RecordedTask:
         """The task as recorded; for a final state not recorded yet, that state.
@@ -239,6 +234,14 @@ class LiveTasks:
     def _register(self, live: LiveTask) -> None:
         self._live[live.task_id] = live
         self.quotas.task_added(principal_of(live.scope))
+
+        def letting_go() -> None:
+            self._drop(live)
+            self.parking.unpark(live.task_id)
+            if self._listener is not None:
+                self._listener.evicted(live.task_id)
+
+        live.letting_go = letting_go
 
         def ended() -> None:
             self._drop(live)

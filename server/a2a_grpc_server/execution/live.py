@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from a2a.types.a2a_pb2 import (
     Message,
@@ -79,6 +79,7 @@ class LiveTask:
         "answer",
         "context_id",
         "final_unrecorded",
+        "letting_go",
         "lock",
         "log",
         "scope",
@@ -123,6 +124,8 @@ class LiveTask:
         """The log ended with a final frame the journal could not record yet."""
         self.state_seq = 0
         """The sequence number of the last change that carried a state."""
+        self.letting_go: Callable[[], None] | None = None
+        """Called before the log is handed over (the registry lets go of the task)."""
         log.snapshot = task
 
     @property
@@ -356,7 +359,7 @@ class LiveTask:
             # The record's last change is final: whoever wrote it, the log is sealed
             # with the recorded status (the same as ours when ours landed).
             landed = min(landed, ahead - 1)
-        if recorded is not None and self._continued_elsewhere(recorded, ahead - landed):
+        if recorded is not None and self._continued_elsewhere(recorded, ahead - landed, final):
             self._dirty = False
             return
         if recorded is not None:
@@ -395,7 +398,8 @@ class LiveTask:
         task that writes nothing more would never learn it otherwise.
 
         Returns:
-            Whether the task had ended elsewhere (its streams got that outcome).
+            Whether the task had ended elsewhere (its streams got that outcome)
+            or another instance continued it (its streams were handed over).
         """
         async with self.lock:
             if self.log.closed:
@@ -407,57 +411,92 @@ class LiveTask:
 
         In cluster mode a survivor that thought this instance lost may have
         ended the task (and logged its frame); local readers then get that
-        same outcome, not one of ours.
+        same outcome, not one of ours. If another instance continued the task
+        meanwhile, the log is handed over instead (``_continued_elsewhere``).
+
+        Returns:
+            Whether the log ended (or was handed over) because of what another
+            instance wrote.
 
         Raises:
             StoreError: With ``strict``, the journal could not be read (otherwise
                 that answers False).
         """
         try:
+            await self._settled()  # (our own changes of unknown outcome counted first)
+            if self.log.closed:
+                return True
             recorded = await self._journal.get(self.task_id)
         except StoreError:
             if strict:
                 raise
             return False
-        if recorded is None or not taskops.is_final(recorded.task):
-            return False
-        if recorded.seq <= self.log.last_seq:
+        if recorded is None or recorded.seq <= self.log.last_seq:
             return False  # no change beyond this log's: not ended elsewhere (see _reconcile)
-        if not self._continued_elsewhere(recorded, recorded.seq - self.log.last_seq):
-            self._seal_as_recorded(recorded)
+        final = taskops.is_final(recorded.task)
+        if self._continued_elsewhere(recorded, recorded.seq - self.log.last_seq, final):
+            return True
+        if not final:
+            return False
+        self._seal_as_recorded(recorded)
         return True
 
-    def _continued_elsewhere(self, recorded: RecordedTask, others: int) -> bool:
+    def _continued_elsewhere(self, recorded: RecordedTask, others: int, final: bool) -> bool:
         """Hand the log's readers over if another instance continued the task meanwhile.
 
-        A task this instance held waiting for input, released by a survivor while
-        this instance was out of touch, may have been claimed and run elsewhere:
-        the record then holds changes beyond this log's, and not only a closing
-        one (a survivor's FAILED). Sealing the log with the record's last status
-        would skip the frames between, so its readers are handed over instead
-        (UNAVAILABLE TASK_HANDED_OVER): they resubscribe, or resume from their
-        cursor, through the record, which holds every frame.
+        The record holds ``others`` changes beyond this log's that this
+        instance did not write. One final change alone is a survivor (or a
+        cancel) ending the task: the log is sealed with it (``_seal_as_recorded``),
+        and its readers miss nothing. Anything more, or a change that is not
+        final, means another instance ran the task while this one was out of
+        touch (a survivor released it, another claimed it, and its executor
+        went on there, even while this instance's executor was still
+        emitting). Sealing the log, or numbering past those changes, would
+        skip their frames, so its readers are handed over (UNAVAILABLE
+        TASK_HANDED_OVER): they resubscribe, or resume from their cursor,
+        through the record, which holds every frame. Nothing more of this
+        instance's run is written: its run sees the log closed.
 
         Args:
             recorded: The task as recorded.
             others: How many of the record's changes beyond this log's are not ours.
+            final: Whether the record's last change ended the task.
         """
-        snapshot = self.log.snapshot
-        waiting = snapshot is not None and snapshot.status.state in taskops.INTERRUPTED
-        if not waiting or others <= 1 or self.log.closed:
+        if others <= 0 or (final and others == 1) or self.log.closed:
             return False
         logger.warning(
-            "task %s was continued by instance %s while this one was out of touch: "
-            "its streams here are handed over",
+            "task %s was continued by instance %s while this one was out of touch "
+            "(%d change(s) of its record are not this instance's): its streams here "
+            "are handed over",
             self.task_id,
             recorded.owner or "(none)",
+            others,
         )
-        self.log.hand_over(
-            TaskHandedOverError(
-                self.task_id, "another instance continued it while this one was out of touch"
-            )
+        # (The task as recorded, not a copy a refused write changed in place.)
+        self._task = self.log.snapshot = recorded.task
+        self._version = recorded.version
+        self.hand_over(
+            "another instance continued it while this one was out of touch", continued=True
         )
         return True
+
+    def hand_over(self, why: str, *, continued: bool = False) -> None:
+        """Let go of the task: another instance continues it from the shared record.
+
+        Its readers here end with ``TaskHandedOverError`` (UNAVAILABLE), after
+        ``letting_go`` (the registry's part: it leaves memory, its deliveries
+        here stop) ran. See ``TaskLog.hand_over``.
+
+        Args:
+            why: For the readers' error.
+            continued: Another instance already continued it (it need not be
+                waiting for input here).
+        """
+        if self.log.closed:
+            return
+        if self.letting_go is not None:
+            self.letting_go()
+        self.log.hand_over(TaskHandedOverError(self.task_id, why), continued=continued)
 
     async def _create(self, given: Task | None) -> None:
         task = self._new(given)

@@ -23,9 +23,11 @@ Who closes what:
   message-only answer, and ``sever`` refuses a log that is not a relay. A
   writer that finds its task ended elsewhere seals with the recorded outcome
   (``LiveTask``), numbered as recorded (``seal(..., at=seq)``). The one
-  exception is a task that has not ended: ``hand_over(error)`` lets go of a
-  task waiting for input whose continuation another instance serves from the
-  shared record (cluster mode); it refuses any other task.
+  exception is a task that has not ended here: ``hand_over(error)`` lets go
+  of a task waiting for input whose continuation another instance serves from
+  the shared record (cluster mode), or, with ``continued=True``, of one
+  another instance already continued while this one was out of touch; it
+  refuses any other task.
 * The writer never waits for a reader, and a reader is never dropped for being
   behind. A reader ends early only when the frame it needs next has left the
   log (see "What is kept"): it then raises ``FrameNotKeptError``
@@ -593,22 +595,24 @@ class TaskLog:
         self._severed = error
         self._close()
 
-    def hand_over(self, error: Exception) -> None:
-        """Stop carrying a waiting task left to another instance; idempotent, no final frame.
+    def hand_over(self, error: Exception, *, continued: bool = False) -> None:
+        """Stop carrying a task another instance continues; idempotent, no final frame.
 
         The one way a task's own log ends without a final frame: the task has
-        not ended, it waits for input (its last state is INPUT_REQUIRED or
-        AUTH_REQUIRED), and whoever continues it does so from the shared
-        record, where every reader can follow it. Readers drain what is kept,
-        then raise ``error``. Close callbacks run as for ``seal``.
+        not ended here, it waits for input (its last state is INPUT_REQUIRED
+        or AUTH_REQUIRED) or, with ``continued``, another instance already
+        continued it while this one was out of touch, and whoever continues it
+        does so from the shared record, where every reader can follow it.
+        Readers drain what is kept, then raise ``error``. Close callbacks run
+        as for ``seal``.
 
         Raises:
-            ValueError: The task is not waiting for input.
+            ValueError: Not ``continued``, and the task is not waiting for input.
         """
         if self._closed:
             return
         state = self.snapshot.status.state if self.snapshot is not None else 0
-        if state not in taskops.INTERRUPTED:
+        if not continued and state not in taskops.INTERRUPTED:
             raise ValueError(f"task {self.task_id}: only a task waiting for input is handed over")
         self._severed = error
         self._close()
