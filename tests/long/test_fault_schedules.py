@@ -16,9 +16,14 @@ FIXED = (1, 2, 3, 4, 5, 6, 282806)
 """Seeds every run checks (single NATS node). 282806: an owner paused past its lease while a
 NATS node restarts; its waiting task is released, claimed and run to its end elsewhere, and
 the owner, back, sealed its own subscribers' streams with the final frame alone, skipping
-the frames between (one replay in two before the fix)."""
-FIXED_CLUSTER = (11, 12)
-"""Seeds every run checks on a 3-node NATS cluster (``--nats-replicas 3``)."""
+the frames between (one replay in two before the fix); or, when the owner had begun the
+follow-up's run before the pause, numbered past the other instance's changes and wrote its
+own FAILED on top (one replay in three, after the first fix)."""
+FIXED_CLUSTER = (11, 12, 878510)
+"""Seeds every run checks on a 3-node NATS cluster (``--nats-replicas 3``). 878510: two NATS
+nodes down while the owner crashes; a SendStreamingMessage stream cut before its task asked
+for input is resumed through SubscribeToTask, which stays open while the task waits, and the
+workload waited on it before answering (two replays in four, also before this session)."""
 
 
 def report(runs: list[Run]) -> str:

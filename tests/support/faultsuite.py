@@ -313,13 +313,22 @@ def state_of(frame: StreamResponse) -> TaskState | None:
     return taskops.frame_state(frame) or None
 
 
-async def _read(call: Any, record: StreamRecord, via: int) -> None:
+async def _read(call: Any, record: StreamRecord, via: int, *, resumed: bool = False) -> None:
+    """Read ``call`` to its end into ``record``.
+
+    ``resumed``: a SendStreamingMessage stream resumed through SubscribeToTask, which
+    stays open while the task waits for input; it is read up to an interrupted state,
+    where the stream it resumes would have ended (then its client stops: ``OK``).
+    """
     reason = ""
     try:
         async for frame in call:
             record.frames.append(frame)
             if record.numbered:
                 record.seqs.append(_seq(frame))
+            if resumed and state_of(frame) in taskops.INTERRUPTED:
+                call.cancel()
+                break
         record.ends.append("OK")
     except grpc.aio.AioRpcError as err:
         record.ends.append(err.code().name)
@@ -358,7 +367,7 @@ async def follow(run: Run, record: StreamRecord, call: Any, rng: random.Random) 
         call = member.stub.SubscribeToTask(
             SubscribeToTaskRequest(id=record.task_id), metadata=metadata
         )
-        await _read(call, record, member.index)
+        await _read(call, record, member.index, resumed=record.kind != "subscribe")
         if record.ends[-1] == "UNAVAILABLE":
             await asyncio.sleep(0.25)  # sync-ok: a back-off before the next resumption
     record.done = True
