@@ -235,17 +235,19 @@ class LiveTasks:
         self._live[live.task_id] = live
         self.quotas.task_added(principal_of(live.scope))
 
-        def letting_go() -> None:
+        def out_of_memory() -> None:
             self._drop(live)
             self.parking.unpark(live.task_id)
+
+        def letting_go() -> None:  # (before a hand-over closes the log: see ended)
+            out_of_memory()
             if self._listener is not None:
                 self._listener.evicted(live.task_id)
 
         live.letting_go = letting_go
 
         def ended() -> None:
-            self._drop(live)
-            self.parking.unpark(live.task_id)
+            out_of_memory()
             if live.task is None and self._listener is not None:
                 # A message-only answer: no task is recorded, so no retention drops
                 # the push configs a message carried; they go now.
