@@ -10,7 +10,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import replace
 
 import pytest
@@ -24,12 +24,14 @@ from a2a_grpc_server.jetstream.conn import (
     connect,
 )
 from a2a_grpc_server.jetstream.formats import Formats
-from a2a_grpc_server.jetstream.index import MARKER
-from a2a_grpc_server.jetstream.journal import JetStreamJournal, encode
+from a2a_grpc_server.jetstream.index import MARKER, IndexEntry
+from a2a_grpc_server.jetstream.journal import SWEEP_BATCH, JetStreamJournal, Snapshot, encode
+from a2a_grpc_server.jetstream.lease import Lease
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
 from a2a_grpc_server.journal import Change, InvalidPageTokenError, TaskQuery
 from a2a_grpc_server.model import taskops
 from a2a_grpc_server.model.scope import scope_key
+from a2a_grpc_server.obs.metrics import Metrics
 from tests.support import formatfixtures as fx
 from tests.support import natsserver
 
@@ -534,3 +536,62 @@ async def test_a_page_token_never_issued_is_refused_without_reading_the_bucket(
         with pytest.raises(InvalidPageTokenError):
             await journal.list(TaskQuery(scope=ALICE, page_token=token))
     assert scans == 0
+
+
+async def test_a_sweep_ends_every_task_of_a_lost_owner_a_batch_at_a_time(
+    cluster: Cluster, nats_url: str
+) -> None:
+    """A lost instance ran 590 tasks and left 10 waiting: the survivor's first sweep ends
+    each FAILED and releases each waiting one, exactly once, reading its snapshots
+    ``SWEEP_BATCH`` at a time and ending a batch's before it reads the next (one batch in
+    memory however many a lost owner held)."""
+    conn = await connect(NatsConfig(servers=[nats_url], instance_id="lost"))
+    requests = JetStreamRequests(conn.nc)
+    await requests.start()
+    lost = JetStreamJournal(requests, conn.js, conn.tasks, "lost", formats=cluster.formats)
+    survivor_conn = await connect(NatsConfig(servers=[nats_url], instance_id="i-1", lease=1.0))
+    survivor = cluster.journal
+    metrics = Metrics()
+    swept = asyncio.Event()
+
+    async def on_swept(live: set[str]) -> None:
+        swept.set()
+
+    lease = Lease(survivor_conn, survivor, metrics, on_swept=on_swept, formats=cluster.formats)
+    batches: list[tuple[int, int]] = []
+    read_batch = survivor._owned_snapshots
+
+    async def counted(entries: Sequence[IndexEntry]) -> list[Snapshot]:
+        batches.append((len(entries), metrics.tasks_reaped + metrics.tasks_released))
+        return await read_batch(entries)
+
+    survivor._owned_snapshots = counted  # type: ignore[method-assign]
+    try:
+        states = [S.TASK_STATE_WORKING] * 590 + [S.TASK_STATE_INPUT_REQUIRED] * 10
+        for at in range(0, len(states), 50):
+            await asyncio.gather(
+                *(
+                    lost.create(t, [change(1, t)], scope=BOB)
+                    for n, state in enumerate(states[at : at + 50], start=at)
+                    for t in [task(f"lost-{n}", "c", state)]
+                )
+            )
+        await survivor.keep_index({"i-1"})
+        async with asyncio.timeout(60):
+            await lease.start()
+            await swept.wait()  # (its first sweep, a lease after start)
+        assert (metrics.tasks_reaped, metrics.tasks_released) == (590, 10)
+        assert batches == [(SWEEP_BATCH, 0), (600 - SWEEP_BATCH, SWEEP_BATCH)]
+        for n, state in enumerate(states):
+            recorded = await survivor.get(f"lost-{n}")
+            assert recorded is not None
+            if state == S.TASK_STATE_WORKING:
+                assert recorded.task.status.state == S.TASK_STATE_FAILED
+            else:
+                assert recorded.owner == "" and recorded.task.status.state == state
+    finally:
+        await lease.stop(release=True)
+        await lost.close()
+        await requests.close()
+        await conn.close()
+        await survivor_conn.close()

@@ -68,7 +68,7 @@ import hashlib
 import json
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import nats.errors
@@ -355,14 +355,25 @@ class TaskIndex:
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        found: builtins.list[IndexEntry] = []
+        return [entry async for batch in self.batches(subject) for entry in batch]
+
+    async def batches(self, subject: str) -> AsyncIterator[builtins.list[IndexEntry]]:
+        """The entries on ``subject``, oldest first, ``BATCH`` at a time (one read each).
+
+        Entries written while it reads may or may not be included.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
         pos = 1
         while True:
             msgs = await self._get({"seq": pos, "next_by_subj": subject, "batch": BATCH})
-            found.extend(IndexEntry.decode(msg) for msg in msgs)
+            entries = [IndexEntry.decode(msg) for msg in msgs]
+            if entries:
+                yield entries
             if len(msgs) < BATCH:
-                return found
-            pos = found[-1].pos + 1
+                return
+            pos = entries[-1].pos + 1
 
     async def drop(self, positions: Sequence[int]) -> None:
         """Delete entries, all at once (best effort: one left behind is stale, and expires)."""

@@ -72,7 +72,7 @@ import re
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import nats.js.errors
@@ -388,6 +388,8 @@ MARKER_FRESH = 600 * 1_000_000_000
 UNINDEXED_CHECK = 100_000
 """Most snapshot writes since the marker's last renewal an instance that starts checks."""
 
+SWEEP_BATCH = 500
+"""Snapshots a sweep reads at a time through the index (it ends them before reading more)."""
 RELEASE_ATTEMPTS = 2
 """Reads of a task ``release`` makes when its snapshot moves under it."""
 
@@ -921,20 +923,47 @@ class JetStreamJournal:
     async def owned_unfinished(self, lost: Callable[[str], bool]) -> builtins.list[Snapshot]:
         """The snapshots of the unfinished tasks of the owners ``lost`` picks, from the index.
 
+        All of ``owned_unfinished_batches``'s batches in one list.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        return [snap async for batch in self.owned_unfinished_batches(lost) for snap in batch]
+
+    async def owned_unfinished_batches(
+        self, lost: Callable[[str], bool], size: int = SWEEP_BATCH
+    ) -> AsyncGenerator[builtins.list[Snapshot]]:
+        """The snapshots of the unfinished tasks of the owners ``lost`` picks, ``size`` at a time.
+
         ``lost`` is asked after the owners are read (one heard from meanwhile
-        keeps its tasks). Only when the index can be trusted (``indexed``, or
-        ``index_fresh`` at start): otherwise ``unfinished``.
+        keeps its tasks). Each batch is read when the one before was taken, so
+        what a caller does with a batch (a sweep ends its tasks, which drops
+        their entries) is done before the next is read, and memory holds one
+        batch whatever the owner held. Only when the index can be trusted
+        (``indexed``, or ``index_fresh`` at start): otherwise ``unfinished``.
 
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
         owners = await self._index.owners()
-        entries = [
-            entry
-            for owner, subject in owners.items()
-            if lost(owner)
-            for entry in await self._index.all_of(subject)
-        ]
+        for owner, subject in owners.items():
+            if not lost(owner):
+                continue
+            pending: builtins.list[IndexEntry] = []
+            async for entries in self._index.batches(subject):
+                pending.extend(entries)
+                while len(pending) >= size:
+                    batch, pending = pending[:size], pending[size:]
+                    yield await self._owned_snapshots(batch)
+            if pending:
+                yield await self._owned_snapshots(pending)
+
+    async def _owned_snapshots(self, entries: Sequence[IndexEntry]) -> builtins.list[Snapshot]:
+        """The unfinished snapshots that name these owner entries as theirs.
+
+        An entry no snapshot names, older than ``STALE_AFTER``, is deleted (its
+        writer died before its snapshot named it).
+        """
         gate = asyncio.Semaphore(INDEX_CONCURRENCY)
 
         async def read(task_id: str) -> Snapshot | None:
@@ -949,7 +978,7 @@ class JetStreamJournal:
                 if snap.owner == entry.owner and not snap.final:
                     found.append(snap)
             elif entry.written_ns < old:
-                stale.append(entry.pos)  # (its writer died before its snapshot named it)
+                stale.append(entry.pos)
         self._index.drop_later(stale)
         return found
 

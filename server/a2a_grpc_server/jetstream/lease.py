@@ -6,8 +6,8 @@ callback, which only records when each instance was last heard from), and
 runs one asyncio task: the heartbeat loop, a put to ``A2A_INSTANCES/<id>``
 every ``lease / 4`` seconds that also judges the others. A sweep runs in an
 asyncio task of its own (one at a time; one asked for meanwhile runs next),
-so a long sweep never delays a heartbeat; it claims at most
-``CLAIM_CONCURRENCY`` tasks at once.
+so a long sweep never delays a heartbeat; it reads ``SWEEP_BATCH`` tasks
+at a time and claims at most ``CLAIM_CONCURRENCY`` of them at once.
 
 The ownership rule (docs/cluster.md): an instance not heard from
 for ``lease`` seconds, or whose key was deleted (graceful shutdown), is
@@ -51,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
@@ -73,7 +73,7 @@ from ..model.names import TASK_PREFIX
 from ..obs.metrics import Metrics
 from .conn import INSTANCES_BUCKET, NatsConnection
 from .formats import Formats, heartbeat
-from .journal import JetStreamJournal, Snapshot
+from .journal import SWEEP_BATCH, JetStreamJournal, Snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -171,11 +171,15 @@ class Lease:
             StoreError: The journal could not be read.
         """
         await self._kv.put(self._id, heartbeat())
-        for snap, task_id in await self._unfinished(lambda owner: owner == self._id):
-            # Nothing runs here yet: a task this id owns was left by a process
-            # that had the same --instance-id and died.
-            if snap.owner == self._id:
-                await self._claim(task_id, self._id, f"instance {self._id} restarted")
+        async with contextlib.aclosing(
+            self._unfinished_batches(lambda owner: owner == self._id)
+        ) as batches:
+            async for batch in batches:
+                for snap, task_id in batch:
+                    # Nothing runs here yet: a task this id owns was left by a
+                    # process that had the same --instance-id and died.
+                    if snap.owner == self._id:
+                        await self._claim(task_id, self._id, f"instance {self._id} restarted")
         self._watch = await self._js.subscribe(
             f"$KV.{INSTANCES_BUCKET}.>",
             stream=f"KV_{INSTANCES_BUCKET}",
@@ -408,50 +412,77 @@ class Lease:
     async def sweep(self) -> int:
         """End FAILED every live-looking task whose owner is lost; return how many this won.
 
+        A batch at a time (``SWEEP_BATCH`` snapshots read, then ended or
+        released by ``CLAIM_CONCURRENCY`` claims at once, before the next is
+        read): however many tasks a lost owner held, memory holds one batch
+        and no step holds the event loop for long.
+
         Raises:
             StoreError: The journal could not be read.
         """
-        unfinished = await self._unfinished(lambda owner: owner not in self.live())
-        live = self.live()  # (after the scan: an instance heard from meanwhile keeps its tasks)
-        lost = [(s, task_id) for s, task_id in unfinished if s.owner and s.owner not in live]
-        gate = asyncio.Semaphore(CLAIM_CONCURRENCY)
-        failed = False
-
-        async def claim(owner: str, task_id: str) -> int:
-            nonlocal failed
-            async with gate:
-                if owner in self._seen or not self._judging():
-                    return 0  # it came back, or this instance lost touch: not now
-                try:
-                    return await self._claim(task_id, owner, f"owner instance {owner} was lost")
-                except StoreError as exc:
-                    failed = True
-                    logger.warning("could not end task %s of lost %s: %s", task_id, owner, exc)
-                    return 0
-
-        async with asyncio.TaskGroup() as group:
-            claims = [
-                group.create_task(claim(snap.owner, task_id), name=f"{TASK_PREFIX}:lease-claim")
-                for snap, task_id in lost
-            ]
+        won, failed = 0, False
+        async with contextlib.aclosing(
+            self._unfinished_batches(lambda owner: owner not in self.live())
+        ) as batches:
+            async for batch in batches:
+                live = self.live()  # (after the read: one heard from meanwhile keeps its tasks)
+                lost = [
+                    (s.owner, task_id) for s, task_id in batch if s.owner and s.owner not in live
+                ]
+                done, missed = await self._run_claims(lost)
+                won, failed = won + done, failed or missed
         if failed:
             self._sweep_requested = True  # what could not be claimed is tried again
         if self._on_swept is not None:  # what the lost instances were still delivering
-            await self._on_swept(live)
-        return sum(done.result() for done in claims)
+            await self._on_swept(self.live())
+        return won
 
-    async def _unfinished(self, owners: Callable[[str], bool]) -> list[tuple[Snapshot, str]]:
+    async def _run_claims(self, lost: list[tuple[str, str]]) -> tuple[int, bool]:
+        """Claim each (owner, task id), ``CLAIM_CONCURRENCY`` at once; how many won, any failed.
+
+        A claim is skipped when its owner was heard from again, or this
+        instance lost touch, since the batch was read.
+        """
+        todo = iter(lost)
+        won, failed = 0, False
+
+        async def claimer() -> None:
+            nonlocal won, failed
+            for owner, task_id in todo:  # (shared: each claimer takes the next)
+                if owner in self._seen or not self._judging():
+                    continue  # it came back, or this instance lost touch: not now
+                try:
+                    done = await self._claim(task_id, owner, f"owner instance {owner} was lost")
+                except StoreError as exc:
+                    failed = True
+                    logger.warning("could not end task %s of lost %s: %s", task_id, owner, exc)
+                    continue
+                won += done  # (after the await: += across it would lose others' counts)
+
+        async with asyncio.TaskGroup() as group:
+            for _ in range(min(CLAIM_CONCURRENCY, len(lost))):
+                group.create_task(claimer(), name=f"{TASK_PREFIX}:lease-claim")
+        return won, failed
+
+    async def _unfinished_batches(
+        self, owners: Callable[[str], bool]
+    ) -> AsyncGenerator[list[tuple[Snapshot, str]]]:
         """Unfinished tasks, of the ``owners`` chosen at least (all of them without the index).
 
         Through the index's entries of each instance's unfinished tasks when
-        it can be trusted (it costs what those owners hold), else by reading
-        every snapshot.
+        it can be trusted (it costs what those owners hold, a batch read at a
+        time), else by reading every snapshot (then handed out in batches).
         """
         if self._journal.indexed or await self._journal.index_fresh():
-            snaps = await self._journal.owned_unfinished(owners)
-        else:
-            snaps = await self._journal.unfinished()
-        return [(snap, snap.task().id) for snap in snaps]
+            async with contextlib.aclosing(
+                self._journal.owned_unfinished_batches(owners)
+            ) as batches:
+                async for snaps in batches:
+                    yield [(snap, snap.task().id) for snap in snaps]
+            return
+        snaps = await self._journal.unfinished()
+        for at in range(0, len(snaps), SWEEP_BATCH):
+            yield [(snap, snap.task().id) for snap in snaps[at : at + SWEEP_BATCH]]
 
     async def _claim(self, task_id: str, owner: str, text: str) -> int:
         """End ``owner``'s task FAILED with ``text`` unless someone wrote it first; 1 if this did.
