@@ -13,7 +13,7 @@ nats-server's CPU per task, and the longest the survivor's event loop was
 held (a ticker wakes every ``TICK_MS`` ms; its longest lateness). Then the
 exponent k of a least-squares fit of the sweep's time over M (log-log):
 about 1 is in proportion to the lost owner's tasks. Every task is checked
-ended, exactly once (the survivor's reaped count).
+ended by that sweep (the row ``tasks ended``: fewer is a finding, printed).
 
 Every loop is bounded in count and time. Prints a table; writes JSON.
 """
@@ -132,7 +132,8 @@ async def sweep(url: str, lost: str, count: int, nats_pid: int) -> dict[str, flo
         async with asyncio.timeout(SWEEP_LIMIT):
             await lease.start()
             await done.wait()
-        assert metrics.tasks_reaped == count, (metrics.tasks_reaped, count)
+        if metrics.tasks_reaped != count:  # (a finding, printed: the table shows how many)
+            print(f"  its first sweep ended {metrics.tasks_reaped:,} of {count:,}", flush=True)
     finally:
         await lease.stop(release=True)
         await journal.close()
@@ -158,7 +159,7 @@ async def main(sizes: list[int]) -> dict[int, dict[str, float]]:
 
 def table(rows: dict[int, dict[str, float]]) -> str:
     sizes = sorted(rows)
-    names = [name for name in rows[sizes[0]] if name != "tasks ended"]
+    names = list(rows[sizes[0]])
     head = "| | " + " | ".join(f"M={n:,}" for n in sizes) + " | k |"
     lines = [head, "|---" * (len(sizes) + 2) + "|"]
     for name in names:

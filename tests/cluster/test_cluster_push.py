@@ -100,6 +100,9 @@ async def test_the_survivor_delivers_the_failed_frame_of_a_lost_owners_task(
             await receiver.wait_for(
                 lambda: any(p.state == S.TASK_STATE_WORKING for p in receiver.frames(task_id))
             )
+            for survivor in (b, c):  # (every instance publishes delivery entries)
+                await survivor.cluster.push_coverage.covered.wait()
+            lookups = record_orphan_lookups(b, c)
             owner.proc.kill()  # SIGKILL: the owner delivers nothing more
             await owner.proc.wait()
             await receiver.wait_for(
@@ -111,6 +114,10 @@ async def test_the_survivor_delivers_the_failed_frame_of_a_lost_owners_task(
             assert "was lost" in posts[-1].frame.status_update.status.message.parts[0].text
             reaped = b.service.metrics.tasks_reaped + c.service.metrics.tasks_reaped
             assert reaped == 1
+            assert lookups and all(indexed for _, indexed in lookups), (
+                "the orphan was found through the lost owner's delivery entries",
+                lookups,
+            )
 
 
 async def test_a_survivor_resumes_a_final_frame_the_lost_owner_was_still_retrying(
@@ -191,3 +198,24 @@ async def test_one_callers_push_configs_are_bounded_over_the_cluster(
         for task in (*alice, theirs):
             who = BOB if task is theirs else ALICE
             await a.stub.CancelTask(CancelTaskRequest(id=task.id), metadata=who)
+
+
+def record_orphan_lookups(*survivors: Instance) -> list[tuple[str, bool]]:
+    """Each survivor's lookups of orphaned push configs from now on: whether indexed."""
+    lookups: list[tuple[str, bool]] = []
+    for survivor in survivors:
+        store = survivor.cluster.push_store
+        orphans = store.orphans
+
+        async def counted(
+            alive: set[str],
+            *,
+            indexed: bool = False,
+            name: str = survivor.name,
+            orphans: Any = orphans,
+        ) -> Any:
+            lookups.append((name, indexed))
+            return await orphans(alive, indexed=indexed)
+
+        store.orphans = counted  # type: ignore[method-assign]
+    return lookups

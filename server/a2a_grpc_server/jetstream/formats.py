@@ -50,7 +50,7 @@ CURRENT = 2
 """The newest format this version writes (once every instance reads it)."""
 READS = frozenset({LEGACY, CURRENT})
 """The formats this version reads."""
-FEATURES = frozenset({"index", "shards"})
+FEATURES = frozenset({"deliverers", "index", "shards"})
 """What this version keeps that others rely on (see ``heartbeat``)."""
 MAGIC = b"\x00a2a-format "
 """How a format-2 (or later) snapshot or push config value starts. No format-1 value can:

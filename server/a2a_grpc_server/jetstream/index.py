@@ -68,8 +68,9 @@ import hashlib
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -97,6 +98,14 @@ DROP_BATCH = 64
 """Entries deleted at once in the background."""
 DROP_QUEUE = 100_000
 """Most entries waiting to be deleted in the background."""
+DELIVERERS = "deliverers"
+"""What a heartbeat says of an instance that publishes delivery entries (see ``DeliveryEntry``)."""
+PUSH_MARKER = f"{INDEX_SUBJECT}.meta.push"
+"""The marker saying every push config that names a deliverer has its delivery entry."""
+MARKER_RENEW = 60.0
+"""Seconds between two renewals of a marker by the smallest live instance."""
+PUSH_FRESH = 180 * 1_000_000_000
+"""Nanoseconds a push marker is trusted after it was last renewed (renewed every minute)."""
 SEQ_HEADER = "Nats-Sequence"
 PENDING = "Nats-Num-Pending"
 SUBJECT_HEADER = "Nats-Subject"
@@ -124,6 +133,11 @@ def ahead(scope: str) -> str:
 def owned_by(owner: str) -> str:
     """The subject of the entries of an instance's unfinished tasks."""
     return f"{INDEX_SUBJECT}.o.{digest(owner)}"
+
+
+def delivered_by(deliverer: str) -> str:
+    """The subject of the delivery entries of the push configs an instance delivers."""
+    return f"{INDEX_SUBJECT}.p.{digest(deliverer)}"
 
 
 def listing(scope: str, context_id: str, state: int) -> tuple[str, str]:
@@ -213,6 +227,46 @@ class IndexEntry:
             parts[5].decode(),
             parts[6].decode(),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryEntry:
+    """A push config named an instance its deliverer (published before the config says so).
+
+    Payload ``1`` (its format), ``p``, the deliverer, the config's key in
+    ``A2A_PUSH`` and the writer's clock (nanoseconds), each on a line. It is
+    stale once the config is gone or names another deliverer.
+    """
+
+    pos: int
+    deliverer: str
+    key: str
+    written_ns: int
+
+    @staticmethod
+    def encode(deliverer: str, key: str) -> bytes:
+        """An entry's payload, written now."""
+        return b"\n".join(
+            (FORMAT, b"p", deliverer.encode(), key.encode(), str(time.time_ns()).encode())
+        )
+
+    @classmethod
+    def decode(cls, msg: Msg) -> DeliveryEntry:
+        """Parse an entry read directly.
+
+        Raises:
+            UnknownFormatError: It is in a format this version does not read.
+        """
+        parts = msg.data.split(b"\n")
+        if len(parts) != 5 or parts[0] != FORMAT or parts[1] != b"p":
+            raise UnknownFormatError(
+                "a delivery entry of the task index", parts[0][:16].decode("ascii", "replace")
+            )
+        pos = int((msg.headers or {})[SEQ_HEADER])
+        return cls(pos, parts[2].decode(), parts[3].decode(), int(parts[4]))
+
+
+_E = TypeVar("_E", IndexEntry, DeliveryEntry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,12 +387,25 @@ class TaskIndex:
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        request = json.dumps({"subjects_filter": f"{INDEX_SUBJECT}.o.>"}).encode()
+        return await self._heads("o", lambda msg: IndexEntry.decode(msg).owner)
+
+    async def deliverers(self) -> dict[str, str]:
+        """Every instance named by delivery entries, and the subject of its entries.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+            UnknownFormatError: An entry in a format this version does not read.
+        """
+        return await self._heads("p", lambda msg: DeliveryEntry.decode(msg).deliverer)
+
+    async def _heads(self, kind: str, name: Callable[[Msg], str]) -> dict[str, str]:
+        """Per subject under ``a2a.idx.<kind>.>``: the instance its first entry names."""
+        request = json.dumps({"subjects_filter": f"{INDEX_SUBJECT}.{kind}.>"}).encode()
         info = await self._retry(
             lambda: self._requests.api(
                 f"$JS.API.STREAM.INFO.{INDEX_STREAM}", request, self._retry.timeout
             ),
-            "list the task index's owners",
+            "list the task index's instances",
         )
         state = info.get("state")
         subjects = (state.get("subjects") or {}) if isinstance(state, dict) else {}
@@ -346,8 +413,75 @@ class TaskIndex:
         for subject in subjects:
             first = await self._get({"seq": 1, "next_by_subj": subject})
             if first:
-                found[IndexEntry.decode(first[0]).owner] = subject
+                found[name(first[0])] = subject
         return found
+
+    async def note_delivery(self, deliverer: str, key: str) -> None:
+        """Publish that ``deliverer`` delivers the config at ``key`` (before the config says so).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        body = DeliveryEntry.encode(deliverer, key)
+        await self._retry(
+            lambda: self._requests.publish(delivered_by(deliverer), body, {}, self._retry.timeout),
+            "index a push config's deliverer",
+        )
+
+    async def note_deliveries(self, noted: Sequence[tuple[str, str]]) -> None:
+        """Publish many (deliverer, key) delivery entries in one go.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        messages = [(delivered_by(d), DeliveryEntry.encode(d, k)) for d, k in noted]
+        if messages:
+            await self._retry(
+                lambda: self._requests.publish_many(messages, self._retry.timeout),
+                "index push configs' deliverers",
+            )
+
+    def deliveries(self, subject: str) -> AsyncGenerator[builtins.list[DeliveryEntry]]:
+        """The delivery entries on ``subject``, oldest first, ``BATCH`` at a time.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+            UnknownFormatError: An entry in a format this version does not read.
+        """
+        return self._pages(subject, DeliveryEntry.decode)
+
+    async def push_covered(self) -> int | None:
+        """When the push marker was last renewed (nanoseconds since the epoch), or None.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+            UnknownFormatError: A marker in a format this version does not read.
+        """
+        msgs = await self._get({"last_by_subj": PUSH_MARKER})
+        if not msgs:
+            return None
+        try:
+            found = json.loads(msgs[0].data)
+            fmt, at = found["format"], int(found["at"])
+        except (ValueError, TypeError, KeyError):
+            raise UnknownFormatError("the push marker", repr(msgs[0].data[:40])) from None
+        if fmt != 1:
+            raise UnknownFormatError("the push marker", str(fmt))
+        return at
+
+    async def mark_push_covered(self, by: str) -> None:
+        """Write (or renew) the push marker.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        body = json.dumps({"format": 1, "by": by, "at": time.time_ns()}).encode()
+        await self._retry(
+            lambda: self._requests.publish(
+                PUSH_MARKER, body, {"Nats-Rollup": "sub"}, self._retry.timeout
+            ),
+            "mark push configs indexed",
+        )
 
     async def all_of(self, subject: str) -> builtins.list[IndexEntry]:
         """Every entry on ``subject``, oldest first.
@@ -357,7 +491,7 @@ class TaskIndex:
         """
         return [entry async for batch in self.batches(subject) for entry in batch]
 
-    async def batches(self, subject: str) -> AsyncIterator[builtins.list[IndexEntry]]:
+    def batches(self, subject: str) -> AsyncGenerator[builtins.list[IndexEntry]]:
         """The entries on ``subject``, oldest first, ``BATCH`` at a time (one read each).
 
         Entries written while it reads may or may not be included.
@@ -365,10 +499,15 @@ class TaskIndex:
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
+        return self._pages(subject, IndexEntry.decode)
+
+    async def _pages(
+        self, subject: str, decode: Callable[[Msg], _E]
+    ) -> AsyncGenerator[builtins.list[_E]]:
         pos = 1
         while True:
             msgs = await self._get({"seq": pos, "next_by_subj": subject, "batch": BATCH})
-            entries = [IndexEntry.decode(msg) for msg in msgs]
+            entries = [decode(msg) for msg in msgs]
             if entries:
                 yield entries
             if len(msgs) < BATCH:
@@ -527,10 +666,21 @@ class TaskIndex:
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        request = json.dumps({"filter": MARKER}).encode()
+        await self._purge(MARKER, "remove the task index's marker")
+
+    async def unmark_push(self) -> None:
+        """Remove the push marker: an instance that publishes no delivery entries is heard.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        await self._purge(PUSH_MARKER, "remove the push marker")
+
+    async def _purge(self, subject: str, what: str) -> None:
+        request = json.dumps({"filter": subject}).encode()
         await self._retry(
             lambda: self._requests.api(
                 f"$JS.API.STREAM.PURGE.{INDEX_STREAM}", request, self._retry.timeout
             ),
-            "remove the task index's marker",
+            what,
         )

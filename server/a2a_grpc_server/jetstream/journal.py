@@ -74,6 +74,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import nats.js.errors
 from a2a.types.a2a_pb2 import Message, StreamResponse, Task
@@ -107,6 +108,7 @@ from .formats import LEGACY, Formats, check_header, mark, unmark
 from .index import (
     CLOCK_SKEW,
     FEATURE,
+    MARKER_RENEW,
     STALE_AFTER,
     IndexEntry,
     Positions,
@@ -381,8 +383,6 @@ INDEX_BATCH = 256
 """Entries a count by status timestamp, or a read of ``f`` entries, reads at once."""
 INDEX_CONCURRENCY = 16
 """Snapshots ``index_unindexed`` writes at once."""
-MARKER_RENEW = 60.0
-"""Seconds between two renewals of the index's marker by the smallest live instance."""
 MARKER_FRESH = 600 * 1_000_000_000
 """Nanoseconds after its last renewal past which the marker is not trusted."""
 UNINDEXED_CHECK = 100_000
@@ -392,6 +392,18 @@ SWEEP_BATCH = 500
 """Snapshots a sweep reads at a time through the index (it ends them before reading more)."""
 RELEASE_ATTEMPTS = 2
 """Reads of a task ``release`` makes when its snapshot moves under it."""
+
+
+class Coverage(Protocol):
+    """Another marker the lease keeps with the index's (``DeliveryCoverage``)."""
+
+    def due(self) -> bool:
+        """Whether ``keep`` has something to do (cheap: no request)."""
+        ...
+
+    async def keep(self, live: set[str]) -> None:
+        """Remove, build or renew the marker."""
+        ...
 
 
 class JetStreamJournal:
@@ -436,6 +448,8 @@ class JetStreamJournal:
         self._snapshotted: dict[str, _Snapshotted] = {}
         self._final: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._index = TaskIndex(requests, self._retry)
+        self.coverage: Coverage | None = None
+        """Another marker kept with the index's (the push configs' deliverers)."""
         self._built = False
         """Whether this instance has seen the index's marker (see ``keep_index``)."""
         self._unmarked = False
@@ -652,6 +666,11 @@ class JetStreamJournal:
         return await self._list_scanning(query)
 
     @property
+    def index(self) -> TaskIndex:
+        """The listing index (shared with the push configs' delivery entries)."""
+        return self._index
+
+    @property
     def indexed(self) -> bool:
         """Whether a first page is read through the listing index now."""
         return self._built and self._formats.everyone(FEATURE)
@@ -810,12 +829,24 @@ class JetStreamJournal:
 
     def index_due(self) -> bool:
         """Whether ``keep_index`` has something to do (cheap: no request)."""
+        if self.coverage is not None and self.coverage.due():
+            return True
         if self._formats.lacking(FEATURE):
             return not self._unmarked
         return not self._built or time.monotonic() >= self._renew_at
 
     async def keep_index(self, live: set[str]) -> None:
-        """Keep the index's marker true (see ``index``); run by the lease, once settled.
+        """Keep the index's marker true, then ``coverage``'s; run by the lease, once settled.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        await self._keep_listing(live)
+        if self.coverage is not None:
+            await self.coverage.keep(live)
+
+    async def _keep_listing(self, live: set[str]) -> None:
+        """Keep the index's marker true (see ``index``).
 
         An instance that does not keep the index is live: remove the marker.
         Everyone keeps it and the marker is missing (or was not renewed for

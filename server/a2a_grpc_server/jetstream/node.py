@@ -24,7 +24,7 @@ from .conn import NatsConfig, NatsConnection, connect
 from .formats import Formats
 from .journal import JetStreamJournal
 from .lease import Lease
-from .pushstore import JetStreamPushConfigs
+from .pushstore import DeliveryCoverage, JetStreamPushConfigs
 from .relay import Relays
 from .requests import JetStreamRequests
 from .retry import Retry
@@ -76,9 +76,18 @@ class NatsCluster:
         self._router: Router | None = None
         self.lease: Lease | None = None
         self.push_store = JetStreamPushConfigs(
-            conn.push, Retry(conn.config.retry_for), self.formats, callers=conn.push_callers
+            conn.push,
+            Retry(conn.config.retry_for),
+            self.formats,
+            callers=conn.push_callers,
+            index=self._journal.index,
         )
         """Push configs and cursors, shared by every instance."""
+        self.push_coverage = DeliveryCoverage(
+            self.push_store, self._journal.index, self.formats, conn.config.instance_id
+        )
+        """Whether orphaned configs can be found through their deliverers' entries."""
+        self._journal.coverage = self.push_coverage
         self._local: Local | None = None
 
     @classmethod
@@ -194,7 +203,8 @@ class NatsCluster:
         push = local.push if local is not None else None
         if local is None or push is None:
             return
-        for orphan in await self.push_store.orphans(alive):
+        indexed = await self.push_coverage.trusted()
+        for orphan in await self.push_store.orphans(alive, indexed=indexed):
             try:
                 recorded = await local.tasks.recorded(orphan.task_id)
             except TaskNotFoundError:

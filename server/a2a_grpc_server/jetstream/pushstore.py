@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import contextlib
 import hashlib
+import logging
 import struct
 import time
 from collections import OrderedDict
@@ -49,12 +51,17 @@ from nats.js.kv import KeyValue
 from ..errors import QuotaExceededError
 from ..push.configs import ConfigPage, PushConfigLimitError, decode_page_token
 from .formats import Formats, mark, unmark
+from .index import DELIVERERS, MARKER_RENEW, PUSH_FRESH, STALE_AFTER, DeliveryEntry, TaskIndex
 from .retry import Retry
+
+logger = logging.getLogger(__name__)
 
 Entries = list[tuple[str, int, int, TaskPushNotificationConfig]]
 """(key, creation number, cursor, config) of a task's configs."""
 
 Orphans = list["Orphan"]
+Stored = list[tuple[str, int, bytes]]
+"""(key, revision, value without its format mark) of configs."""
 
 REVISIONS_KEPT = 4096
 """Configs whose key revision this instance remembers (those it delivered to lately)."""
@@ -62,6 +69,11 @@ RECONCILE_EVERY = 30.0
 """Least seconds between two reconciliations of one principal's count by one instance."""
 RECONCILED_KEPT = 4096
 """Principals whose last reconciliation this instance remembers."""
+
+READ_CONCURRENCY = 16
+"""Configs read at once when orphans are found through their delivery entries."""
+ORPHAN_BATCH = 256
+"""Configs read (or delivery entries published) per batch."""
 
 WHAT = "a push config"
 HEAD = struct.Struct(">QQB")
@@ -103,6 +115,8 @@ class Orphan:
     deliverer: str
     revision: int
     value: bytes
+    entry: int = 0
+    """Its delivery entry's position (0: found by reading every config)."""
 
 
 class JetStreamPushConfigs:
@@ -115,6 +129,9 @@ class JetStreamPushConfigs:
         callers: The ``A2A_PUSH_CALLERS`` bucket (None: configs are not counted
             per principal).
         clock: Monotonic clock that paces reconciliations.
+        index: Where a config's deliverer is published before the config names it
+            (``DeliveryEntry``; None: it is not, and orphans are found by reading
+            every config).
     """
 
     def __init__(
@@ -125,8 +142,10 @@ class JetStreamPushConfigs:
         *,
         callers: KeyValue | None = None,
         clock: Callable[[], float] = time.monotonic,
+        index: TaskIndex | None = None,
     ) -> None:
         self._kv = kv
+        self._index = index
         self._retry = retry
         self._formats = formats or Formats()
         self._callers = callers
@@ -159,6 +178,7 @@ class JetStreamPushConfigs:
             raise PushConfigLimitError(task_id, most)
         value = _pack(number or time.time_ns(), seq, deliverer, config)
         stored = mark(value, self._formats.writing)
+        await self._note(deliverer, key)
         principal, quota = caller
         if number or self._callers is None:  # (a replacement is not a new one)
             await self._retry(lambda: self._kv.put(key, stored), "store a push config")
@@ -237,31 +257,108 @@ class JetStreamPushConfigs:
             self._revisions.popitem(last=False)
         return True
 
-    async def orphans(self, alive: set[str]) -> Orphans:
-        """Every config whose deliverer is not in ``alive`` (reads the whole bucket)."""
+    async def orphans(self, alive: set[str], *, indexed: bool = False) -> Orphans:
+        """Every config whose deliverer is not in ``alive``.
 
-        async def scan() -> Orphans:
+        With ``indexed`` (every config that names a deliverer has its delivery
+        entry: ``DeliveryCoverage.trusted``), through the lost deliverers'
+        entries: it costs what they delivered. Otherwise by reading the whole
+        bucket.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        if indexed and self._index is not None:
+            return await self._orphans_indexed(self._index, alive)
+
+        found: Orphans = []
+        for key, revision, value in await self._scan():
+            who = _deliverer(value)
+            if who and who not in alive:
+                _, cursor, config = _unpack(value)
+                found.append(Orphan(key.split(".", 1)[0], config, cursor, who, revision, value))
+        return found
+
+    async def _orphans_indexed(self, index: TaskIndex, alive: set[str]) -> Orphans:
+        """The configs the delivery entries of instances not ``alive`` name, still theirs.
+
+        An entry whose config is gone or names another deliverer is deleted once
+        older than ``STALE_AFTER`` (a write in flight is not stale); of two
+        entries for one config, the older goes at once.
+        """
+        found: Orphans = []
+        stale: builtins.list[int] = []
+        old = time.time_ns() - STALE_AFTER
+        gate = asyncio.Semaphore(READ_CONCURRENCY)
+
+        async def read(key: str) -> tuple[int, bytes] | None:
+            async with gate:
+                return await self._get(key)
+
+        for deliverer, subject in (await index.deliverers()).items():
+            if deliverer in alive:
+                continue
+            newest: dict[str, DeliveryEntry] = {}
+            async for batch in index.deliveries(subject):
+                for entry in batch:
+                    if entry.key in newest:
+                        stale.append(newest[entry.key].pos)
+                    newest[entry.key] = entry
+            entries = list(newest.values())
+            for at in range(0, len(entries), ORPHAN_BATCH):
+                chunk = entries[at : at + ORPHAN_BATCH]
+                configs = await asyncio.gather(*(read(e.key) for e in chunk))
+                for entry, stored in zip(chunk, configs, strict=True):
+                    if stored is not None and _deliverer(stored[1]) == deliverer:
+                        revision, value = stored
+                        _, cursor, config = _unpack(value)
+                        task_id = entry.key.split(".", 1)[0]
+                        found.append(
+                            Orphan(task_id, config, cursor, deliverer, revision, value, entry.pos)
+                        )
+                    elif entry.written_ns < old:
+                        stale.append(entry.pos)
+        index.drop_later(stale)
+        return found
+
+    async def index_delivered(self) -> int:
+        """Publish a delivery entry for every config that names a deliverer; how many.
+
+        Reads the whole bucket: once, when the cluster starts keeping delivery
+        entries (configs written before have none; see ``DeliveryCoverage``).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        if self._index is None:
+            return 0
+        noted = [(who, key) for key, _, value in await self._scan() if (who := _deliverer(value))]
+        for at in range(0, len(noted), ORPHAN_BATCH):
+            await self._index.note_deliveries(noted[at : at + ORPHAN_BATCH])
+        return len(noted)
+
+    async def _scan(self) -> Stored:
+        """Every config stored: (key, revision, value without its format mark)."""
+
+        async def scan() -> Stored:
             watcher = await self._kv.watch(">", ignore_deletes=True)
-            found: Orphans = []
+            found: Stored = []
             try:
                 async for entry in watcher:
                     if entry is None:  # (the end of what is stored)
                         break
-                    if not entry.value:
-                        continue
-                    value = unmark(entry.value, WHAT)
-                    who = _deliverer(value)
-                    if who and who not in alive:
-                        _, cursor, config = _unpack(value)
-                        task_id = entry.key.split(".", 1)[0]
-                        found.append(
-                            Orphan(task_id, config, cursor, who, entry.revision or 0, value)
-                        )
+                    if entry.value:
+                        found.append((entry.key, entry.revision or 0, unmark(entry.value, WHAT)))
             finally:
                 await watcher.stop()
             return found
 
         return await self._retry(scan, "scan push configs")
+
+    async def _note(self, deliverer: str, key: str) -> None:
+        """Publish that ``deliverer`` delivers ``key`` before a write says so (with an index)."""
+        if deliverer and self._index is not None:
+            await self._index.note_delivery(deliverer, key)
 
     async def without_deliverer(self, task_id: str) -> Orphans:
         """The task's configs no instance delivers (created while nobody owned the task)."""
@@ -281,6 +378,7 @@ class JetStreamPushConfigs:
         tail = orphan.value[HEAD.size + length :]
         value = HEAD.pack(number, cursor, len(who)) + who + tail
         key = _key(orphan.task_id, orphan.config.id)
+        await self._note(me, key)
 
         async def update() -> int | None:
             try:
@@ -293,6 +391,8 @@ class JetStreamPushConfigs:
         if written is None:
             return False
         self._revisions[(orphan.task_id, orphan.config.id)] = (written, value)
+        if self._index is not None:
+            self._index.drop_later([orphan.entry])  # (the lost deliverer's: stale now)
         return True
 
     def forget(self, task_id: str) -> None:
@@ -400,3 +500,99 @@ class JetStreamPushConfigs:
                 number, cursor, config = _unpack(entry[1])
                 found.append((key, number, cursor, config))
         return found
+
+
+class DeliveryCoverage:
+    """Whether every config that names a deliverer has its delivery entry (the push marker).
+
+    Kept as the listing index's marker is (``JetStreamJournal.keep_index``
+    runs ``keep`` on the lease's schedule): while any live instance does not
+    publish delivery entries (its heartbeat lacks ``DELIVERERS``, a version
+    before them in a rolling update), the marker is removed; once every
+    instance does, the smallest live one publishes an entry for each config
+    written without one (``index_delivered``, one read of the bucket) and
+    writes the marker, then renews it every ``MARKER_RENEW`` seconds. A
+    marker not renewed for ``PUSH_FRESH`` (the cluster was down, or a version
+    before the entries ran alone meanwhile) is not trusted: the smallest
+    instance indexes the bucket again.
+
+    Args:
+        store: The configs.
+        index: Where the entries and the marker are.
+        formats: What the live instances keep.
+        me: This instance's id.
+        clock: Monotonic clock that paces renewals.
+    """
+
+    def __init__(
+        self,
+        store: JetStreamPushConfigs,
+        index: TaskIndex,
+        formats: Formats,
+        me: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store, self._index, self._formats, self._me = store, index, formats, me
+        self._clock = clock
+        self._built = False
+        self._unmarked = False
+        self._renew_at = 0.0
+        self.covered = asyncio.Event()
+        """Set while this instance has seen the push marker stand (cleared when it does not)."""
+
+    def due(self) -> bool:
+        """Whether ``keep`` has something to do (cheap: no request)."""
+        if self._formats.lacking(DELIVERERS):
+            return not self._unmarked
+        return not self._built or self._clock() >= self._renew_at
+
+    async def trusted(self) -> bool:
+        """Whether orphans may be found through delivery entries (``orphans(indexed=)``).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        return self._formats.everyone(DELIVERERS) and await self._fresh()
+
+    async def _fresh(self) -> bool:
+        at = await self._index.push_covered()
+        return at is not None and time.time_ns() - at < PUSH_FRESH
+
+    async def keep(self, live: set[str]) -> None:
+        """Remove, build or renew the push marker (see the class docstring).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        if self._formats.lacking(DELIVERERS):
+            self._set_built(False)
+            if not self._unmarked:  # (once while such an instance is heard)
+                await self._index.unmark_push()
+                self._unmarked = True
+            return
+        self._unmarked = False
+        if not self._formats.everyone(DELIVERERS):
+            self._set_built(False)
+            return
+        smallest = self._me == min(live | {self._me})
+        if await self._fresh():
+            if smallest:
+                await self._index.mark_push_covered(self._me)
+            self._set_built(True)
+            return
+        self._set_built(False)
+        if not smallest:
+            return
+        done = await self._store.index_delivered()
+        if self._formats.everyone(DELIVERERS):  # (no instance without them heard meanwhile)
+            await self._index.mark_push_covered(self._me)
+            self._set_built(True)
+            logger.info("push configs indexed by deliverer (%d); sweeps read their entries", done)
+
+    def _set_built(self, built: bool) -> None:
+        self._built = built
+        if built:
+            self._renew_at = self._clock() + MARKER_RENEW
+            self.covered.set()
+        else:
+            self.covered.clear()
