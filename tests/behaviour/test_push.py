@@ -86,7 +86,13 @@ async def test_config_rpcs_create_get_list_delete() -> None:
         got = await h.stub.GetTaskPushNotificationConfig(
             GetTaskPushNotificationConfigRequest(task_id=task.id, id=made.id), metadata=V1
         )
-        assert got == made
+        assert made.token == "tok" and made.authentication.credentials == "c"
+        secretless = TaskPushNotificationConfig()
+        secretless.CopyFrom(made)
+        secretless.ClearField("token")
+        secretless.authentication.ClearField("credentials")
+        assert got == secretless, "Get leaves the secrets out (the scheme stays)"
+        assert got.authentication.scheme == "Bearer"
         for name in ("b", "c"):
             await h.stub.CreateTaskPushNotificationConfig(
                 TaskPushNotificationConfig(task_id=task.id, id=name, url="http://127.0.0.1:9/"),
@@ -96,6 +102,7 @@ async def test_config_rpcs_create_get_list_delete() -> None:
             ListTaskPushNotificationConfigsRequest(task_id=task.id, page_size=2), metadata=V1
         )
         assert [c.id for c in first.configs] == [made.id, "b"] and first.next_page_token
+        assert first.configs[0] == secretless, "so does List"
         rest = await h.stub.ListTaskPushNotificationConfigs(
             ListTaskPushNotificationConfigsRequest(
                 task_id=task.id, page_size=2, page_token=first.next_page_token

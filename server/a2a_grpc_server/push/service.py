@@ -43,6 +43,24 @@ ALL_CONFIGS = 1_000
 """Page size used to read every config of a task (far above ``push_max_configs``)."""
 
 
+def redacted(config: TaskPushNotificationConfig) -> TaskPushNotificationConfig:
+    """``config`` as Get and List answer it: without its ``token`` and ``credentials``.
+
+    Secrets are write-only (A2A #1681, #1988): whoever may read a task's
+    configs must not harvest the credentials its webhooks are called with.
+    The scheme stays, so a reader sees how the webhook is authenticated; to
+    change a config, create it again with its secrets.
+    """
+    if not config.token and not config.authentication.credentials:
+        return config
+    shown = TaskPushNotificationConfig()
+    shown.CopyFrom(config)
+    shown.ClearField("token")
+    if shown.HasField("authentication"):
+        shown.authentication.ClearField("credentials")
+    return shown
+
+
 def screen_of(config: ServerConfig) -> Screen:
     """The push target policy ``config`` asks for."""
     return Screen(config.push_allow_private, config.push_allow_hosts)
@@ -177,7 +195,7 @@ class PushService:
         self.dispatcher.follow(live, config, after)
 
     async def get(self, task_id: str, config_id: str, scope: str) -> TaskPushNotificationConfig:
-        """One config of an existing task of ``scope``.
+        """One config of an existing task of ``scope``, its secrets left out (``redacted``).
 
         Raises:
             TaskNotFoundError: No such task (or it is another scope's).
@@ -187,17 +205,18 @@ class PushService:
         config = await self.store.get(task_id, config_id)
         if config is None:
             raise PushConfigNotFoundError(task_id, config_id)
-        return config
+        return redacted(config)
 
     async def list(self, task_id: str, page_size: int, page_token: str, scope: str) -> ConfigPage:
-        """One page of the configs of an existing task of ``scope``, oldest first.
+        """One page of the configs of an existing task of ``scope``, oldest first, redacted.
 
         Raises:
             TaskNotFoundError: No such task (or it is another scope's).
             InvalidFieldError: A page token this server did not issue.
         """
         await self._tasks.recorded(task_id, scope)
-        return await self.store.list(task_id, page_size, page_token)
+        page = await self.store.list(task_id, page_size, page_token)
+        return ConfigPage([redacted(c) for c in page.configs], page.next_token)
 
     async def delete(self, task_id: str, config_id: str, scope: str) -> None:
         """Forget a config of a task of ``scope`` and stop its delivery (none: no error).
