@@ -177,6 +177,66 @@ async def test_an_entry_in_a_format_this_version_does_not_read_is_refused(
     assets: Assets,
 ) -> None:
     """Formats are versioned: an entry of format 2 is not guessed at."""
+    await assets.index._requests.publish(delivered_by("i-1"), b"3\nfrom the future", {}, 5.0)
+    assert await assets.store.orphans({"i-1"}, indexed=True) == [], "a live one's: never read"
     await assets.index._requests.publish(delivered_by("gone"), b"2\np\ngone\nk.x\n1", {}, 5.0)
     with pytest.raises(UnknownFormatError):
         await assets.store.orphans({"i-1"}, indexed=True)
+    await assets.index._requests.publish(delivered_by("bad"), b"1\np\nbad\nk.x\nsoon", {}, 5.0)
+    with pytest.raises(UnknownFormatError):
+        await assets.index.deliverers({"i-1", "gone"})
+
+
+async def test_a_config_whose_cursor_moves_past_half_the_ttl_publishes_its_entry_again(
+    nats_url: str,
+) -> None:
+    """A config written again lives on (its max age restarts), so its entry, which would
+    expire first, is published again once half the index's max age old."""
+    conn = await connect(NatsConfig(servers=[nats_url]))
+    requests = JetStreamRequests(conn.nc)
+    await requests.start()
+    index = TaskIndex(requests, Retry(5.0))
+    now = [100.0]
+    store = JetStreamPushConfigs(
+        conn.push, Retry(5.0), index=index, entry_ttl=60.0, clock=lambda: now[0]
+    )
+    try:
+        await store.put(config("long"), most=10, seq=0, deliverer="A")
+
+        async def entries() -> int:
+            return sum([len(b) async for b in index.deliveries(delivered_by("A"))])
+
+        assert await entries() == 1
+        assert await store.confirm("long", "hook", 1)
+        now[0] += 29
+        assert await store.confirm("long", "hook", 2)
+        assert await entries() == 1, "younger than half the max age: kept"
+        now[0] += 2
+        assert await store.confirm("long", "hook", 3)
+        assert await entries() == 2, "published again"
+    finally:
+        await index.close()
+        await requests.close()
+        await conn.js.delete_key_value(PUSH_BUCKET)
+        await conn.js.delete_stream(INDEX_STREAM)
+        await conn.close()
+
+
+async def test_an_older_instance_that_came_and_left_between_two_keeps_is_not_missed(
+    assets: Assets,
+) -> None:
+    """An instance without entries heard, writing a config, and gone before the next keep:
+    the marker is not trusted, and the next keep indexes its config."""
+    store, older, index = assets.store, assets.older, assets.index
+    formats = Formats()
+    formats.settle()
+    coverage = DeliveryCoverage(store, index, formats, "i-1")
+    await coverage.keep({"i-1"})
+    assert await coverage.trusted()
+    formats.heard("i-0", heartbeat(FEATURES - {"deliverers"}))
+    await older.put(config("by-the-old-one"), most=10, seq=0, deliverer="gone")
+    formats.gone("i-0")
+    assert not await coverage.trusted() and coverage.due()
+    await coverage.keep({"i-1"})
+    assert await coverage.trusted()
+    assert found(await store.orphans({"i-1"}, indexed=True)) == [("by-the-old-one", "hook", "gone")]

@@ -138,6 +138,7 @@ class Formats:
     def __init__(self) -> None:
         self._reads: dict[str, frozenset[int]] = {}
         self._features: dict[str, frozenset[str]] = {}
+        self._lacked: set[str] = set()
         self._settled = False
         self.writing = LEGACY
         """The format written now."""
@@ -145,7 +146,9 @@ class Formats:
 
     def heard(self, instance: str, value: bytes) -> None:
         """``instance``'s heartbeat, as its value says."""
-        self._features[instance] = read_features(value)
+        features = read_features(value)
+        self._features[instance] = features
+        self._lacked |= FEATURES - features
         reads = read_heartbeat(value)
         if self._reads.get(instance) != reads:
             self._reads[instance] = reads
@@ -164,6 +167,18 @@ class Formats:
     def lacking(self, feature: str) -> bool:
         """Whether a live instance heard from does not keep ``feature``."""
         return any(feature not in found for found in self._features.values())
+
+    def lacked(self, feature: str) -> bool:
+        """Whether an instance heard since ``forget_lacked`` did not keep ``feature``.
+
+        Unlike ``lacking``, it stays after that instance left: whatever it wrote
+        without the feature meanwhile is still there.
+        """
+        return feature in self._lacked
+
+    def forget_lacked(self, feature: str) -> None:
+        """What was written without ``feature`` is dealt with (see ``lacked``)."""
+        self._lacked.discard(feature)
 
     def everyone(self, feature: str) -> bool:
         """Whether every live instance keeps ``feature`` (heard from them all: settled)."""

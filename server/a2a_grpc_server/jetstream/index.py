@@ -69,6 +69,7 @@ import json
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -262,8 +263,12 @@ class DeliveryEntry:
             raise UnknownFormatError(
                 "a delivery entry of the task index", parts[0][:16].decode("ascii", "replace")
             )
+        try:
+            written = int(parts[4])
+        except ValueError:
+            raise UnknownFormatError("a delivery entry of the task index", "1") from None
         pos = int((msg.headers or {})[SEQ_HEADER])
-        return cls(pos, parts[2].decode(), parts[3].decode(), int(parts[4]))
+        return cls(pos, parts[2].decode(), parts[3].decode(), written)
 
 
 _E = TypeVar("_E", IndexEntry, DeliveryEntry)
@@ -389,17 +394,22 @@ class TaskIndex:
         """
         return await self._heads("o", lambda msg: IndexEntry.decode(msg).owner)
 
-    async def deliverers(self) -> dict[str, str]:
-        """Every instance named by delivery entries, and the subject of its entries.
+    async def deliverers(self, alive: AbstractSet[str] = frozenset()) -> dict[str, str]:
+        """Every instance named by delivery entries but those ``alive``, and its entries' subject.
+
+        The subjects of the instances ``alive`` are skipped unread.
 
         Raises:
             StoreUnavailableError: NATS did not answer.
             UnknownFormatError: An entry in a format this version does not read.
         """
-        return await self._heads("p", lambda msg: DeliveryEntry.decode(msg).deliverer)
+        skip = {delivered_by(instance) for instance in alive}
+        return await self._heads("p", lambda msg: DeliveryEntry.decode(msg).deliverer, skip)
 
-    async def _heads(self, kind: str, name: Callable[[Msg], str]) -> dict[str, str]:
-        """Per subject under ``a2a.idx.<kind>.>``: the instance its first entry names."""
+    async def _heads(
+        self, kind: str, name: Callable[[Msg], str], skip: AbstractSet[str] = frozenset()
+    ) -> dict[str, str]:
+        """Per subject under ``a2a.idx.<kind>.>`` but ``skip``: whom its first entry names."""
         request = json.dumps({"subjects_filter": f"{INDEX_SUBJECT}.{kind}.>"}).encode()
         info = await self._retry(
             lambda: self._requests.api(
@@ -411,6 +421,8 @@ class TaskIndex:
         subjects = (state.get("subjects") or {}) if isinstance(state, dict) else {}
         found: dict[str, str] = {}
         for subject in subjects:
+            if subject in skip:
+                continue
             first = await self._get({"seq": 1, "next_by_subj": subject})
             if first:
                 found[name(first[0])] = subject

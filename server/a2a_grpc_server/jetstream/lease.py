@@ -425,6 +425,9 @@ class Lease:
             self._unfinished_batches(lambda owner: owner not in self.live())
         ) as batches:
             async for batch in batches:
+                if not self._judging():  # (lost touch: the rest waits for the next sweep)
+                    failed = True
+                    break
                 live = self.live()  # (after the read: one heard from meanwhile keeps its tasks)
                 lost = [
                     (s.owner, task_id) for s, task_id in batch if s.owner and s.owner not in live
@@ -441,7 +444,8 @@ class Lease:
         """Claim each (owner, task id), ``CLAIM_CONCURRENCY`` at once; how many won, any failed.
 
         A claim is skipped when its owner was heard from again, or this
-        instance lost touch, since the batch was read.
+        instance lost touch (then counted as failed: the sweep runs again),
+        since the batch was read.
         """
         todo = iter(lost)
         won, failed = 0, False
@@ -449,8 +453,11 @@ class Lease:
         async def claimer() -> None:
             nonlocal won, failed
             for owner, task_id in todo:  # (shared: each claimer takes the next)
-                if owner in self._seen or not self._judging():
-                    continue  # it came back, or this instance lost touch: not now
+                if owner in self._seen:
+                    continue  # it came back
+                if not self._judging():
+                    failed = True  # this instance lost touch: tried again at a later sweep
+                    continue
                 try:
                     done = await self._claim(task_id, owner, f"owner instance {owner} was lost")
                 except StoreError as exc:

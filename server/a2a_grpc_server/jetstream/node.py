@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from a2a.types.a2a_pb2 import SendMessageRequest, Task
 from a2a.utils.errors import TaskNotFoundError
 
+from ..errors import UnknownFormatError
 from ..journal import PageTokens, RecordedTask, Released, StoreError
 from ..log.tasklog import LogReader
 from ..model import taskops
@@ -81,6 +82,7 @@ class NatsCluster:
             self.formats,
             callers=conn.push_callers,
             index=self._journal.index,
+            entry_ttl=conn.config.task_ttl,
         )
         """Push configs and cursors, shared by every instance."""
         self.push_coverage = DeliveryCoverage(
@@ -204,7 +206,14 @@ class NatsCluster:
         if local is None or push is None:
             return
         indexed = await self.push_coverage.trusted()
-        for orphan in await self.push_store.orphans(alive, indexed=indexed):
+        try:
+            orphans = await self.push_store.orphans(alive, indexed=indexed)
+        except UnknownFormatError as exc:  # (a newer version's entries: read every config)
+            logger.warning(
+                "push configs' delivery entries not read (%s): reading every config", exc
+            )
+            orphans = await self.push_store.orphans(alive)
+        for orphan in orphans:
             try:
                 recorded = await local.tasks.recorded(orphan.task_id)
             except TaskNotFoundError:

@@ -38,11 +38,13 @@ import builtins
 import contextlib
 import hashlib
 import logging
+import math
 import struct
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import nats.js.errors
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
@@ -60,8 +62,7 @@ Entries = list[tuple[str, int, int, TaskPushNotificationConfig]]
 """(key, creation number, cursor, config) of a task's configs."""
 
 Orphans = list["Orphan"]
-Stored = list[tuple[str, int, bytes]]
-"""(key, revision, value without its format mark) of configs."""
+_T = TypeVar("_T")
 
 REVISIONS_KEPT = 4096
 """Configs whose key revision this instance remembers (those it delivered to lately)."""
@@ -132,6 +133,9 @@ class JetStreamPushConfigs:
         index: Where a config's deliverer is published before the config names it
             (``DeliveryEntry``; None: it is not, and orphans are found by reading
             every config).
+        entry_ttl: The index's max age (``task_ttl``): a config written again
+            (its cursor moves) lives on, so its entry is published again once
+            half of that old.
     """
 
     def __init__(
@@ -143,9 +147,14 @@ class JetStreamPushConfigs:
         callers: KeyValue | None = None,
         clock: Callable[[], float] = time.monotonic,
         index: TaskIndex | None = None,
+        entry_ttl: float = 86_400.0,
     ) -> None:
         self._kv = kv
         self._index = index
+        self._entry_ttl = entry_ttl
+        self._noted: OrderedDict[str, float] = OrderedDict()
+        """When this instance last published each config's delivery entry (the latest
+        ``REVISIONS_KEPT``): republished past half ``entry_ttl`` (the index's max age)."""
         self._retry = retry
         self._formats = formats or Formats()
         self._callers = callers
@@ -238,6 +247,10 @@ class JetStreamPushConfigs:
         number, cursor, _ = _unpack(value)
         if seq <= cursor:
             return True
+        if self._index is not None and self._clock() - self._noted.get(key, -math.inf) > (
+            self._entry_ttl / 2
+        ):
+            await self._note(_deliverer(value), key)  # (the entry must outlive the config)
         updated = HEAD.pack(number, seq, HEAD.unpack_from(value)[2]) + value[HEAD.size :]
 
         async def update() -> int | None:
@@ -271,13 +284,14 @@ class JetStreamPushConfigs:
         if indexed and self._index is not None:
             return await self._orphans_indexed(self._index, alive)
 
-        found: Orphans = []
-        for key, revision, value in await self._scan():
+        def orphan(key: str, revision: int, value: bytes) -> Orphan | None:
             who = _deliverer(value)
-            if who and who not in alive:
-                _, cursor, config = _unpack(value)
-                found.append(Orphan(key.split(".", 1)[0], config, cursor, who, revision, value))
-        return found
+            if not who or who in alive:
+                return None
+            _, cursor, config = _unpack(value)
+            return Orphan(key.split(".", 1)[0], config, cursor, who, revision, value)
+
+        return await self._scan(orphan)
 
     async def _orphans_indexed(self, index: TaskIndex, alive: set[str]) -> Orphans:
         """The configs the delivery entries of instances not ``alive`` name, still theirs.
@@ -295,7 +309,7 @@ class JetStreamPushConfigs:
             async with gate:
                 return await self._get(key)
 
-        for deliverer, subject in (await index.deliverers()).items():
+        for deliverer, subject in (await index.deliverers(alive)).items():
             if deliverer in alive:
                 continue
             newest: dict[str, DeliveryEntry] = {}
@@ -332,23 +346,32 @@ class JetStreamPushConfigs:
         """
         if self._index is None:
             return 0
-        noted = [(who, key) for key, _, value in await self._scan() if (who := _deliverer(value))]
+        noted = await self._scan(
+            lambda key, _, value: (who, key) if (who := _deliverer(value)) else None
+        )
         for at in range(0, len(noted), ORPHAN_BATCH):
             await self._index.note_deliveries(noted[at : at + ORPHAN_BATCH])
         return len(noted)
 
-    async def _scan(self) -> Stored:
-        """Every config stored: (key, revision, value without its format mark)."""
+    async def _scan(self, keep: Callable[[str, int, bytes], _T | None]) -> builtins.list[_T]:
+        """What ``keep`` makes of each config stored, as it is read (its Nones left out).
 
-        async def scan() -> Stored:
+        ``keep`` gets the key, the revision and the value without its format
+        mark; the bucket is never held whole.
+        """
+
+        async def scan() -> builtins.list[_T]:
             watcher = await self._kv.watch(">", ignore_deletes=True)
-            found: Stored = []
+            found: builtins.list[_T] = []
             try:
                 async for entry in watcher:
                     if entry is None:  # (the end of what is stored)
                         break
                     if entry.value:
-                        found.append((entry.key, entry.revision or 0, unmark(entry.value, WHAT)))
+                        value = unmark(entry.value, WHAT)
+                        kept = keep(entry.key, entry.revision or 0, value)
+                        if kept is not None:
+                            found.append(kept)
             finally:
                 await watcher.stop()
             return found
@@ -359,6 +382,10 @@ class JetStreamPushConfigs:
         """Publish that ``deliverer`` delivers ``key`` before a write says so (with an index)."""
         if deliverer and self._index is not None:
             await self._index.note_delivery(deliverer, key)
+            self._noted[key] = self._clock()
+            self._noted.move_to_end(key)
+            while len(self._noted) > REVISIONS_KEPT:
+                self._noted.popitem(last=False)
 
     async def without_deliverer(self, task_id: str) -> Orphans:
         """The task's configs no instance delivers (created while nobody owned the task)."""
@@ -508,7 +535,9 @@ class DeliveryCoverage:
     Kept as the listing index's marker is (``JetStreamJournal.keep_index``
     runs ``keep`` on the lease's schedule): while any live instance does not
     publish delivery entries (its heartbeat lacks ``DELIVERERS``, a version
-    before them in a rolling update), the marker is removed; once every
+    before them in a rolling update), or one was heard since the last
+    ``keep`` (``Formats.lacked``: it may have written configs and left), the
+    marker is removed and not trusted; once every
     instance does, the smallest live one publishes an entry for each config
     written without one (``index_delivered``, one read of the bucket) and
     writes the marker, then renews it every ``MARKER_RENEW`` seconds. A
@@ -544,6 +573,8 @@ class DeliveryCoverage:
         """Whether ``keep`` has something to do (cheap: no request)."""
         if self._formats.lacking(DELIVERERS):
             return not self._unmarked
+        if self._formats.lacked(DELIVERERS):
+            return True
         return not self._built or self._clock() >= self._renew_at
 
     async def trusted(self) -> bool:
@@ -552,7 +583,10 @@ class DeliveryCoverage:
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        return self._formats.everyone(DELIVERERS) and await self._fresh()
+        formats = self._formats
+        return (
+            formats.everyone(DELIVERERS) and not formats.lacked(DELIVERERS) and await self._fresh()
+        )
 
     async def _fresh(self) -> bool:
         at = await self._index.push_covered()
@@ -564,12 +598,17 @@ class DeliveryCoverage:
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        if self._formats.lacking(DELIVERERS):
+        lacking = self._formats.lacking(DELIVERERS)
+        if lacking or self._formats.lacked(DELIVERERS):
+            # One without entries is heard, or was since the last keep (it may have
+            # written configs and left already): the marker goes.
             self._set_built(False)
-            if not self._unmarked:  # (once while such an instance is heard)
+            if not (lacking and self._unmarked):  # (once while such an instance is heard)
                 await self._index.unmark_push()
                 self._unmarked = True
-            return
+            self._formats.forget_lacked(DELIVERERS)
+            if lacking:
+                return
         self._unmarked = False
         if not self._formats.everyone(DELIVERERS):
             self._set_built(False)
