@@ -99,6 +99,14 @@ class ServerConfig:
         quota_live_tasks: Most tasks one principal has live on this instance
             (not ended and in memory, waiting for input included); over it a
             new task is refused (RESOURCE_EXHAUSTED, LIVE_TASKS_QUOTA). 0: no quota.
+        idempotency_window: Seconds a SendMessage's message id (or its
+            ``idempotency-key`` metadata) is remembered per caller: a request
+            with the same id and body within it runs nothing again and is
+            answered the first one's task; another body is refused
+            (MESSAGE_ID_REUSED). In cluster mode shared by every instance (the
+            bucket ``A2A_KEYS``, whose max age the first instance sets). 0: off.
+        idempotency_max_keys: Most message ids remembered with the in-memory
+            journal (about 300 bytes each; the oldest are forgotten first).
         quota_parked_tasks: Most tasks of one principal waiting for input
             (INPUT_REQUIRED, AUTH_REQUIRED) on this instance; over it a new task
             is refused (PARKED_TASKS_QUOTA), and with the in-memory journal a
@@ -172,6 +180,8 @@ class ServerConfig:
     push_allow_private: bool = False
     push_allow_hosts: tuple[str, ...] = ()
     push_ca_file: str = ""
+    idempotency_window: float = 86_400.0
+    idempotency_max_keys: int = 100_000
     quota_live_tasks: int = 1000
     quota_parked_tasks: int = 1000
     quota_streams: int = 1000
@@ -196,6 +206,10 @@ class ServerConfig:
             raise ValueError("resume_window must not be negative")
         if self.event_queue_size < 1 or self.event_queue_bytes < 1:
             raise ValueError("event_queue_size and event_queue_bytes must be positive")
+        if self.idempotency_window < 0 or self.idempotency_max_keys < 1:
+            raise ValueError(
+                "idempotency_window must not be negative and idempotency_max_keys positive"
+            )
         if self.cancel_timeout <= 0:
             raise ValueError("cancel_timeout must be positive")
         if self.max_final_tasks < 0 or self.final_task_ttl < 0 or self.max_final_bytes < 0:

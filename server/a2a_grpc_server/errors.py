@@ -162,6 +162,36 @@ class OwnerUnavailableError(ServerError):
     reason = "OWNER_UNAVAILABLE"
 
 
+class MessageKeyReusedError(ServerError):
+    """A SendMessage reuses a message id (or idempotency key) of another request of the caller.
+
+    Args:
+        kind: ``message.message_id`` or the ``idempotency-key`` metadata.
+        ident: The id or key reused.
+    """
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "MESSAGE_ID_REUSED"
+
+    def __init__(self, kind: str, ident: str) -> None:
+        super().__init__(
+            f"{kind} {quote(ident)} was sent before with another request; a retry must "
+            "send the same request, and a new message a new id"
+        )
+        self.kind, self.ident = kind, ident
+
+    def details(self) -> dict[str, str]:
+        """The field and the id reused."""
+        return {"field": self.kind, "id": self.ident}
+
+
+class MessageInProgressError(ServerError):
+    """A retried SendMessage found its first request still starting; retry (nothing was done)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "MESSAGE_IN_PROGRESS"
+
+
 class OwnerTimeoutError(ServerError):
     """The task's owner did not answer a routed request in time; it may have acted (cluster)."""
 

@@ -565,3 +565,29 @@ class Ticking(AgentExecutor):
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.task_id is not None and context.context_id is not None
         await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
+
+
+class CountingAgent(AgentExecutor):
+    """Counts its runs: WORKING, then waits for ``gate``, then COMPLETED with one artifact.
+
+    ``runs`` lists the message id of each run; ``started`` is set at each
+    run's WORKING (clear it to wait for the next).
+    """
+
+    def __init__(self) -> None:
+        self.runs: list[str] = []
+        self.gate = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.message is not None
+        self.runs.append(context.message.message_id)
+        updater = _updater(context, event_queue)
+        await updater.start_work()
+        self.started.set()
+        await self.gate.wait()
+        await updater.add_artifact([Part(text="done")], artifact_id="a1")
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await _updater(context, event_queue).cancel()

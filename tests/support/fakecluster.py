@@ -96,6 +96,7 @@ from a2a_grpc_server.journal import (
     TaskPage,
     TaskQuery,
 )
+from a2a_grpc_server.journal.keys import MemorySentKeys
 from a2a_grpc_server.journal.memory import MemoryJournal
 from a2a_grpc_server.log.tasklog import LogReader, TaskLog
 from a2a_grpc_server.model import taskops
@@ -159,6 +160,8 @@ class FakeHub:
         self.record = MemoryJournal()
         """The shared record (owner-less; ``FakeCluster.journal`` adds the owner)."""
         self.push_configs = MemoryPushConfigs()
+        self.sent_keys: MemorySentKeys | None = None
+        """The message ids sent (made by the first member that asks)."""
         """Push configs, shared as the KV bucket is."""
         self._events_per_task = events_per_task
         self._owners: dict[str, str] = {}
@@ -430,6 +433,13 @@ class FakeCluster:
     def push_store(self) -> MemoryPushConfigs:
         """The hub's push configs."""
         return self._hub.push_configs
+
+    def sent_keys(self, window: float) -> MemorySentKeys:
+        """The hub's message ids sent (shared by its members, as ``A2A_KEYS`` is)."""
+        hub = self._hub
+        if hub.sent_keys is None:
+            hub.sent_keys = MemorySentKeys(window, 100_000)
+        return hub.sent_keys
 
     async def push(self, recorded: RecordedTask, config_id: str, call: Caller) -> None:
         """Have the owner deliver a stored push config (its ``follow_stored``)."""

@@ -40,12 +40,15 @@ from ..engine.engine import TaskEngine
 from ..engine.ports import TaskOperations
 from ..engine.registry import LiveTasks
 from ..journal import TaskJournal
+from ..journal.keys import MemorySentKeys, SentKeys
 from ..journal.memory import MemoryJournal
 from ..obs.metrics import Metrics
 from ..push.service import PushService
+from ..rpc import idempotency
 from ..rpc import servicer as rpc
 from ..rpc.auth import Authenticator, AuthInterceptor, declared_scheme
 from ..rpc.closing import Closing
+from ..rpc.idempotency import Retries
 from ..rpc.metrics import MetricsInterceptor, RpcMetrics
 from ..rpc.resume import extension as resume_extension
 from ..rpc.servicer import RpcServicer
@@ -119,6 +122,10 @@ class ClusterMember(Cluster, Protocol):
         """Push configs and their cursors, shared by every instance."""
         ...
 
+    def sent_keys(self, window: float) -> SentKeys:
+        """The message ids sent, shared by every instance, kept ``window`` seconds."""
+        ...
+
 
 class A2AService:
     """The A2A service for an existing ``grpc.aio`` server.
@@ -164,10 +171,11 @@ class A2AService:
             )
             self.config = dataclasses.replace(self.config, push=False)
         push = self.config.push
-        self.card = with_capabilities(
-            with_extension(card or default_card(), resume_extension(self.config.resume_window)),
-            push_notifications=push,
-        )
+        card = with_extension(card or default_card(), resume_extension(self.config.resume_window))
+        window = self.config.idempotency_window
+        if window:
+            card = with_extension(card, idempotency.extension(window))
+        self.card = with_capabilities(card, push_notifications=push)
         if extended_card is not None:
             self.card = with_extended_card(self.card)
         self.cluster = cluster
@@ -214,7 +222,17 @@ class A2AService:
             self.operations,
             self.push,
             self.closing,
+            Retries(self._sent_keys(cluster)),
         )
+
+    def _sent_keys(self, cluster: ClusterMember | None) -> SentKeys | None:
+        """Where message ids are kept (see ``rpc.idempotency``; None: not kept)."""
+        window = self.config.idempotency_window
+        if not window:
+            return None
+        if cluster is not None:
+            return cluster.sent_keys(window)
+        return MemorySentKeys(window, self.config.idempotency_max_keys)
 
     async def start(self) -> None:
         """Join the cluster (no-op for a single instance); call before serving."""

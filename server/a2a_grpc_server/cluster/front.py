@@ -54,6 +54,13 @@ class Routed:
     snapshot: Task
     reader: LogReader
     journal: TaskJournal
+    since: int = 0
+    """The number of the task's last change before the message was sent to the owner."""
+
+    @property
+    def task_id(self) -> str:
+        """The task the message continues."""
+        return self.snapshot.id
 
     async def outcome(self, *, immediately: bool) -> tuple[Task | Message, int]:
         """Wait for what a blocking SendMessage answers (see ``Started.outcome``)."""
@@ -109,6 +116,7 @@ class ClusterFront:
                 )
             # Subscribed before the owner starts: no frame of this message is missed.
             snapshot, reader = await self._peers.subscribe(found)
+            since = reader.next_seq - 1
             try:
                 await self._peers.send(found, request, call)
             except ServerShuttingDownError:
@@ -121,7 +129,7 @@ class ClusterFront:
             break
         message.context_id = snapshot.context_id
         taskops.add_user_message(snapshot, message)
-        return Routed(snapshot, reader, engine.tasks.journal)
+        return Routed(snapshot, reader, engine.tasks.journal, since)
 
     async def cancel(self, task_id: str, call: Caller) -> Task:
         """``TaskEngine.cancel``; a task another instance runs is canceled by its owner.

@@ -83,6 +83,16 @@ class Started:
     start_seq: int
     run: ExecutionSupervisor
 
+    @property
+    def task_id(self) -> str:
+        """The task the message started or continues."""
+        return self.live.task_id
+
+    @property
+    def since(self) -> int:
+        """The number of the task's last change before this message's run."""
+        return self.start_seq
+
     async def outcome(self, *, immediately: bool) -> tuple[Task | Message, int]:
         """Wait for what a blocking SendMessage answers.
 

@@ -34,6 +34,16 @@ class Outcome(Protocol):
         """The caller's reader of the task's frames (None when not asked for)."""
         ...
 
+    @property
+    def task_id(self) -> str:
+        """The task the message started or continues."""
+        ...
+
+    @property
+    def since(self) -> int:
+        """The number of the task's last change before this message's run."""
+        ...
+
     async def outcome(self, *, immediately: bool) -> tuple[Task | Message, int]:
         """Wait for what a blocking SendMessage answers, and the seq of its last change."""
         ...

@@ -15,6 +15,8 @@ Assets (created if missing, identical on every instance):
   max age ``task_ttl``;
 * KV bucket ``A2A_PUSH_CALLERS``: which principal each push config counts
   against (``quota_push_configs``; see ``pushstore``), max age ``task_ttl``;
+* KV bucket ``A2A_KEYS`` (made at the first SendMessage, see ``keys``): the
+  message ids sent, max age ``idempotency_window``;
 * stream ``A2A_INDEX`` on ``a2a.idx.>``: the listing index (see ``index``),
   max age ``task_ttl``, direct gets allowed.
 
@@ -47,6 +49,7 @@ TASKS_BUCKET = "A2A_TASKS"
 INSTANCES_BUCKET = "A2A_INSTANCES"
 PUSH_BUCKET = "A2A_PUSH"
 PUSH_CALLERS_BUCKET = "A2A_PUSH_CALLERS"
+KEYS_BUCKET = "A2A_KEYS"
 EVENTS_STREAM = "A2A_EVENTS"
 EVENTS_SUBJECT = "a2a.events"
 SHARD_SUBJECT = "a2a.ev"
@@ -218,10 +221,10 @@ async def _ensure_assets(
 ) -> tuple[KeyValue, KeyValue, KeyValue, KeyValue]:
     while True:
         try:
-            tasks = await _ensure_kv(js, TASKS_BUCKET, config.task_ttl, config.replicas)
-            instances = await _ensure_kv(js, INSTANCES_BUCKET, INSTANCES_TTL, config.replicas)
-            push = await _ensure_kv(js, PUSH_BUCKET, config.task_ttl, config.replicas)
-            callers = await _ensure_kv(js, PUSH_CALLERS_BUCKET, config.task_ttl, config.replicas)
+            tasks = await ensure_kv(js, TASKS_BUCKET, config.task_ttl, config.replicas)
+            instances = await ensure_kv(js, INSTANCES_BUCKET, INSTANCES_TTL, config.replicas)
+            push = await ensure_kv(js, PUSH_BUCKET, config.task_ttl, config.replicas)
+            callers = await ensure_kv(js, PUSH_CALLERS_BUCKET, config.task_ttl, config.replicas)
             for shard in range(config.event_streams):
                 await _ensure_events(js, config, shard)
             await _ensure_index(js, config)
@@ -235,7 +238,8 @@ async def _ensure_assets(
         await asyncio.sleep(0.25)  # JetStream elects its meta leader
 
 
-async def _ensure_kv(js: JetStreamContext, bucket: str, ttl: float, replicas: int) -> KeyValue:
+async def ensure_kv(js: JetStreamContext, bucket: str, ttl: float, replicas: int) -> KeyValue:
+    """The KV ``bucket``, created with max age ``ttl`` if it does not exist."""
     try:
         return await js.create_key_value(
             bucket=bucket,

@@ -24,6 +24,7 @@ from ..model.caller import Caller
 from .conn import NatsConfig, NatsConnection, connect
 from .formats import Formats
 from .journal import JetStreamJournal
+from .keys import JetStreamSentKeys
 from .lease import Lease
 from .pushstore import DeliveryCoverage, JetStreamPushConfigs
 from .relay import Relays
@@ -191,6 +192,11 @@ class NatsCluster:
         """Have the owner start a follow-up (see ``Cluster.send``)."""
         assert self._router is not None, "join() first"
         await self._router.send(recorded.owner, request, call)
+
+    def sent_keys(self, window: float) -> JetStreamSentKeys:
+        """The message ids sent, shared by every instance (``A2A_KEYS``), kept ``window`` s."""
+        config = self.conn.config
+        return JetStreamSentKeys(self.conn.js, window, config.replicas, Retry(config.retry_for))
 
     async def _adopt_push(self, alive: set[str]) -> None:
         """Take over the webhooks lost instances were delivering to (after each lease sweep).

@@ -44,6 +44,7 @@ from a2a.utils.errors import (
     ExtendedAgentCardNotConfiguredError,
     InvalidRequestError,
     PushNotificationNotSupportedError,
+    TaskNotFoundError,
     UnsupportedOperationError,
 )
 from google.protobuf import message_factory
@@ -53,13 +54,14 @@ from google.protobuf.message import Message as ProtoMessage
 from .. import errors
 from ..config import ServerConfig
 from ..engine.engine import TaskEngine
-from ..engine.ports import TaskOperations
+from ..engine.ports import Outcome, TaskOperations
 from ..errors import (
     AnswerTooLargeError,
     FrameNotKeptError,
     InvalidFieldError,
 )
-from ..journal import InvalidPageTokenError, TaskQuery
+from ..journal import InvalidPageTokenError, StoreError, TaskQuery
+from ..journal.keys import KeyRecord
 from ..log.tasklog import LogReader
 from ..model import taskops
 from ..model.caller import EXTENSIONS_KEY, Caller, caller
@@ -67,6 +69,7 @@ from ..push.configs import check_config
 from . import resume, validation
 from .auth import AuthenticationError
 from .closing import Closing
+from .idempotency import WAIT_FIRST, Claim, Retries
 
 if TYPE_CHECKING:
     from ..push.service import PushService
@@ -150,6 +153,7 @@ class RpcServicer:
         push: Push notifications (None: push is off, its RPCs are refused).
         closing: How new calls are refused while the server closes (default: a
             ``Closing`` of its own).
+        retries: The keys of messages sent (default: none kept, retries run again).
     """
 
     def __init__(
@@ -161,8 +165,10 @@ class RpcServicer:
         operations: TaskOperations | None = None,
         push: PushService | None = None,
         closing: Closing | None = None,
+        retries: Retries | None = None,
     ) -> None:
         self._engine = engine
+        self._retries = retries if retries is not None else Retries(None)
         self._push_service = push
         self.closing = closing if closing is not None else Closing()
         """Begun just before the gRPC server closes: every new call is held, then refused
@@ -195,9 +201,17 @@ class RpcServicer:
         call = caller(context, "SendMessage", request.tenant)
         validation.check_send(request, self._config, self._input_modes)
         self._check_inline_push(request)
+        claim, prior = await self._retries.admit(request, call)
         numbered = await _activate_resume(call, context)
-        started = await self._ops.send(request, call, subscribe=False, resumable=numbered)
-        answer, seq = await started.outcome(immediately=request.configuration.return_immediately)
+        immediately = request.configuration.return_immediately
+        if prior is not None:
+            prior = await self._readable(prior, request, call)
+            answer, seq = await self._replayed(prior, call, numbered, immediately)
+        else:
+            started = await self._start(request, call, claim, subscribe=False, resumable=numbered)
+            answer, seq = await started.outcome(immediately=immediately)
+            if claim is not None and isinstance(answer, Message):
+                await claim.answered(answer)
         if isinstance(answer, Message):
             return SendMessageResponse(message=answer)
         config = request.configuration
@@ -214,8 +228,13 @@ class RpcServicer:
         validation.check_send(request, self._config, self._input_modes)
         self._check_inline_push(request)
         async with self._stream_slot(call):
+            claim, prior = await self._retries.admit(request, call)
             numbered = await _activate_resume(call, context)
-            started = await self._ops.send(request, call, subscribe=True, resumable=numbered)
+            if prior is not None:
+                prior = await self._readable(prior, request, call)
+                await self._replay_stream(prior, call, context, numbered)
+                return
+            started = await self._start(request, call, claim, subscribe=True, resumable=numbered)
             assert started.reader is not None
             await self._pump(
                 started.reader,
@@ -407,6 +426,127 @@ class RpcServicer:
             async with self._streams_changed:  # (after the stream is counted out)
                 self._streams_changed.notify_all()
 
+    async def _start(
+        self,
+        request: SendMessageRequest,
+        call: Caller,
+        claim: Claim | None,
+        *,
+        subscribe: bool,
+        resumable: bool,
+    ) -> Outcome:
+        """Send the message; with a claim, say what it started (``idempotency``).
+
+        The start and its record are shielded from the caller leaving (a cut
+        connection cancels the call): what started is recorded, so a retry
+        finds it, and a reader made for the caller who left is closed.
+        """
+        if claim is None:
+            return await self._ops.send(request, call, subscribe=subscribe, resumable=resumable)
+
+        async def start() -> Outcome:
+            try:
+                started = await self._ops.send(
+                    request, call, subscribe=subscribe, resumable=resumable
+                )
+            except BaseException as exc:
+                await claim.release(exc)
+                raise
+            try:
+                await claim.started(started.task_id, started.since)
+            except StoreError as exc:  # (a retry takes the key over once it is abandoned)
+                logger.warning("task %s: its message id not recorded: %s", started.task_id, exc)
+            return started
+
+        job = asyncio.ensure_future(start())
+        try:
+            return await asyncio.shield(job)
+        except asyncio.CancelledError:
+            job.add_done_callback(_close_reader)  # (the caller left: its reader is nobody's)
+            raise
+
+    async def _readable(
+        self, prior: KeyRecord, request: SendMessageRequest, call: Caller
+    ) -> KeyRecord:
+        """The first request's record once its task can be read, or it answered a message.
+
+        A new task exists from its executor's first event: a retry that comes
+        sooner waits for it (within its deadline, at most ``WAIT_FIRST`` s).
+
+        Raises:
+            TaskNotFoundError: The task did not appear in that time.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(call.timeout or WAIT_FIRST, WAIT_FIRST)
+        delay = 0.005
+        while not prior.answer:
+            try:
+                await self._ops.read(prior.task_id, call.scope)
+                return prior
+            except TaskNotFoundError:
+                if loop.time() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)  # (a run's first event comes within milliseconds)
+            delay = min(delay * 2, 0.25)
+            claim, again = await self._retries.admit(request, call)
+            if claim is not None:  # (its window ended meanwhile: nothing to answer)
+                await claim.release(TaskNotFoundError())
+                raise TaskNotFoundError(message=f"task {errors.quote(prior.task_id)} not found")
+            assert again is not None
+            prior = again
+        return prior
+
+    async def _replayed(
+        self, prior: KeyRecord, call: Caller, numbered: bool, immediately: bool
+    ) -> tuple[Task | Message, int]:
+        """What a retried SendMessage answers: the first request's outcome (``idempotency``)."""
+        if prior.answer:
+            return Message.FromString(prior.answer), 0
+        ops = self._ops
+        if not immediately:
+            try:
+                snapshot, reader = await ops.subscribe(
+                    prior.task_id, call.scope, resumable=numbered
+                )
+            except UnsupportedOperationError:
+                pass  # ended: its record is the answer
+            else:
+                try:
+                    if not _past(snapshot.status.state, reader.next_seq - 1, prior.after):
+                        async for seq, _, state in reader:
+                            if _past(state, seq, prior.after):
+                                break
+                finally:
+                    reader.close()
+        return await ops.read(prior.task_id, call.scope, resumable=numbered)
+
+    async def _replay_stream(
+        self, prior: KeyRecord, call: Caller, context: Context, numbered: bool
+    ) -> None:
+        """What a retried SendStreamingMessage streams (``idempotency``).
+
+        The task as it stands, then its frames up to the first request's outcome.
+        """
+        if prior.answer:
+            await context.write(StreamResponse(message=Message.FromString(prior.answer)))
+            return
+        ops = self._ops
+        try:
+            snapshot, reader = await ops.subscribe(prior.task_id, call.scope, resumable=numbered)
+        except UnsupportedOperationError:  # ended: one frame, the task as recorded
+            task, seq = await ops.read(prior.task_id, call.scope, resumable=numbered)
+            if numbered:
+                resume.tag_task(task, seq)
+            await context.write(StreamResponse(task=task))
+            return
+        if _past(snapshot.status.state, reader.next_seq - 1, prior.after):
+            reader.close()  # (it waits already: nothing more comes for this message)
+            if numbered:
+                resume.tag_task(snapshot, reader.next_seq - 1)
+            await context.write(StreamResponse(task=snapshot))
+            return
+        await self._pump(reader, snapshot, context, numbered=numbered, stop_at_interrupt=True)
+
     async def _pump(
         self,
         reader: LogReader,
@@ -450,6 +590,21 @@ class RpcServicer:
             reader.close()
             metrics.streams_open -= 1
             metrics.streams_ended[reason] += 1
+
+
+def _past(state: int, seq: int, after: int) -> bool:
+    """Whether a task in ``state`` at change ``seq`` answers a message run after ``after``.
+
+    It does when final, or interrupted by a change of that run.
+    """
+    return taskops.is_final_state(state) or (state in taskops.INTERRUPTED and seq > after)  # type: ignore[arg-type]
+
+
+def _close_reader(job: asyncio.Future[Outcome]) -> None:
+    if not job.cancelled() and job.exception() is None:
+        reader = job.result().reader
+        if reader is not None:
+            reader.close()
 
 
 async def _activate_resume(call: Caller, context: Context) -> bool:

@@ -1,0 +1,104 @@
+"""JetStreamSentKeys: sent keys shared by a cluster, in the KV bucket ``A2A_KEYS``.
+
+One key per sent key (a hex digest of the caller's scope and the message
+id, see ``rpc.idempotency``), its value a ``journal.keys.KeyRecord`` (JSON
+with its format). A claim is a KV create, which exactly one instance wins
+however many race (a retry through another instance finds the first
+request's record); a pending record left by an instance that died is taken
+over by compare-and-set on its revision. The bucket's max age is the
+``idempotency_window`` (set when the bucket is created; the first
+instance's setting stands, and a record older than the window is taken for
+absent whatever the bucket keeps), so the window survives restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from ..journal.keys import PENDING_FOR, KeyRecord
+from .conn import KEYS_BUCKET, ensure_kv
+from .retry import Retry
+
+
+class JetStreamSentKeys:
+    """``journal.keys.SentKeys`` on the shared bucket (see the module docstring).
+
+    Args:
+        js: The JetStream context.
+        window: Seconds a record is kept (the bucket's max age).
+        replicas: The bucket's replicas (``nats_replicas``).
+        retry: How long an operation retries through a NATS outage.
+        clock: Wall clock (seconds since the epoch).
+    """
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        window: float,
+        replicas: int,
+        retry: Retry,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._js, self._window, self._replicas = js, window, replicas
+        self._retry, self._clock = retry, clock
+        self._kv: KeyValue | None = None
+        self._opening = asyncio.Lock()
+
+    async def claim(self, key: str, record: KeyRecord) -> KeyRecord | None:
+        """See ``journal.keys.SentKeys.claim``."""
+        kv = await self._bucket()
+        now = self._clock()
+        value = KeyRecord(record.digest, record.task_id, record.after, record.answer, now)
+
+        async def attempt() -> KeyRecord | None:
+            try:
+                await kv.create(key, value.encode())
+                return None
+            except nats.js.errors.KeyWrongLastSequenceError:
+                pass
+            try:
+                entry = await kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                return await attempt()  # (released meanwhile: claim it again)
+            found = KeyRecord.decode(entry.value or b"")
+            stale = now - found.at >= self._window
+            abandoned = found.pending and now - found.at > PENDING_FOR
+            if not (stale or abandoned):
+                return found
+            try:
+                await kv.update(key, value.encode(), last=entry.revision)
+                return None
+            except nats.js.errors.KeyWrongLastSequenceError:
+                return await attempt()  # (another instance took it over first)
+
+        return await self._retry(attempt, "claim a message id")
+
+    async def settle(self, key: str, record: KeyRecord) -> None:
+        """See ``journal.keys.SentKeys.settle``."""
+        kv = await self._bucket()
+        if not record.at:  # (when it was claimed, near enough: the claimer's own record)
+            record = KeyRecord(
+                record.digest, record.task_id, record.after, record.answer, self._clock()
+            )
+        await self._retry(lambda: kv.put(key, record.encode()), "record a message's task")
+
+    async def release(self, key: str) -> None:
+        """See ``journal.keys.SentKeys.release``."""
+        kv = await self._bucket()
+        await self._retry(lambda: kv.delete(key), "release a message id")
+
+    async def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            async with self._opening:
+                if self._kv is None:
+                    self._kv = await self._retry(
+                        lambda: ensure_kv(self._js, KEYS_BUCKET, self._window, self._replicas),
+                        "open the sent keys' bucket",
+                    )
+        return self._kv

@@ -1,0 +1,181 @@
+"""Sent keys: which SendMessage requests a caller already sent, so a retry runs nothing twice.
+
+A key is a digest of the caller's scope and the request's message id (or the
+``idempotency-key`` metadata it sent). Its record says what the first
+request with that key was (a digest of its body) and where its answer is:
+
+* *pending*: the first request is starting (no task id yet for a new task);
+  a retry waits for it (``rpc.idempotency``);
+* *started*: the task it started or continued, and the number of the last
+  change before its run (its outcome is the task's first final or
+  interrupted state after that);
+* *answered*: the executor answered with a message and no task (the message
+  is kept).
+
+A pending record whose writer died is taken over after ``PENDING_FOR``
+seconds. Records expire ``window`` seconds after they were claimed (the
+``idempotency_window`` setting). The in-memory store keeps at most
+``most`` records (the oldest leave first: a retry later than that runs
+again); the shared one (``jetstream.keys``) is a KV bucket whose max age is
+the window.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from ..errors import UnknownFormatError
+
+FORMAT = 1
+PENDING_FOR = 60.0
+"""Seconds after which a pending record is taken for abandoned (its writer died starting)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """What the first request with a key was, and where its answer is (see the module)."""
+
+    digest: str
+    """A digest of the first request's body."""
+    task_id: str = ""
+    after: int = -1
+    """The number of the task's last change before the first request's run (-1: pending)."""
+    answer: bytes = b""
+    """The executor's message-only answer (a serialized ``Message``), if it gave one."""
+    at: float = 0.0
+    """When it was claimed (seconds since the epoch)."""
+
+    @property
+    def pending(self) -> bool:
+        """Whether the first request is still starting."""
+        return self.after < 0 and not self.answer
+
+    def started(self, task_id: str, after: int) -> KeyRecord:
+        """This record once the first request's run started."""
+        return replace(self, task_id=task_id, after=max(after, 0))
+
+    def answered(self, answer: bytes) -> KeyRecord:
+        """This record once the executor answered with a message and no task."""
+        return replace(self, answer=answer)
+
+    def encode(self) -> bytes:
+        """The record as stored (JSON, with its format)."""
+        body = {
+            "format": FORMAT,
+            "digest": self.digest,
+            "task_id": self.task_id,
+            "after": self.after,
+            "answer": base64.b64encode(self.answer).decode(),
+            "at": self.at,
+        }
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> KeyRecord:
+        """A stored record.
+
+        Raises:
+            UnknownFormatError: It is in a format this version does not read.
+        """
+        try:
+            found = json.loads(data)
+            fmt = found["format"]
+        except (ValueError, TypeError, KeyError):
+            raise UnknownFormatError("a sent key's record", repr(data[:40])) from None
+        if fmt != FORMAT:
+            raise UnknownFormatError("a sent key's record", str(fmt))
+        try:
+            return cls(
+                str(found["digest"]),
+                str(found["task_id"]),
+                int(found["after"]),
+                base64.b64decode(found["answer"]),
+                float(found["at"]),
+            )
+        except (ValueError, TypeError, KeyError):
+            raise UnknownFormatError("a sent key's record", repr(data[:40])) from None
+
+
+class SentKeys(Protocol):
+    """Where sent keys are kept (in memory, or shared by a cluster)."""
+
+    async def claim(self, key: str, record: KeyRecord) -> KeyRecord | None:
+        """Keep ``record`` under ``key`` unless one is there (or only an abandoned one).
+
+        Returns:
+            None if this claimed it, else the record there.
+
+        Raises:
+            StoreError: The store could not be reached.
+        """
+        ...
+
+    async def settle(self, key: str, record: KeyRecord) -> None:
+        """Replace the claimer's record (started, or answered).
+
+        Raises:
+            StoreError: The store could not be reached.
+        """
+        ...
+
+    async def release(self, key: str) -> None:
+        """Forget ``key``: its first request started nothing (a retry starts afresh).
+
+        Raises:
+            StoreError: The store could not be reached.
+        """
+        ...
+
+
+class MemorySentKeys:
+    """``SentKeys`` of one instance (see the module docstring).
+
+    Args:
+        window: Seconds a record is kept after it was claimed.
+        most: Most records kept (the oldest leave first).
+        clock: Wall clock (seconds since the epoch).
+    """
+
+    def __init__(self, window: float, most: int, clock: Callable[[], float] = time.time) -> None:
+        self._window, self._most, self._clock = window, most, clock
+        self._records: OrderedDict[str, KeyRecord] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    async def claim(self, key: str, record: KeyRecord) -> KeyRecord | None:
+        """See ``SentKeys.claim``."""
+        now = self._clock()
+        self._expire(now)
+        found = self._records.get(key)
+        if found is not None and not (found.pending and now - found.at > PENDING_FOR):
+            return found
+        self._records[key] = replace(record, at=now)
+        self._records.move_to_end(key)
+        while len(self._records) > self._most:
+            self._records.popitem(last=False)
+        return None
+
+    async def settle(self, key: str, record: KeyRecord) -> None:
+        """See ``SentKeys.settle``."""
+        found = self._records.get(key)
+        if found is not None:
+            self._records[key] = replace(record, at=found.at)
+
+    async def release(self, key: str) -> None:
+        """See ``SentKeys.release``."""
+        self._records.pop(key, None)
+
+    def _expire(self, now: float) -> None:
+        records = self._records
+        while records:
+            key, oldest = next(iter(records.items()))
+            if now - oldest.at < self._window:
+                return
+            del records[key]

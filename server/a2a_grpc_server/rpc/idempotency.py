@@ -1,0 +1,178 @@
+"""Idempotent SendMessage: a retried request runs nothing twice (the idempotency extension).
+
+Meshes and clients retry a SendMessage or SendStreamingMessage whose call
+failed, and the first attempt may have reached the executor before its
+connection broke. Each such request is keyed by the caller's scope and its
+``message.message_id`` (or the ``idempotency-key`` metadata, when a client
+sends one: for clients that reuse message ids by mistake). The first request
+with a key claims it (``journal.keys``; in cluster mode a compare-and-set in
+JetStream, so a retry through another instance finds it too) and runs; a
+later one with the same key and the same body, within
+``idempotency_window``, starts and continues nothing: it is answered what
+the first was (the servicer's ``_replay``): the same task, once its first
+final or interrupted state after the first request's message, or, streaming,
+the task as it stands and then its frames up to that state. One with another
+body is refused INVALID_ARGUMENT ``MESSAGE_ID_REUSED``. A retry that finds the
+first request still starting waits for it (within its deadline, at most
+``WAIT_FIRST`` seconds; past that UNAVAILABLE ``MESSAGE_IN_PROGRESS``, nothing
+done). A first request refused before its run started (a bad task id, a
+quota) releases its key: a retry starts afresh. Keys are per scope: another
+caller's identical id is another key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+
+from a2a.types.a2a_pb2 import AgentExtension, Message, SendMessageRequest
+from google.protobuf import struct_pb2
+
+from ..errors import (
+    InvalidFieldError,
+    MessageInProgressError,
+    MessageKeyReusedError,
+    OwnerTimeoutError,
+    quote,
+)
+from ..journal import StoreError
+from ..journal.keys import KeyRecord, SentKeys
+from ..model.caller import Caller
+
+logger = logging.getLogger(__name__)
+
+URI = "urn:a2a-grpc-server:extension:idempotency:v1"
+"""The extension's URI, on the agent card."""
+KEY_HEADER = "idempotency-key"
+"""The call metadata naming a key instead of the message id."""
+MAX_KEY_CHARS = 256
+WAIT_FIRST = 10.0
+"""Most seconds a retry waits for its first request to start."""
+
+
+def extension(window: float) -> AgentExtension:
+    """The extension as the agent card declares it."""
+    params = struct_pb2.Struct()
+    params.update({"window_seconds": window, "key_header": KEY_HEADER})
+    return AgentExtension(
+        uri=URI,
+        description=(
+            "A SendMessage or SendStreamingMessage whose message_id (or idempotency-key "
+            "metadata) this caller sent within window_seconds runs nothing again: it is "
+            "answered the first request's task; another body under the same id is refused."
+        ),
+        required=False,
+        params=params,
+    )
+
+
+def key_of(request: SendMessageRequest, call: Caller) -> tuple[str, str]:
+    """Which field keys the request, and its value (the metadata key, else the message id).
+
+    Raises:
+        InvalidFieldError: The metadata key is sent twice, empty, overlong or not printable.
+    """
+    sent = [value for key, value in call.headers if key == KEY_HEADER]
+    if not sent:
+        return "message.message_id", request.message.message_id
+    if len(sent) > 1:
+        raise InvalidFieldError(KEY_HEADER, "is sent twice; send one key per request")
+    value = sent[0]
+    if not value or len(value) > MAX_KEY_CHARS or not value.isprintable():
+        raise InvalidFieldError(
+            KEY_HEADER, f"must be 1 to {MAX_KEY_CHARS} printable characters (e.g. a UUID)"
+        )
+    return KEY_HEADER, value
+
+
+def _digest(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return h.hexdigest()[:48]
+
+
+@dataclass(slots=True)
+class Claim:
+    """The first request with its key: say what it started, or let the key go."""
+
+    keys: SentKeys
+    key: str
+    record: KeyRecord
+
+    async def started(self, task_id: str, since: int) -> None:
+        """The request's run started on ``task_id`` after its change ``since``."""
+        self.record = self.record.started(task_id, since)
+        await self.keys.settle(self.key, self.record)
+
+    async def answered(self, message: Message) -> None:
+        """The executor answered with ``message`` and no task."""
+        self.record = self.record.answered(message.SerializeToString())
+        await self.keys.settle(self.key, self.record)
+
+    async def release(self, error: BaseException) -> None:
+        """The request failed with ``error``: let its key go unless it may have acted."""
+        if isinstance(error, OwnerTimeoutError):  # (the owner may have started it)
+            return
+        with contextlib.suppress(StoreError):  # (best effort: it expires with the window)
+            await self.keys.release(self.key)
+
+
+class Retries:
+    """Keys of sent requests, claimed before each runs (see the module docstring).
+
+    Args:
+        keys: Where keys are kept (None: requests are not deduplicated).
+    """
+
+    def __init__(self, keys: SentKeys | None) -> None:
+        self._keys = keys
+
+    async def admit(
+        self, request: SendMessageRequest, call: Caller
+    ) -> tuple[Claim | None, KeyRecord | None]:
+        """Claim the request's key, or find the first request's record.
+
+        Returns:
+            (the claim, None) for the first request (or without keys: (None,
+            None)); (None, the first's record, started or answered) for a retry.
+
+        Raises:
+            InvalidFieldError: The ``idempotency-key`` metadata is malformed.
+            MessageKeyReusedError: The key was sent before with another body.
+            MessageInProgressError: The first request is still starting.
+            StoreError: The keys could not be reached.
+        """
+        keys = self._keys
+        if keys is None:
+            return None, None
+        field, ident = key_of(request, call)
+        key = _digest(call.scope.encode(), field.encode(), ident.encode())
+        mine = KeyRecord(
+            _digest(request.SerializeToString(deterministic=True)),
+            request.message.task_id,
+            at=time.time(),
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(call.timeout or WAIT_FIRST, WAIT_FIRST)
+        delay = 0.005
+        while True:
+            prior = await keys.claim(key, mine)
+            if prior is None:
+                return Claim(keys, key, mine), None
+            if prior.digest != mine.digest:
+                raise MessageKeyReusedError(field, ident)
+            if not prior.pending:
+                logger.info("%s %s was sent before: answering its task", field, ident)
+                return None, prior
+            if loop.time() + delay > deadline:
+                raise MessageInProgressError(
+                    f"the first request with {field} {quote(ident)} is still starting; retry"
+                )
+            await asyncio.sleep(delay)  # (the first request settles within milliseconds)
+            delay = min(delay * 2, 0.25)

@@ -1,0 +1,62 @@
+"""Idempotent SendMessage across a cluster on a real nats-server: a retry through another
+instance runs nothing again (the message id is claimed in JetStream), blocking and
+streaming, and a reused id with another body is refused there too."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from a2a.types.a2a_pb2 import SendMessageRequest, StreamResponse, TaskState
+
+from tests.support.agents import CountingAgent, InputAgent
+from tests.support.clusterharness import instances
+from tests.support.harness import V1, rich_status, send_request
+
+S = TaskState
+
+
+def copy(request: SendMessageRequest) -> SendMessageRequest:
+    again = SendMessageRequest()
+    again.CopyFrom(request)
+    return again
+
+
+async def test_a_send_retried_through_another_instance_runs_once(nats_url: str) -> None:
+    agent = CountingAgent()
+    async with asyncio.timeout(30), instances(agent, [nats_url]) as (a, b):
+        request = send_request("book it")
+        cut = a.stub.SendMessage(copy(request), metadata=V1)
+        await agent.started.wait()
+        cut.cancel()  # the first attempt's connection broke; the mesh retries elsewhere
+        with pytest.raises(asyncio.CancelledError):
+            await cut
+        retry = asyncio.ensure_future(b.stub.SendMessage(copy(request), metadata=V1))
+        stream = b.stub.SendStreamingMessage(copy(request), metadata=V1)
+        first: StreamResponse = await stream.read()
+        agent.gate.set()
+        task = (await retry).task
+        assert task.status.state == S.TASK_STATE_COMPLETED and first.task.id == task.id
+        frames = []
+        while (frame := await stream.read()) is not grpc.aio.EOF:
+            assert isinstance(frame, StreamResponse)
+            frames.append(frame)
+        assert frames[-1].status_update.status.state == S.TASK_STATE_COMPLETED
+        assert agent.runs == [request.message.message_id]
+        other = copy(request)
+        other.message.parts[0].text = "something else"
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await a.stub.SendMessage(other, metadata=V1)
+        assert rich_status(caught.value)[1].reason == "MESSAGE_ID_REUSED"
+
+
+async def test_a_follow_up_retried_through_another_instance_is_run_once(nats_url: str) -> None:
+    async with asyncio.timeout(30), instances(InputAgent(), [nats_url]) as (a, b):
+        task = (await a.stub.SendMessage(send_request("hi"), metadata=V1)).task
+        follow_up = send_request("ada", task_id=task.id)
+        done = (await b.stub.SendMessage(copy(follow_up), metadata=V1)).task
+        again = (await a.stub.SendMessage(copy(follow_up), metadata=V1)).task
+        assert done.status.state == again.status.state == S.TASK_STATE_COMPLETED
+        ids = [m.message_id for m in again.history]
+        assert ids.count(follow_up.message.message_id) == 1

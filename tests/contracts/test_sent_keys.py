@@ -1,0 +1,109 @@
+"""The SentKeys contract (``journal.keys``), run against both stores: in memory, and the
+JetStream KV bucket ``A2A_KEYS`` on a real nats-server. One claimer wins however many race;
+a settled record is found by later claims; a released key is claimed afresh; a pending
+record is taken over once abandoned, and any record once past the window."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from a2a_grpc_server.jetstream.conn import KEYS_BUCKET, NatsConfig, connect
+from a2a_grpc_server.jetstream.keys import JetStreamSentKeys
+from a2a_grpc_server.jetstream.retry import Retry
+from a2a_grpc_server.journal.keys import PENDING_FOR, KeyRecord, MemorySentKeys, SentKeys
+from tests.support import natsserver
+
+WINDOW = 3600.0
+
+
+@pytest.fixture(scope="module")
+def nats_url() -> Iterator[str]:
+    with natsserver.running(1) as cluster:
+        yield cluster.urls[0]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(params=["memory", "nats"])
+async def stores(request: pytest.FixtureRequest) -> AsyncIterator[tuple[list[SentKeys], Clock]]:
+    """Two stores on one shared state (two instances), and the clock both read."""
+    clock = Clock()
+    if request.param == "memory":
+        one = MemorySentKeys(WINDOW, 100, clock)
+        yield [one, one], clock
+        return
+    conn = await connect(NatsConfig(servers=[request.getfixturevalue("nats_url")]))
+    try:
+        yield [JetStreamSentKeys(conn.js, WINDOW, 1, Retry(5.0), clock) for _ in range(2)], clock
+    finally:
+        await conn.js.delete_key_value(KEYS_BUCKET)
+        await conn.close()
+
+
+def new_key() -> str:
+    return uuid.uuid4().hex
+
+
+async def test_one_claimer_wins_however_many_race(
+    stores: tuple[list[SentKeys], Clock],
+) -> None:
+    (a, b), _ = stores
+    key = new_key()
+    results = await asyncio.gather(
+        *(s.claim(key, KeyRecord(f"d{n}")) for n, s in enumerate([a, b] * 5))
+    )
+    winners = [n for n, r in enumerate(results) if r is None]
+    assert len(winners) == 1
+    assert all(r is not None and r.digest == f"d{winners[0]}" for r in results if r is not None)
+
+
+async def test_a_settled_record_is_what_later_claims_find(
+    stores: tuple[list[SentKeys], Clock],
+) -> None:
+    (a, b), _ = stores
+    key = new_key()
+    mine = KeyRecord("d", "")
+    assert await a.claim(key, mine) is None
+    pending = await b.claim(key, KeyRecord("d"))
+    assert pending is not None and pending.pending
+    await a.settle(key, mine.started("t-1", 7))
+    found = await b.claim(key, KeyRecord("d"))
+    assert found is not None and (found.task_id, found.after, found.pending) == ("t-1", 7, False)
+    await a.settle(key, mine.answered(b"message"))
+    found = await b.claim(key, KeyRecord("d"))
+    assert found is not None and found.answer == b"message"
+
+
+async def test_a_released_key_is_claimed_afresh(stores: tuple[list[SentKeys], Clock]) -> None:
+    (a, b), _ = stores
+    key = new_key()
+    assert await a.claim(key, KeyRecord("d")) is None
+    await a.release(key)
+    assert await b.claim(key, KeyRecord("d")) is None
+
+
+async def test_an_abandoned_pending_record_and_one_past_the_window_are_taken_over(
+    stores: tuple[list[SentKeys], Clock],
+) -> None:
+    (a, b), clock = stores
+    key = new_key()
+    assert await a.claim(key, KeyRecord("d1")) is None
+    clock.now += PENDING_FOR - 1
+    assert await b.claim(key, KeyRecord("d2")) is not None, "still starting: kept"
+    clock.now += 2
+    assert await b.claim(key, KeyRecord("d2")) is None, "abandoned: taken over"
+    await b.settle(key, KeyRecord("d2").started("t", 0))
+    clock.now += WINDOW - 1
+    assert await a.claim(key, KeyRecord("d3")) is not None, "settled, within the window"
+    clock.now += 2
+    assert await a.claim(key, KeyRecord("d3")) is None, "past the window: a new request"
