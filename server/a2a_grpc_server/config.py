@@ -99,6 +99,12 @@ class ServerConfig:
         quota_live_tasks: Most tasks one principal has live on this instance
             (not ended and in memory, waiting for input included); over it a
             new task is refused (RESOURCE_EXHAUSTED, LIVE_TASKS_QUOTA). 0: no quota.
+        generation: Number tasks and frames with A2A v1.1's generation
+            (``Task.generation`` 7, the update events' 5 and 7, appended to
+            the v1.0 wire: v1.0 clients ignore them), and honour v1.1's
+            ``GetTaskRequest.current_generation`` (a long-poll) and
+            ``SendMessageConfiguration.if_generation_match`` (ABORTED
+            TASK_GENERATION_MISMATCH). Off: none of the three.
         idempotency_window: Seconds a SendMessage's message id (or its
             ``idempotency-key`` metadata) is remembered per caller: a request
             with the same id and body within it runs nothing again and is
@@ -180,6 +186,7 @@ class ServerConfig:
     push_allow_private: bool = False
     push_allow_hosts: tuple[str, ...] = ()
     push_ca_file: str = ""
+    generation: bool = True
     idempotency_window: float = 86_400.0
     idempotency_max_keys: int = 100_000
     quota_live_tasks: int = 1000

@@ -185,6 +185,34 @@ class MessageKeyReusedError(ServerError):
         return {"field": self.kind, "id": self.ident}
 
 
+class TaskGenerationMismatchError(ServerError):
+    """A follow-up's ``if_generation_match`` (A2A v1.1) is not the task's generation.
+
+    Args:
+        task_id: The task.
+        expected: The generation the request expected.
+        current: The task's generation when the message was to be admitted.
+    """
+
+    code = grpc.StatusCode.ABORTED
+    reason = "TASK_GENERATION_MISMATCH"
+
+    def __init__(self, task_id: str, expected: int, current: int) -> None:
+        super().__init__(
+            f"task {quote(task_id)} is at generation {current}, not {expected}: read it "
+            "again (GetTask) and decide on what it is now"
+        )
+        self.task_id, self.expected, self.current = task_id, expected, current
+
+    def details(self) -> dict[str, str]:
+        """The task and both generations (v1.1's metadata keys)."""
+        return {
+            "taskId": self.task_id,
+            "expectedGeneration": str(self.expected),
+            "currentGeneration": str(self.current),
+        }
+
+
 class MessageInProgressError(ServerError):
     """A retried SendMessage found its first request still starting; retry (nothing was done)."""
 

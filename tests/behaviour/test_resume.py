@@ -50,8 +50,8 @@ async def started(h: Harness, agent: StepAgent) -> tuple[str, Any]:
 
 async def test_the_card_declares_the_extension_and_a_call_that_activates_it_hears_so() -> None:
     async with asyncio.timeout(10), serve(StepAgent()) as h:
-        extensions = h.service.card.capabilities.extensions
-        assert [e.uri for e in extensions] == [URI]
+        extensions = [e for e in h.service.card.capabilities.extensions if e.uri == URI]
+        assert len(extensions) == 1
         assert "resume" in URI and not extensions[0].required
         call = h.stub.GetTask(GetTaskRequest(id="nope"), metadata=RESUME)
         with pytest.raises(grpc.aio.AioRpcError):

@@ -41,12 +41,18 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 
-from ..errors import FrameNotKeptError, InvalidFieldError, ServerShuttingDownError, quote
+from ..errors import (
+    FrameNotKeptError,
+    InvalidFieldError,
+    ServerShuttingDownError,
+    TaskGenerationMismatchError,
+    quote,
+)
 from ..execution.live import LiveTask
 from ..execution.supervisor import ExecutionSupervisor
 from ..journal import FinalTaskError, RecordedTask, Released, StoreError
 from ..log.tasklog import LogClosedError, LogReader, TaskLog
-from ..model import taskops
+from ..model import generation, taskops
 from ..model.caller import Caller, request_context
 from ..model.scope import not_found, principal_of
 from ..model.sizing import TaskTooLargeError
@@ -221,6 +227,10 @@ class TaskEngine:
             live = self.tasks.new(message, call.scope)
         snapshot, reader = None, None
         try:
+            if follow_up and self._config.generation:
+                expected = generation.if_generation_match(request.configuration)
+                if expected is not None and expected != live.log.last_seq:
+                    raise TaskGenerationMismatchError(live.task_id, expected, live.log.last_seq)
             if resumable:
                 live.log.make_resumable()
             inline = request.configuration

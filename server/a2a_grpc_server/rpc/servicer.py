@@ -63,7 +63,7 @@ from ..errors import (
 from ..journal import InvalidPageTokenError, StoreError, TaskQuery
 from ..journal.keys import KeyRecord
 from ..log.tasklog import LogReader
-from ..model import taskops
+from ..model import generation, taskops
 from ..model.caller import EXTENSIONS_KEY, Caller, caller
 from ..push.configs import check_config
 from . import resume, validation
@@ -169,6 +169,7 @@ class RpcServicer:
     ) -> None:
         self._engine = engine
         self._retries = retries if retries is not None else Retries(None)
+        self._generation = config.generation
         self._push_service = push
         self.closing = closing if closing is not None else Closing()
         """Begun just before the gRPC server closes: every new call is held, then refused
@@ -216,8 +217,7 @@ class RpcServicer:
             return SendMessageResponse(message=answer)
         config = request.configuration
         _trim(answer, config.history_length, config.HasField("history_length"))
-        if numbered:
-            resume.tag_task(answer, seq)
+        self._stamp(answer, seq, numbered)
         return SendMessageResponse(task=answer)
 
     @_handled
@@ -273,12 +273,38 @@ class RpcServicer:
         validation.check_history_length(request.history_length, request.HasField("history_length"))
         numbered = await _activate_resume(call, context)
         task, seq = await self._ops.read(request.id, call.scope, resumable=numbered)
+        current = generation.current_generation(request) if self._generation else None
+        if current is not None and seq <= current and not taskops.is_final(task):
+            await self._moved_past(request.id, current, call, context)
+            task, seq = await self._ops.read(request.id, call.scope, resumable=numbered)
         _trim(task, request.history_length, request.HasField("history_length"))
         if task.ByteSize() > self._config.max_task_bytes:  # stored under a higher limit
             raise AnswerTooLargeError(task.id, task.ByteSize(), self._config.max_task_bytes)
-        if numbered:
-            resume.tag_task(task, seq)
+        self._stamp(task, seq, numbered)
         return task
+
+    async def _moved_past(self, task_id: str, current: int, call: Caller, context: Context) -> None:
+        """Wait until the task moves past generation ``current`` or ends (v1.1's long-poll).
+
+        At most until ``generation.MARGIN`` before the caller's deadline
+        (``generation.MAX_WAIT`` without one): then the caller gets the task as it is.
+        """
+        remaining = context.time_remaining()
+        wait = generation.MAX_WAIT if remaining is None else max(remaining - generation.MARGIN, 0)
+        try:
+            _, reader = await self._ops.subscribe(task_id, call.scope)
+        except UnsupportedOperationError:
+            return  # it ended meanwhile
+        try:
+            async with asyncio.timeout(min(wait, generation.MAX_WAIT)):
+                if reader.next_seq - 1 <= current:
+                    async for seq, _, _ in reader:
+                        if seq > current:
+                            return
+        except TimeoutError:
+            return
+        finally:
+            reader.close()
 
     @_handled
     async def ListTasks(self, request: ListTasksRequest, context: Context) -> ListTasksResponse:
@@ -535,17 +561,22 @@ class RpcServicer:
             snapshot, reader = await ops.subscribe(prior.task_id, call.scope, resumable=numbered)
         except UnsupportedOperationError:  # ended: one frame, the task as recorded
             task, seq = await ops.read(prior.task_id, call.scope, resumable=numbered)
-            if numbered:
-                resume.tag_task(task, seq)
+            self._stamp(task, seq, numbered)
             await context.write(StreamResponse(task=task))
             return
         if _past(snapshot.status.state, reader.next_seq - 1, prior.after):
             reader.close()  # (it waits already: nothing more comes for this message)
-            if numbered:
-                resume.tag_task(snapshot, reader.next_seq - 1)
+            self._stamp(snapshot, reader.next_seq - 1, numbered)
             await context.write(StreamResponse(task=snapshot))
             return
         await self._pump(reader, snapshot, context, numbered=numbered, stop_at_interrupt=True)
+
+    def _stamp(self, task: Task, seq: int, numbered: bool) -> None:
+        """Number a Task answered or streamed: its generation, and the resume extension's."""
+        if self._generation:
+            generation.tag_task(task, seq)
+        if numbered:
+            resume.tag_task(task, seq)
 
     async def _pump(
         self,
@@ -562,13 +593,15 @@ class RpcServicer:
         reason = "error"
         try:
             if first is not None:
-                if numbered:
-                    resume.tag_task(first, reader.next_seq - 1)
+                self._stamp(first, reader.next_seq - 1, numbered)
                 await context.write(StreamResponse(task=first))
             pacer = self._engine.runs.pacer
+            stamped = self._generation
             async for seq, frame, state in reader:
                 if pacer.due():  # a burst: the loop polls its I/O first (see ``pacing``)
                     await pacer.wait()
+                if stamped:
+                    frame = generation.tag(_frame_bytes(frame), seq)
                 await context.write(resume.tag(frame, seq) if numbered else frame)
                 if stop_at_interrupt and state in taskops.INTERRUPTED:
                     reason = "interrupted"

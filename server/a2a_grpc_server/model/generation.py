@@ -1,0 +1,106 @@
+"""The v1.1 task generation, on the v1.0 wire (the ``generation`` setting).
+
+A2A v1.1 (the spec's ``dev-1.1`` branch, A2A #1810) numbers a task's
+mutations: ``Task.generation`` (field 7), ``TaskStatusUpdateEvent.generation``
+(5) and ``TaskArtifactUpdateEvent.generation`` (7), from 1, rising by one per
+mutation. Our task log's sequence numbers are that counter (``resume``: the
+task itself is 1, each change one more, a follow-up user message included),
+so every Task and update frame this server sends carries its number in those
+fields. a2a-sdk's types are v1.0 and have no such fields: the number is
+appended to the serialized frame as a field of its payload (protobuf merges
+concatenated messages), so a v1.0 client keeps it as an unknown field and a
+v1.1 client reads it. Which answers carry it: every streamed frame and the
+Task that starts a stream, and the Task of SendMessage and GetTask (not
+those of ListTasks and CancelTask, nor push deliveries).
+
+Two requests read v1.1 fields, from the request's unknown fields while the
+types are v1.0: ``GetTaskRequest.current_generation`` (4) makes GetTask wait
+until the task moves past that generation (or ends), at most until shortly
+before the caller's deadline (``MAX_WAIT`` without one), then answer the
+task as it is; ``SendMessageConfiguration.if_generation_match`` (5) makes a
+follow-up refused ABORTED ``TASK_GENERATION_MISMATCH`` unless the task is at
+that generation when its message is admitted.
+"""
+
+from __future__ import annotations
+
+from a2a.types.a2a_pb2 import GetTaskRequest, SendMessageConfiguration, Task
+from google.protobuf.message import Message as ProtoMessage
+from google.protobuf.unknown_fields import UnknownFieldSet
+
+TASK_FIELD = 7
+"""``Task.generation``."""
+STATUS_FIELD = 5
+"""``TaskStatusUpdateEvent.generation``."""
+ARTIFACT_FIELD = 7
+"""``TaskArtifactUpdateEvent.generation``."""
+CURRENT_FIELD = 4
+"""``GetTaskRequest.current_generation``."""
+MATCH_FIELD = 5
+"""``SendMessageConfiguration.if_generation_match``."""
+MAX_WAIT = 60.0
+"""Most seconds a GetTask with ``current_generation`` waits when the call has no deadline."""
+MARGIN = 0.05
+"""Seconds before the caller's deadline at which a waiting GetTask answers."""
+
+_BY_PAYLOAD = {1: TASK_FIELD, 3: STATUS_FIELD, 4: ARTIFACT_FIELD}
+"""StreamResponse's payload field (task, status_update, artifact_update) -> its generation."""
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def _number(field: int, value: int) -> bytes:
+    return _varint(field << 3) + _varint(value)
+
+
+def tag(frame: bytes, generation: int) -> bytes:
+    """``frame`` (a serialized StreamResponse) with its payload's generation appended.
+
+    A message frame (no task) is returned as it is.
+    """
+    payload = frame[0] >> 3 if frame else 0
+    field = _BY_PAYLOAD.get(payload)
+    if field is None:
+        return frame
+    inner = _number(field, generation)
+    return frame + _varint(payload << 3 | 2) + _varint(len(inner)) + inner
+
+
+def tag_task(task: Task, generation: int) -> None:
+    """Set ``task``'s v1.1 generation (an unknown field to v1.0 types)."""
+    task.MergeFromString(_number(TASK_FIELD, generation))
+
+
+def _unknown(message: ProtoMessage, field: int) -> int | None:
+    found = None
+    fields = UnknownFieldSet(message)
+    for at in range(len(fields)):
+        unknown = fields[at]
+        if unknown.field_number == field and unknown.wire_type == 0:
+            found = int(unknown.data)  # (the last one wins, as protobuf reads a scalar)
+    return found
+
+
+def current_generation(request: GetTaskRequest) -> int | None:
+    """The request's ``current_generation`` (v1.1), or None."""
+    return _unknown(request, CURRENT_FIELD)
+
+
+def if_generation_match(configuration: SendMessageConfiguration) -> int | None:
+    """The configuration's ``if_generation_match`` (v1.1), or None."""
+    return _unknown(configuration, MATCH_FIELD)
+
+
+def generation_of(task: Task) -> int | None:
+    """The v1.1 generation ``task`` carries, if any (what a v1.1 client reads)."""
+    return _unknown(task, TASK_FIELD)
