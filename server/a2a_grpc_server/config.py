@@ -112,7 +112,8 @@ class ServerConfig:
             (MESSAGE_ID_REUSED). In cluster mode shared by every instance (the
             bucket ``A2A_KEYS``, whose max age the first instance sets). 0: off.
         idempotency_max_keys: Most message ids remembered with the in-memory
-            journal (about 300 bytes each; the oldest are forgotten first).
+            journal (a few hundred bytes each, and message-only answers up to
+            64 MiB in all; the oldest are forgotten first).
         quota_parked_tasks: Most tasks of one principal waiting for input
             (INPUT_REQUIRED, AUTH_REQUIRED) on this instance; over it a new task
             is refused (PARKED_TASKS_QUOTA), and with the in-memory journal a

@@ -185,6 +185,13 @@ class MessageKeyReusedError(ServerError):
         return {"field": self.kind, "id": self.ident}
 
 
+class MessageAnswerNotKeptError(ServerError):
+    """A retried SendMessage's first request was answered with a message too large to keep."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "MESSAGE_ANSWER_NOT_KEPT"
+
+
 class TaskGenerationMismatchError(ServerError):
     """A follow-up's ``if_generation_match`` (A2A v1.1) is not the task's generation.
 

@@ -230,3 +230,22 @@ async def test_the_setting_turns_the_generation_off(v11: ModuleType) -> None:
             send_request("go").SerializeToString(), metadata=V1
         )
         assert sent.task.id and not sent.task.generation
+
+
+async def test_a_long_poll_past_the_subscriber_quota_answers_the_task_as_it_is(
+    v11: ModuleType,
+) -> None:
+    agent = CountingAgent()
+    async with asyncio.timeout(20), serve(agent, ServerConfig(quota_subscribers=1)) as h:
+        sender = h.stub.SendStreamingMessage(send_request("go"), metadata=V1)
+        first: StreamResponse = await sender.read()
+        await agent.started.wait()
+        got = await call(h.channel, "GetTask", v11.Task)(
+            v11.GetTaskRequest(id=first.task.id, current_generation=2).SerializeToString(),
+            metadata=V1,
+            timeout=5,
+        )
+        assert got.generation == 2, "no room to wait: the task as it is, not RESOURCE_EXHAUSTED"
+        agent.gate.set()
+        while (await sender.read()) is not grpc.aio.EOF:
+            pass

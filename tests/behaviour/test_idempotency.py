@@ -13,7 +13,7 @@ from a2a.types.a2a_pb2 import SendMessageRequest, StreamResponse, TaskState
 
 from a2a_grpc_server import ServerConfig
 from a2a_grpc_server.errors import UnknownFormatError
-from a2a_grpc_server.journal.keys import PENDING_FOR, KeyRecord, MemorySentKeys
+from a2a_grpc_server.journal.keys import ANSWER_KEPT, PENDING_FOR, KeyRecord, MemorySentKeys
 from a2a_grpc_server.rpc import idempotency
 from tests.support.agents import CountingAgent, InputAgent
 from tests.support.harness import V1, rich_status, send_request, serve
@@ -211,3 +211,15 @@ def test_a_record_in_a_format_this_version_does_not_read_is_refused() -> None:
     for data in (b'{"format": 2}', b"not json", b'{"format": 1, "digest": "d"}'):
         with pytest.raises(UnknownFormatError):
             KeyRecord.decode(data)
+
+
+async def test_answers_are_kept_within_their_bytes_and_a_large_one_is_not_kept() -> None:
+    keys = MemorySentKeys(window=60.0, most=100, most_bytes=2500)
+    for n in range(3):
+        assert await keys.claim(f"k{n}", KeyRecord(f"d{n}")) is None
+        await keys.settle(f"k{n}", KeyRecord(f"d{n}").answered(b"x" * 1000))
+    assert len(keys) == 2, "over 2,500 bytes of answers: the oldest went"
+    assert await keys.claim("k0", KeyRecord("d0")) is None
+    large = KeyRecord("d").answered(b"x" * (ANSWER_KEPT + 1))
+    assert large.dropped and not large.answer and not large.pending
+    assert KeyRecord.decode(large.encode()) == large

@@ -160,9 +160,9 @@ class FakeHub:
         self.record = MemoryJournal()
         """The shared record (owner-less; ``FakeCluster.journal`` adds the owner)."""
         self.push_configs = MemoryPushConfigs()
+        """Push configs, shared as the KV bucket is."""
         self.sent_keys: MemorySentKeys | None = None
         """The message ids sent (made by the first member that asks)."""
-        """Push configs, shared as the KV bucket is."""
         self._events_per_task = events_per_task
         self._owners: dict[str, str] = {}
         self._events: dict[str, deque[Event]] = {}

@@ -55,7 +55,9 @@ class Routed:
     reader: LogReader
     journal: TaskJournal
     since: int = 0
-    """The number of the task's last change before the message was sent to the owner."""
+    """The number of the message's change (the last before its run: nothing runs for a
+    waiting task, so the owner records the message as the change after the reader's
+    snapshot)."""
 
     @property
     def task_id(self) -> str:
@@ -116,7 +118,7 @@ class ClusterFront:
                 )
             # Subscribed before the owner starts: no frame of this message is missed.
             snapshot, reader = await self._peers.subscribe(found)
-            since = reader.next_seq - 1
+            since = reader.next_seq  # (the owner records the message as the next change)
             try:
                 await self._peers.send(found, request, call)
             except ServerShuttingDownError:

@@ -36,6 +36,7 @@ from ..errors import (
     OwnerUnavailableError,
     ServerError,
     ServerShuttingDownError,
+    TaskGenerationMismatchError,
     UnknownFormatError,
 )
 from ..model.caller import Caller
@@ -53,6 +54,8 @@ ERROR = "A2a-Error"
 """Header: the class name of the owner's error."""
 FIELD = "A2a-Error-Field"
 """Header: the field an invalid-parameter error names."""
+GENERATIONS = "A2a-Error-Generations"
+"""Header: a generation mismatch's task, expected and current generation (JSON)."""
 
 ERRORS: dict[str, type[Exception]] = {
     cls.__name__: cls
@@ -108,6 +111,9 @@ def encode_error(exc: A2AError | ServerError) -> tuple[bytes, dict[str, str]]:
     if isinstance(exc, InvalidFieldError):
         return exc.problem.encode(), {ERROR: InvalidParamsError.__name__, FIELD: exc.field}
     text = getattr(exc, "message", None) or str(exc)
+    if isinstance(exc, TaskGenerationMismatchError):
+        facts = json.dumps([exc.task_id, exc.expected, exc.current])
+        return text.encode(), {ERROR: TaskGenerationMismatchError.__name__, GENERATIONS: facts}
     if isinstance(exc, UnknownFormatError):
         # (The asker raises it as OwnerUnavailableError: UNAVAILABLE, retryable, this text.)
         return text.encode(), {ERROR: UnknownFormatError.__name__}
@@ -124,4 +130,11 @@ def decode_error(data: bytes, headers: dict[str, str]) -> Exception | None:
     field = headers.get(FIELD)
     if field is not None:
         return InvalidFieldError(field, text)
+    facts = headers.get(GENERATIONS)
+    if name == TaskGenerationMismatchError.__name__ and facts is not None:
+        try:
+            task_id, expected, current = json.loads(facts)
+            return TaskGenerationMismatchError(str(task_id), int(expected), int(current))
+        except (ValueError, TypeError):
+            return OwnerUnavailableError(text)
     return ERRORS.get(name, OwnerUnavailableError)(text)

@@ -15,9 +15,10 @@ request with that key was (a digest of its body) and where its answer is:
 A pending record whose writer died is taken over after ``PENDING_FOR``
 seconds. Records expire ``window`` seconds after they were claimed (the
 ``idempotency_window`` setting). The in-memory store keeps at most
-``most`` records (the oldest leave first: a retry later than that runs
-again); the shared one (``jetstream.keys``) is a KV bucket whose max age is
-the window.
+``most`` records, and ``ANSWERS_KEPT_BYTES`` of answers (the oldest leave
+first: a retry later than that runs again); an answer over ``ANSWER_KEPT``
+is not kept (a retry is told so); the shared one (``jetstream.keys``) is a
+KV bucket whose max age is the window.
 """
 
 from __future__ import annotations
@@ -33,8 +34,13 @@ from typing import Protocol
 from ..errors import UnknownFormatError
 
 FORMAT = 1
-PENDING_FOR = 60.0
-"""Seconds after which a pending record is taken for abandoned (its writer died starting)."""
+PENDING_FOR = 300.0
+"""Seconds after which a pending record is taken for abandoned (its writer died starting;
+a start takes milliseconds, or the journal's retries at worst)."""
+ANSWER_KEPT = 64 * 1024
+"""Largest message-only answer kept for a retry (a larger one: ``dropped``)."""
+ANSWERS_KEPT_BYTES = 64 * 1024 * 1024
+"""Bytes of answers the in-memory store keeps (past it the oldest records go)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +56,13 @@ class KeyRecord:
     """The executor's message-only answer (a serialized ``Message``), if it gave one."""
     at: float = 0.0
     """When it was claimed (seconds since the epoch)."""
+    dropped: bool = False
+    """The executor answered with a message larger than ``ANSWER_KEPT``: not kept."""
 
     @property
     def pending(self) -> bool:
         """Whether the first request is still starting."""
-        return self.after < 0 and not self.answer
+        return self.after < 0 and not self.answer and not self.dropped
 
     def started(self, task_id: str, after: int) -> KeyRecord:
         """This record once the first request's run started."""
@@ -62,6 +70,8 @@ class KeyRecord:
 
     def answered(self, answer: bytes) -> KeyRecord:
         """This record once the executor answered with a message and no task."""
+        if len(answer) > ANSWER_KEPT:
+            return replace(self, answer=b"", dropped=True)
         return replace(self, answer=answer)
 
     def encode(self) -> bytes:
@@ -73,6 +83,7 @@ class KeyRecord:
             "after": self.after,
             "answer": base64.b64encode(self.answer).decode(),
             "at": self.at,
+            "dropped": self.dropped,
         }
         return json.dumps(body, separators=(",", ":")).encode()
 
@@ -97,6 +108,7 @@ class KeyRecord:
                 int(found["after"]),
                 base64.b64decode(found["answer"]),
                 float(found["at"]),
+                bool(found.get("dropped", False)),
             )
         except (ValueError, TypeError, KeyError):
             raise UnknownFormatError("a sent key's record", repr(data[:40])) from None
@@ -142,9 +154,18 @@ class MemorySentKeys:
         clock: Wall clock (seconds since the epoch).
     """
 
-    def __init__(self, window: float, most: int, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        window: float,
+        most: int,
+        clock: Callable[[], float] = time.time,
+        most_bytes: int = ANSWERS_KEPT_BYTES,
+    ) -> None:
         self._window, self._most, self._clock = window, most, clock
+        self._most_bytes = most_bytes
         self._records: OrderedDict[str, KeyRecord] = OrderedDict()
+        self._bytes = 0
+        """Bytes of the answers kept."""
 
     def __len__(self) -> int:
         return len(self._records)
@@ -156,21 +177,40 @@ class MemorySentKeys:
         found = self._records.get(key)
         if found is not None and not (found.pending and now - found.at > PENDING_FOR):
             return found
-        self._records[key] = replace(record, at=now)
-        self._records.move_to_end(key)
-        while len(self._records) > self._most:
-            self._records.popitem(last=False)
+        self._put(key, replace(record, at=now))
+        self._bound()
         return None
 
     async def settle(self, key: str, record: KeyRecord) -> None:
         """See ``SentKeys.settle``."""
         found = self._records.get(key)
         if found is not None:
-            self._records[key] = replace(record, at=found.at)
+            self._put(key, replace(record, at=found.at), keep_place=True)
+            self._bound()
 
     async def release(self, key: str) -> None:
         """See ``SentKeys.release``."""
-        self._records.pop(key, None)
+        self._pop(key)
+
+    def _put(self, key: str, record: KeyRecord, *, keep_place: bool = False) -> None:
+        found = self._records.get(key)
+        if found is not None:
+            self._bytes -= len(found.answer)
+        if not keep_place:
+            self._records.pop(key, None)
+        self._records[key] = record  # (claimed: last; settled: where its claim was)
+        self._bytes += len(record.answer)
+
+    def _pop(self, key: str) -> None:
+        found = self._records.pop(key, None)
+        if found is not None:
+            self._bytes -= len(found.answer)
+
+    def _bound(self) -> None:
+        """The oldest records go while more than ``most`` are kept, or answers' bytes."""
+        records = self._records
+        while records and (len(records) > self._most or self._bytes > self._most_bytes):
+            self._pop(next(iter(records)))
 
     def _expire(self, now: float) -> None:
         records = self._records
@@ -178,4 +218,4 @@ class MemorySentKeys:
             key, oldest = next(iter(records.items()))
             if now - oldest.at < self._window:
                 return
-            del records[key]
+            self._pop(key)

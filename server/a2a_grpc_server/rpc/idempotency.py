@@ -97,6 +97,21 @@ def _digest(*parts: bytes) -> str:
     return h.hexdigest()[:48]
 
 
+def _body(request: SendMessageRequest) -> str:
+    """A digest of what the request asks to run: its message, metadata and push config.
+
+    How the answer is shaped (``return_immediately``, ``history_length``) is
+    left out: a retry may change it and is still the same request.
+    """
+    config = request.configuration
+    return _digest(
+        request.message.SerializeToString(deterministic=True),
+        request.metadata.SerializeToString(deterministic=True),
+        config.task_push_notification_config.SerializeToString(deterministic=True),
+        "\n".join(config.accepted_output_modes).encode(),
+    )
+
+
 @dataclass(slots=True)
 class Claim:
     """The first request with its key: say what it started, or let the key go."""
@@ -111,15 +126,24 @@ class Claim:
         await self.keys.settle(self.key, self.record)
 
     async def answered(self, message: Message) -> None:
-        """The executor answered with ``message`` and no task."""
+        """The executor answered with ``message`` and no task (recorded at best effort)."""
         self.record = self.record.answered(message.SerializeToString())
-        await self.keys.settle(self.key, self.record)
+        try:
+            await self.keys.settle(self.key, self.record)
+        except StoreError as exc:
+            logger.warning("a message-only answer not recorded for retries: %s", exc)
 
-    async def release(self, error: BaseException) -> None:
-        """The request failed with ``error``: let its key go unless it may have acted."""
-        if isinstance(error, OwnerTimeoutError):  # (the owner may have started it)
-            return
+    async def release(self, error: BaseException, task_id: str = "") -> None:
+        """The request failed with ``error``: let its key go unless it may have acted.
+
+        A follow-up whose owner did not answer in time may have started: its
+        key says so (a retry answers the task's outcome, never runs it again).
+        """
         with contextlib.suppress(StoreError):  # (best effort: it expires with the window)
+            if isinstance(error, OwnerTimeoutError):
+                if task_id:
+                    await self.started(task_id, 0)
+                return
             await self.keys.release(self.key)
 
 
@@ -153,11 +177,7 @@ class Retries:
             return None, None
         field, ident = key_of(request, call)
         key = _digest(call.scope.encode(), field.encode(), ident.encode())
-        mine = KeyRecord(
-            _digest(request.SerializeToString(deterministic=True)),
-            request.message.task_id,
-            at=time.time(),
-        )
+        mine = KeyRecord(_body(request), request.message.task_id, at=time.time())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(call.timeout or WAIT_FIRST, WAIT_FIRST)
         delay = 0.005

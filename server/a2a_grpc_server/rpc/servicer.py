@@ -59,6 +59,9 @@ from ..errors import (
     AnswerTooLargeError,
     FrameNotKeptError,
     InvalidFieldError,
+    MessageAnswerNotKeptError,
+    MessageInProgressError,
+    QuotaExceededError,
 )
 from ..journal import InvalidPageTokenError, StoreError, TaskQuery
 from ..journal.keys import KeyRecord
@@ -202,8 +205,8 @@ class RpcServicer:
         call = caller(context, "SendMessage", request.tenant)
         validation.check_send(request, self._config, self._input_modes)
         self._check_inline_push(request)
-        claim, prior = await self._retries.admit(request, call)
         numbered = await _activate_resume(call, context)
+        claim, prior = await self._retries.admit(request, call)
         immediately = request.configuration.return_immediately
         if prior is not None:
             prior = await self._readable(prior, request, call)
@@ -228,8 +231,8 @@ class RpcServicer:
         validation.check_send(request, self._config, self._input_modes)
         self._check_inline_push(request)
         async with self._stream_slot(call):
-            claim, prior = await self._retries.admit(request, call)
             numbered = await _activate_resume(call, context)
+            claim, prior = await self._retries.admit(request, call)
             if prior is not None:
                 prior = await self._readable(prior, request, call)
                 await self._replay_stream(prior, call, context, numbered)
@@ -295,6 +298,8 @@ class RpcServicer:
             _, reader = await self._ops.subscribe(task_id, call.scope)
         except UnsupportedOperationError:
             return  # it ended meanwhile
+        except QuotaExceededError:
+            return  # (no room for one more reader of it: the task as it is)
         try:
             async with asyncio.timeout(min(wait, generation.MAX_WAIT)):
                 if reader.next_seq - 1 <= current:
@@ -476,7 +481,7 @@ class RpcServicer:
                     request, call, subscribe=subscribe, resumable=resumable
                 )
             except BaseException as exc:
-                await claim.release(exc)
+                await claim.release(exc, request.message.task_id)
                 raise
             try:
                 await claim.started(started.task_id, started.since)
@@ -500,18 +505,28 @@ class RpcServicer:
         sooner waits for it (within its deadline, at most ``WAIT_FIRST`` s).
 
         Raises:
-            TaskNotFoundError: The task did not appear in that time.
+            MessageInProgressError: The task did not appear in that time.
+            MessageAnswerNotKeptError: The first was answered with a message too
+                large to keep.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(call.timeout or WAIT_FIRST, WAIT_FIRST)
         delay = 0.005
         while not prior.answer:
+            if prior.dropped:
+                raise MessageAnswerNotKeptError(
+                    "the first request with this message id was answered with a message too "
+                    "large to keep for retries; send a new message (a new id)"
+                )
             try:
                 await self._ops.read(prior.task_id, call.scope)
                 return prior
             except TaskNotFoundError:
-                if loop.time() + delay > deadline:
-                    raise
+                if loop.time() + delay > deadline:  # (its run has not said anything yet)
+                    raise MessageInProgressError(
+                        f"the first request's task {errors.quote(prior.task_id)} has not "
+                        "started yet; retry"
+                    ) from None
             await asyncio.sleep(delay)  # (a run's first event comes within milliseconds)
             delay = min(delay * 2, 0.25)
             claim, again = await self._retries.admit(request, call)
