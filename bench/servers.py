@@ -4,7 +4,8 @@ KIND is ``ours`` (A2AService, in-memory, on a grpc.aio server made as
 ``a2a-grpc-server serve`` makes it: ``grpc_options`` and the service's
 interceptors, per-RPC metrics and tracing), ``ours-bare`` (the same without
 the interceptors: their cost is the difference), ``ours-nats`` (A2AService joined to
-the NATS given by ``--nats``), ``sdk`` (a2a-sdk 1.3.0: ``GrpcHandler`` over
+the NATS given by ``--nats``), ``ours-v10`` and ``ours-nats-v10`` (those two
+with ``generation`` and ``idempotency_window`` off), ``sdk`` (a2a-sdk 1.3.0: ``GrpcHandler`` over
 ``DefaultRequestHandler`` and ``InMemoryTaskStore``, the same agent) or
 ``raw`` (``bench.raw``). Each binds 127.0.0.1 on a free port, prints
 ``ready <port>`` on stdout and serves until SIGTERM. ``--uvloop`` runs it on
@@ -37,7 +38,9 @@ from a2a_grpc_server.app.card import default_card
 from .agents import Workload
 from .raw import RawServicer
 
-KINDS = ("ours", "ours-bare", "ours-nats", "sdk", "raw")
+KINDS = ("ours", "ours-bare", "ours-nats", "ours-v10", "ours-nats-v10", "sdk", "raw")
+"""``-v10``: ours without the v1.1 generation and the idempotency of retries (both
+settings off): the difference from ``ours`` is what the two cost."""
 
 
 async def build(
@@ -50,9 +53,9 @@ async def build(
     sender and config store (it has none by default).
     """
     service: A2AService | None = None
-    if kind in ("ours", "ours-bare", "ours-nats"):
+    if kind.startswith("ours"):
         cluster = None
-        if kind == "ours-nats":
+        if kind.startswith("ours-nats"):
             from a2a_grpc_server.jetstream.conn import NatsConfig
             from a2a_grpc_server.jetstream.node import NatsCluster
 
@@ -64,6 +67,8 @@ async def build(
             cluster = await NatsCluster.connect(config_nats)
         # The defaults a user gets (but for the one the push benchmark must change).
         config = ServerConfig(push_allow_private=True) if push_to_loopback else None
+        if kind.endswith("-v10"):  # (a setting changed on purpose: what the two cost)
+            config = ServerConfig(generation=False, idempotency_window=0)
         service = A2AService(Workload(), default_card(), cluster=cluster, config=config)
         await service.start()
         interceptors = [] if kind == "ours-bare" else service.interceptors()

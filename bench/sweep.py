@@ -25,7 +25,6 @@ import asyncio
 import json
 import logging
 import platform
-import sys
 import time
 from pathlib import Path
 
