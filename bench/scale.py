@@ -345,7 +345,7 @@ async def restart_and_sweep(url: str, size: int, nats_pid: int, quick: bool) -> 
     count = 10 if quick else RESTART_TASKS
     out: dict[str, float] = {}
     async with nats_journal(url, ident, ident) as (conn, journal, formats):
-        left = [_running(f"restart-{size}-{k}") for k in range(count)]
+        left = [running(f"restart-{size}-{k}") for k in range(count)]
         for task in left:
             await journal.create(task, population.first_change(task), scope=RESTART_SCOPE)
         lease = Lease(conn, journal, Metrics(), formats=formats)
@@ -378,8 +378,9 @@ RESTART_SCOPE = '["restart",""]'
 """The scope of the restarted instance's tasks (a tenant the measured caller is not)."""
 
 
-def _running(task_id: str) -> Task:
-    task = Task(id=task_id, context_id="restart")
+def running(task_id: str, context_id: str = "restart") -> Task:
+    """A WORKING task, its status timestamp now."""
+    task = Task(id=task_id, context_id=context_id)
     task.status.state = TaskState.TASK_STATE_WORKING
     task.status.timestamp.FromNanoseconds(time.time_ns())
     return task

@@ -28,8 +28,6 @@ import platform
 import time
 from pathlib import Path
 
-from a2a.types.a2a_pb2 import Task, TaskState
-
 from a2a_grpc_server.jetstream.conn import NatsConfig, connect
 from a2a_grpc_server.jetstream.formats import Formats
 from a2a_grpc_server.jetstream.journal import JetStreamJournal
@@ -39,7 +37,7 @@ from a2a_grpc_server.obs.metrics import Metrics
 from tests.support import ROOT, natsserver
 
 from . import population
-from .scale import cpu_seconds, exponent, nats_journal
+from .scale import cpu_seconds, exponent, nats_journal, running
 
 LEASE = 2.0
 """The survivor's lease (seconds): its first sweep runs a lease after it starts."""
@@ -47,13 +45,6 @@ TICK_MS = 5
 SWEEP_LIMIT = 1800.0
 """Seconds one sweep may take at most."""
 SCOPE = '["sweep",""]'
-
-
-def _running(task_id: str) -> Task:
-    task = Task(id=task_id, context_id="sweep")
-    task.status.state = TaskState.TASK_STATE_WORKING
-    task.status.timestamp.FromNanoseconds(time.time_ns())
-    return task
 
 
 async def fill(url: str, owner: str, count: int) -> float:
@@ -64,7 +55,7 @@ async def fill(url: str, owner: str, count: int) -> float:
 
         async def worker() -> None:
             for k in todo:  # (shared: each task is written by one worker)
-                task = _running(f"{owner}-{k}")
+                task = running(f"{owner}-{k}", "sweep")
                 await journal.create(task, population.first_change(task), scope=SCOPE)
 
         async with asyncio.TaskGroup() as group:

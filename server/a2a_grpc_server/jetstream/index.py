@@ -469,17 +469,8 @@ class TaskIndex:
             StoreUnavailableError: NATS did not answer.
             UnknownFormatError: A marker in a format this version does not read.
         """
-        msgs = await self._get({"last_by_subj": PUSH_MARKER})
-        if not msgs:
-            return None
-        try:
-            found = json.loads(msgs[0].data)
-            fmt, at = found["format"], int(found["at"])
-        except (ValueError, TypeError, KeyError):
-            raise UnknownFormatError("the push marker", repr(msgs[0].data[:40])) from None
-        if fmt != 1:
-            raise UnknownFormatError("the push marker", str(fmt))
-        return at
+        found = await self._marker(PUSH_MARKER, "the push marker", ("at",))
+        return None if found is None else found[0]
 
     async def mark_push_covered(self, by: str) -> None:
         """Write (or renew) the push marker.
@@ -646,17 +637,27 @@ class TaskIndex:
             StoreUnavailableError: NATS did not answer.
             UnknownFormatError: A marker in a format this version does not read.
         """
-        msgs = await self._get({"last_by_subj": MARKER})
+        found = await self._marker(MARKER, "the task index's marker", ("at", "kv_seq"))
+        return None if found is None else Marker(*found)
+
+    async def _marker(self, subject: str, what: str, keys: tuple[str, ...]) -> list[int] | None:
+        """The numbers ``keys`` of the marker on ``subject`` (format 1), or None if absent.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+            UnknownFormatError: A marker in another format, or not one at all.
+        """
+        msgs = await self._get({"last_by_subj": subject})
         if not msgs:
             return None
         try:
             found = json.loads(msgs[0].data)
-            fmt, at, seq = found["format"], int(found["at"]), int(found["kv_seq"])
+            fmt, numbers = found["format"], [int(found[key]) for key in keys]
         except (ValueError, TypeError, KeyError):
-            raise UnknownFormatError("the task index's marker", repr(msgs[0].data[:40])) from None
+            raise UnknownFormatError(what, repr(msgs[0].data[:40])) from None
         if fmt != 1:
-            raise UnknownFormatError("the task index's marker", str(fmt))
-        return Marker(at, seq)
+            raise UnknownFormatError(what, str(fmt))
+        return numbers
 
     async def mark_built(self, by: str, kv_seq: int) -> None:
         """Write (or renew) the marker: it replaces the one before (see the module docstring).
