@@ -352,8 +352,8 @@ def _reason(err: grpc.aio.AioRpcError) -> str:
 async def follow(run: Run, record: StreamRecord, call: Any, rng: random.Random) -> None:
     """Read a stream to its end; a numbered one cut by a fault resumes elsewhere."""
     await _read(call, record, record.via)
-    tries = 0
-    while record.numbered and record.ends[-1] in ("UNAVAILABLE", "CANCELLED") and tries < 40:
+    tries = 0  # (160 x 0.25 s: as long as a supervisor restarts an instance, and then some)
+    while record.numbered and record.ends[-1] in ("UNAVAILABLE", "CANCELLED") and tries < 160:
         last = state_of(record.frames[-1]) if record.frames else None
         if last in FINAL or (record.kind != "subscribe" and last in taskops.INTERRUPTED):
             break
