@@ -195,6 +195,7 @@ def settings() -> str:
     )
     return (
         f"ours, ours-nats: ServerConfig() and NatsConfig() defaults, nothing changed ({shown}); "
+        "ours-v10, ours-nats-v10 (if run): the same but generation=False, idempotency_window=0; "
         "sdk: a2a-sdk defaults; every server on "
         + ("uvloop" if "--uvloop" in sys.argv else "asyncio unless its name ends in +uvloop")
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import nats.js.errors
 from nats.js import JetStreamContext
@@ -54,7 +55,7 @@ class JetStreamSentKeys:
         """See ``journal.keys.SentKeys.claim``."""
         kv = await self._bucket()
         now = self._clock()
-        value = KeyRecord(record.digest, record.task_id, record.after, record.answer, now)
+        value = replace(record, at=now)
 
         async def attempt() -> KeyRecord | None:
             try:
@@ -83,9 +84,7 @@ class JetStreamSentKeys:
         """See ``journal.keys.SentKeys.settle``."""
         kv = await self._bucket()
         if not record.at:  # (when it was claimed, near enough: the claimer's own record)
-            record = KeyRecord(
-                record.digest, record.task_id, record.after, record.answer, self._clock()
-            )
+            record = replace(record, at=self._clock())
         await self._retry(lambda: kv.put(key, record.encode()), "record a message's task")
 
     async def release(self, key: str) -> None:

@@ -112,6 +112,27 @@ def _body(request: SendMessageRequest) -> str:
     )
 
 
+class Patience:
+    """How long a retry waits for its first request.
+
+    It sleeps from 5 ms, doubling up to 250 ms, until ``WAIT_FIRST`` seconds or
+    the caller's deadline, whichever is first.
+    """
+
+    def __init__(self, call: Caller) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._deadline = self._loop.time() + min(call.timeout or WAIT_FIRST, WAIT_FIRST)
+        self._delay = 0.005
+
+    async def wait(self) -> bool:
+        """Sleep the next delay; False, without sleeping, once it would pass the end."""
+        if self._loop.time() + self._delay > self._deadline:
+            return False
+        await asyncio.sleep(self._delay)  # (the first request moves within milliseconds)
+        self._delay = min(self._delay * 2, 0.25)
+        return True
+
+
 @dataclass(slots=True)
 class Claim:
     """The first request with its key: say what it started, or let the key go."""
@@ -178,9 +199,7 @@ class Retries:
         field, ident = key_of(request, call)
         key = _digest(call.scope.encode(), field.encode(), ident.encode())
         mine = KeyRecord(_body(request), request.message.task_id, at=time.time())
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(call.timeout or WAIT_FIRST, WAIT_FIRST)
-        delay = 0.005
+        patience = Patience(call)
         while True:
             prior = await keys.claim(key, mine)
             if prior is None:
@@ -190,9 +209,7 @@ class Retries:
             if not prior.pending:
                 logger.info("%s %s was sent before: answering its task", field, ident)
                 return None, prior
-            if loop.time() + delay > deadline:
+            if not await patience.wait():
                 raise MessageInProgressError(
                     f"the first request with {field} {quote(ident)} is still starting; retry"
                 )
-            await asyncio.sleep(delay)  # (the first request settles within milliseconds)
-            delay = min(delay * 2, 0.25)

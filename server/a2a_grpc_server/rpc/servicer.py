@@ -72,7 +72,7 @@ from ..push.configs import check_config
 from . import resume, validation
 from .auth import AuthenticationError
 from .closing import Closing
-from .idempotency import WAIT_FIRST, Claim, Retries
+from .idempotency import Claim, Patience, Retries
 
 if TYPE_CHECKING:
     from ..push.service import PushService
@@ -509,26 +509,21 @@ class RpcServicer:
             MessageAnswerNotKeptError: The first was answered with a message too
                 large to keep.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(call.timeout or WAIT_FIRST, WAIT_FIRST)
-        delay = 0.005
+        patience = Patience(call)
         while not prior.answer:
             if prior.dropped:
                 raise MessageAnswerNotKeptError(
                     "the first request with this message id was answered with a message too "
                     "large to keep for retries; send a new message (a new id)"
                 )
-            try:
+            with contextlib.suppress(TaskNotFoundError):  # (its run has said nothing yet)
                 await self._ops.read(prior.task_id, call.scope)
                 return prior
-            except TaskNotFoundError:
-                if loop.time() + delay > deadline:  # (its run has not said anything yet)
-                    raise MessageInProgressError(
-                        f"the first request's task {errors.quote(prior.task_id)} has not "
-                        "started yet; retry"
-                    ) from None
-            await asyncio.sleep(delay)  # (a run's first event comes within milliseconds)
-            delay = min(delay * 2, 0.25)
+            if not await patience.wait():
+                raise MessageInProgressError(
+                    f"the first request's task {errors.quote(prior.task_id)} has not "
+                    "started yet; retry"
+                )
             claim, again = await self._retries.admit(request, call)
             if claim is not None:  # (its window ended meanwhile: nothing to answer)
                 await claim.release(TaskNotFoundError())
