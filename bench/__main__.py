@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench [--reps 3] [--servers ours,ours-nats,sdk,raw]
                               [--seconds 2] [--memory 1000,10000] [--uvloop] [--json PATH]
-                              [--only TEXT]
+                              [--only TEXT] [--profile DIR]
 
 A server name may end in ``+uvloop`` to run it on uvloop beside the others, e.g.
 ``--servers ours,ours+uvloop,raw,raw+uvloop`` compares both loops in one run;
@@ -87,10 +87,11 @@ def scenarios(seconds: float) -> list[Scenario]:
 
 
 async def run_kind(
-    kind: str, plan: list[Scenario], nats: str | None, uvloop: bool
+    kind: str, plan: list[Scenario], nats: str | None, uvloop: bool, profile: str = ""
 ) -> dict[str, Result]:
-    """Every scenario against one fresh server of ``kind``."""
-    target = await load.start(kind, nats=nats, uvloop=uvloop)
+    """Every scenario against one fresh server of ``kind`` (profiled into ``profile``)."""
+    extra = ("--profile", profile) if profile else ()
+    target = await load.start(kind, nats=nats, uvloop=uvloop, extra=extra)
     try:
         await load.send_message(target, 4, 0.5, 500)  # warm-up
         results = {}
@@ -118,6 +119,14 @@ async def memory(kind: str, sizes: list[int], nats: str | None, uvloop: bool) ->
                 await load.stop(target)
             print(f"  {kind:10} {name:40} {_brief(out[name])}", flush=True)
     return out
+
+
+def _profile(directory: str, kind: str, rep: int) -> str:
+    """Where the cProfile of ``kind``'s server in repetition ``rep`` goes ("" for none)."""
+    if not directory:
+        return ""
+    os.makedirs(directory, exist_ok=True)
+    return os.path.abspath(os.path.join(directory, f"{kind}-{rep + 1}.prof"))
 
 
 def _brief(result: Result) -> str:
@@ -217,7 +226,12 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     with maybe_nats(any(k.startswith("ours-nats") for k in kinds)) as nats:
         for rep in range(args.reps):
             print(f"repetition {rep + 1}/{args.reps}", flush=True)
-            reps.append({k: await run_kind(k, plan, nats, args.uvloop) for k in kinds})
+            reps.append(
+                {
+                    k: await run_kind(k, plan, nats, args.uvloop, _profile(args.profile, k, rep))
+                    for k in kinds
+                }
+            )
         sizes = [int(s) for s in args.memory.split(",") if s]
         if sizes:
             print("memory", flush=True)
@@ -248,6 +262,9 @@ def cli() -> None:
     parser.add_argument("--memory", default="1000,10000", help="parked-task counts ('' for none)")
     parser.add_argument("--uvloop", action="store_true", help="servers on uvloop")
     parser.add_argument("--only", default="", help="the scenarios whose name contains this")
+    parser.add_argument(
+        "--profile", default="", help="a directory: cProfile each server into <kind>-<rep>.prof"
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "bench.json")
     args = parser.parse_args()
     report = asyncio.run(main(args))

@@ -299,7 +299,7 @@ async def burst_unread(
     SendMessage every 10 ms for ``window`` seconds from the burst's start (its latency is
     what the burst costs everyone else); then the subscribers read everything.
     """
-    delay_ms = 500 + 20 * tasks
+    delay_ms = 1000 + 50 * tasks  # (a2a-sdk, busy, took over 900 ms to attach 20)
     ids = []
     for i in range(tasks):
         reply = await target.stub(i).SendMessage(

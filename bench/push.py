@@ -1,6 +1,6 @@
 """``python -m bench.push``: what push notifications cost, ours beside a2a-sdk and raw grpc.aio.
 
-    .venv/bin/python -m bench.push [--reps 3] [--servers ours,sdk,raw] [--tasks 1000]
+    .venv/bin/python -m bench.push [--reps 3] [--servers ours,sdk,raw] [--tasks 900]
                                    [--json PATH]
 
 Each repetition starts, per server, a fresh server process and two webhook
@@ -19,6 +19,9 @@ never answers), all on 127.0.0.1, then runs:
   missing).
 
 raw has no push: it answers the same, ignoring the config (the grpc.aio limit).
+``--tasks`` is 900 by default: every task's config counts against the caller's
+``quota_push_configs`` (1,000) for as long as the ended task is kept, and
+every call here is one caller's.
 The servers run their defaults but for one setting this benchmark must change:
 ours gets ``push_allow_private=True`` (by default it refuses to post to
 127.0.0.1) and a2a-sdk gets a push sender and config store (it has none by
@@ -160,7 +163,12 @@ def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--servers", default="ours,sdk,raw")
-    parser.add_argument("--tasks", type=int, default=1000, help="tasks per SendMessage run")
+    parser.add_argument(
+        "--tasks",
+        type=int,
+        default=900,
+        help="tasks per SendMessage run (with a webhook each: within quota_push_configs, 1000)",
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "push.json")
     args = parser.parse_args()
     report = asyncio.run(main(args))

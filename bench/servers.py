@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import gc
 import logging
 import signal
@@ -121,14 +122,21 @@ def main() -> None:
     parser.add_argument(
         "--push-to-loopback", action="store_true", help="webhooks on 127.0.0.1 (bench.push)"
     )
+    parser.add_argument("--profile", help="write a cProfile of the serving here at SIGTERM")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    profile = cProfile.Profile() if args.profile else None
+    if profile is not None:
+        profile.enable()
     if args.uvloop:
         import uvloop
 
         uvloop.run(serve(args.kind, args.nats, args.push_to_loopback))
     else:
         asyncio.run(serve(args.kind, args.nats, args.push_to_loopback))
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(args.profile)
     sys.exit(0)
 
 
