@@ -95,7 +95,7 @@ class ServerConfig:
         push_allow_hosts: Webhook host names trusted whatever they resolve to
             (``*.example.com`` for subdomains); still https only.
         push_ca_file: A PEM bundle of the CAs webhook certificates are verified
-            against (an internal CA); "" for the public CAs httpx trusts.
+            against (an internal CA); "" for the public CAs (certifi's bundle).
         quota_live_tasks: Most tasks one principal has live on this instance
             (not ended and in memory, waiting for input included); over it a
             new task is refused (RESOURCE_EXHAUSTED, LIVE_TASKS_QUOTA). 0: no quota.

@@ -591,6 +591,75 @@ async def test_push_timeout_bounds_the_whole_attempt_even_against_a_trickling_re
         await server.wait_closed()
 
 
+async def test_the_sender_reuses_connections_reads_at_most_64_kib_and_follows_no_redirect() -> None:
+    connections = 0
+    requests: list[bytes] = []
+    handlers: list[asyncio.Task[Any]] = []
+    big = 1024 * 1024
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        handler = asyncio.current_task()
+        assert handler is not None
+        handlers.append(handler)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                await reader.readexactly(length)
+                path = head.split(b" ", 2)[1]
+                requests.append(path)
+                if path == b"/big":  # a body far past what the sender reads
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % big)
+                    writer.write(b"x" * big)
+                elif path == b"/moved":
+                    writer.write(
+                        b"HTTP/1.1 302 Found\r\nLocation: /ok\r\nContent-Length: 0\r\n\r\n"
+                    )
+                else:
+                    writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+                await writer.wait_closed()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    sender = WebhookSender(Screen(allow_private=True), timeout=5, max_connections=4)
+
+    def config(path: str) -> TaskPushNotificationConfig:
+        return TaskPushNotificationConfig(id="c", url=f"http://127.0.0.1:{port}{path}")
+
+    try:
+        async with asyncio.timeout(20):
+            for seq in range(5):  # one after another: one connection, kept
+                attempt = await sender.post(config("/ok"), "t", seq, b"{}")
+                assert attempt.outcome is Outcome.DELIVERED, attempt
+            assert connections == 1
+            attempt = await sender.post(config("/big"), "t", 5, b"{}")
+            assert attempt.outcome is Outcome.DELIVERED, attempt
+            assert (await sender.post(config("/ok"), "t", 6, b"{}")).outcome is Outcome.DELIVERED
+            assert connections == 2, "the connection with an unread answer was not reused"
+            attempt = await sender.post(config("/moved"), "t", 7, b"{}")
+            assert (attempt.outcome, attempt.detail) == (Outcome.REFUSED, "HTTP 302")
+            assert requests == [b"/ok"] * 5 + [b"/big", b"/ok", b"/moved"]  # not followed
+    finally:
+        await sender.close()
+        for handler in handlers:
+            handler.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        server.close()
+        await server.wait_closed()
+
+
 async def test_the_final_frame_is_still_delivered_after_the_journal_dropped_the_task() -> None:
     def recovering(post: Post, attempt: int) -> Answer:
         return Answer(503) if attempt < 2 else Answer(204)
