@@ -121,7 +121,7 @@ async def memory(kind: str, sizes: list[int], nats: str | None, uvloop: bool) ->
     return out
 
 
-def _profile(directory: str, kind: str, rep: int) -> str:
+def profile_path(directory: str, kind: str, rep: int) -> str:
     """Where the cProfile of ``kind``'s server in repetition ``rep`` goes ("" for none)."""
     if not directory:
         return ""
@@ -205,6 +205,7 @@ def settings() -> str:
     return (
         f"ours, ours-nats: ServerConfig() and NatsConfig() defaults, nothing changed ({shown}); "
         "ours-v10, ours-nats-v10 (if run): the same but generation=False, idempotency_window=0; "
+        "ours-unpaced (if run): the same but loop_slice=0; "
         "sdk: a2a-sdk defaults; every server on "
         + ("uvloop" if "--uvloop" in sys.argv else "asyncio unless its name ends in +uvloop")
     )
@@ -228,7 +229,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             print(f"repetition {rep + 1}/{args.reps}", flush=True)
             reps.append(
                 {
-                    k: await run_kind(k, plan, nats, args.uvloop, _profile(args.profile, k, rep))
+                    k: await run_kind(
+                        k, plan, nats, args.uvloop, profile_path(args.profile, k, rep)
+                    )
                     for k in kinds
                 }
             )

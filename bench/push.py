@@ -1,7 +1,7 @@
 """``python -m bench.push``: what push notifications cost, ours beside a2a-sdk and raw grpc.aio.
 
     .venv/bin/python -m bench.push [--reps 3] [--servers ours,sdk,raw] [--tasks 900]
-                                   [--json PATH]
+                                   [--json PATH] [--profile DIR]
 
 Each repetition starts, per server, a fresh server process and two webhook
 receivers in their own processes (``bench.receiver``: one answers 204, one
@@ -42,7 +42,7 @@ from pathlib import Path
 import httpx
 
 from . import load
-from .__main__ import summarize, table
+from .__main__ import profile_path, summarize, table
 from .load import Result
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,10 +95,11 @@ class Receiver:
                 await self.proc.wait()
 
 
-async def run_kind(kind: str, tasks: int) -> dict[str, Result]:
+async def run_kind(kind: str, tasks: int, profile: str = "") -> dict[str, Result]:
     """Every scenario against one fresh server of ``kind`` and fresh receivers."""
     live, dead = await Receiver.start(hold=False), await Receiver.start(hold=True)
-    target = await load.start(kind, extra=PUSH_ARGS)
+    extra = (*PUSH_ARGS, "--profile", profile) if profile else PUSH_ARGS
+    target = await load.start(kind, extra=extra)
     try:
         await load.send_message(target, 4, 0.5, 500)  # warm-up
         out: dict[str, Result] = {}
@@ -149,7 +150,12 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     reps = []
     for rep in range(args.reps):
         print(f"repetition {rep + 1}/{args.reps}", flush=True)
-        reps.append({kind: await run_kind(kind, args.tasks) for kind in kinds})
+        reps.append(
+            {
+                kind: await run_kind(kind, args.tasks, profile_path(args.profile, kind, rep))
+                for kind in kinds
+            }
+        )
     return {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "params": vars(args) | {"json": str(args.json)},
@@ -170,6 +176,9 @@ def cli() -> None:
         help="tasks per SendMessage run (with a webhook each: within quota_push_configs, 1000)",
     )
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "push.json")
+    parser.add_argument(
+        "--profile", default="", help="a directory: cProfile each server into <kind>-<rep>.prof"
+    )
     args = parser.parse_args()
     report = asyncio.run(main(args))
     summary = report["summary"]

@@ -5,7 +5,8 @@ KIND is ``ours`` (A2AService, in-memory, on a grpc.aio server made as
 interceptors, per-RPC metrics and tracing), ``ours-bare`` (the same without
 the interceptors: their cost is the difference), ``ours-nats`` (A2AService joined to
 the NATS given by ``--nats``), ``ours-v10`` and ``ours-nats-v10`` (those two
-with ``generation`` and ``idempotency_window`` off), ``sdk`` (a2a-sdk 1.3.0: ``GrpcHandler`` over
+with ``generation`` and ``idempotency_window`` off), ``ours-unpaced`` (``loop_slice``
+0: the pacer off, to see what it costs a burst), ``sdk`` (a2a-sdk 1.3.0: ``GrpcHandler`` over
 ``DefaultRequestHandler`` and ``InMemoryTaskStore``, the same agent) or
 ``raw`` (``bench.raw``). Each binds 127.0.0.1 on a free port, prints
 ``ready <port>`` on stdout and serves until SIGTERM. ``--uvloop`` runs it on
@@ -39,9 +40,19 @@ from a2a_grpc_server.app.card import default_card
 from .agents import Workload
 from .raw import RawServicer
 
-KINDS = ("ours", "ours-bare", "ours-nats", "ours-v10", "ours-nats-v10", "sdk", "raw")
+KINDS = (
+    "ours",
+    "ours-bare",
+    "ours-nats",
+    "ours-v10",
+    "ours-nats-v10",
+    "ours-unpaced",
+    "sdk",
+    "raw",
+)
 """``-v10``: ours without the v1.1 generation and the idempotency of retries (both
-settings off): the difference from ``ours`` is what the two cost."""
+settings off): the difference from ``ours`` is what the two cost. ``-unpaced``: ours
+with ``loop_slice`` 0. Both change a setting on purpose, to measure it."""
 
 
 async def build(
@@ -70,6 +81,8 @@ async def build(
         config = ServerConfig(push_allow_private=True) if push_to_loopback else None
         if kind.endswith("-v10"):  # (a setting changed on purpose: what the two cost)
             config = ServerConfig(generation=False, idempotency_window=0)
+        if kind.endswith("-unpaced"):  # (a setting changed on purpose: what pacing costs)
+            config = ServerConfig(loop_slice=0)
         service = A2AService(Workload(), default_card(), cluster=cluster, config=config)
         await service.start()
         interceptors = [] if kind == "ours-bare" else service.interceptors()
@@ -95,8 +108,10 @@ async def build(
     return server, service
 
 
-async def serve(kind: str, nats: str | None, push_to_loopback: bool) -> None:
-    """Serve until SIGTERM."""
+async def serve(
+    kind: str, nats: str | None, push_to_loopback: bool, profile: str | None = None
+) -> None:
+    """Serve until SIGTERM (with ``profile``, a cProfile of the serving is written there)."""
     server, service = await build(kind, nats, push_to_loopback)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -104,8 +119,14 @@ async def serve(kind: str, nats: str | None, push_to_loopback: bool) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     gc.collect()
     gc.freeze()  # as `a2a-grpc-server serve` does, for every server alike
+    profiler = cProfile.Profile()
+    if profile:
+        profiler.enable()
     print(f"ready {port}", flush=True)
     await stop.wait()
+    if profile:  # (written before the shutdown, which may wait for webhooks)
+        profiler.disable()
+        profiler.dump_stats(profile)
     if service is not None:
         await service.shutdown(0)
         if service.cluster is not None:
@@ -125,18 +146,13 @@ def main() -> None:
     parser.add_argument("--profile", help="write a cProfile of the serving here at SIGTERM")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    profile = cProfile.Profile() if args.profile else None
-    if profile is not None:
-        profile.enable()
+    main = serve(args.kind, args.nats, args.push_to_loopback, args.profile)
     if args.uvloop:
         import uvloop
 
-        uvloop.run(serve(args.kind, args.nats, args.push_to_loopback))
+        uvloop.run(main)
     else:
-        asyncio.run(serve(args.kind, args.nats, args.push_to_loopback))
-    if profile is not None:
-        profile.disable()
-        profile.dump_stats(args.profile)
+        asyncio.run(main)
     sys.exit(0)
 
 

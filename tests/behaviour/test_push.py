@@ -591,7 +591,7 @@ async def test_push_timeout_bounds_the_whole_attempt_even_against_a_trickling_re
         await server.wait_closed()
 
 
-async def test_the_sender_reuses_connections_reads_at_most_64_kib_and_follows_no_redirect() -> None:
+async def test_the_sender_reuses_connections_reads_at_most_64_kib_follows_no_redirect() -> None:
     connections = 0
     requests: list[bytes] = []
     handlers: list[asyncio.Task[Any]] = []

@@ -24,6 +24,7 @@ the same mesh); ``allow_hosts`` trusts named hosts whatever they resolve to.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import re
 import socket
@@ -167,20 +168,26 @@ class Screen:
             RefusedTargetError: The host resolved to no address push may reach.
             OSError: The name could not be resolved (worth retrying).
         """
-        parts = self.url(url)
+        literal_target = _literal_target(self, url)  # (checked once per URL, then cached)
+        if literal_target is not None:
+            return literal_target
+        parts = _checked_url(self, url)
         host = parts.hostname
         assert host is not None
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        literal = _literal(host)
-        if literal is None and _numeric(host):
-            literal = _legacy_ipv4(url, host)
-        if literal is not None:
-            addresses = [literal]
-        else:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                host, port, type=socket.SOCK_STREAM
-            )
-            addresses = [ipaddress.ip_address(info[4][0]) for info in infos]
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = [ipaddress.ip_address(info[4][0]) for info in infos]
+        return self._target(parts, addresses)
+
+    def _target(self, parts: SplitResult, addresses: list[Address]) -> Target:
+        """The target of a checked URL among ``addresses``, the first push may reach.
+
+        Raises:
+            RefusedTargetError: None of them may be reached.
+        """
+        host = parts.hostname
+        assert host is not None
+        port = parts.port or (443 if parts.scheme == "https" else 80)
         trusted = self.allow_private or self._trusted(host)
         allowed = [a for a in addresses if trusted or refused_address(a) is None]
         if not allowed:
@@ -206,6 +213,39 @@ class Screen:
             elif host == allowed:
                 return True
         return False
+
+
+CACHED_URLS = 1024
+"""URLs whose checks (and targets, for an IP host) a screen keeps, the most recent."""
+
+
+@functools.lru_cache(maxsize=CACHED_URLS)
+def _checked_url(screen: Screen, url: str) -> SplitResult:
+    """``screen.url(url)``, worked out once per URL and policy (a delivery parses nothing).
+
+    Raises:
+        RefusedTargetError: As ``Screen.url`` (a refusal is not cached).
+    """
+    return screen.url(url)
+
+
+@functools.lru_cache(maxsize=CACHED_URLS)
+def _literal_target(screen: Screen, url: str) -> Target | None:
+    """The target of a URL whose host is an IP address (None: a name, resolved per delivery).
+
+    Nothing in it can change between deliveries, so it is worked out once per
+    URL and policy.
+
+    Raises:
+        RefusedTargetError: The URL or its address is refused (not cached).
+    """
+    parts = _checked_url(screen, url)
+    host = parts.hostname
+    assert host is not None
+    literal = _literal(host)
+    if literal is None and _numeric(host):
+        literal = _legacy_ipv4(url, host)
+    return None if literal is None else screen._target(parts, [literal])
 
 
 def _numeric(host: str) -> bool:

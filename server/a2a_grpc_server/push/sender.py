@@ -109,6 +109,7 @@ class WebhookSender:
                 ),
                 timeout=aiohttp.ClientTimeout(total=self._timeout),
                 trust_env=False,  # no proxy from the environment: the screened address is reached
+                cookie_jar=aiohttp.DummyCookieJar(),  # no cookie kept: nothing to look up per POST
                 auto_decompress=False,  # the answer is dropped unread
                 skip_auto_headers=("User-Agent", "Accept-Encoding"),
             )
