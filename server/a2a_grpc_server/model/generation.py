@@ -24,6 +24,8 @@ that generation when its message is admitted.
 
 from __future__ import annotations
 
+import functools
+
 from a2a.types.a2a_pb2 import GetTaskRequest, SendMessageConfiguration, Task
 from google.protobuf.message import Message as ProtoMessage
 from google.protobuf.unknown_fields import UnknownFieldSet
@@ -68,12 +70,22 @@ def tag(frame: bytes, generation: int) -> bytes:
 
     A message frame (no task) is returned as it is.
     """
-    payload = frame[0] >> 3 if frame else 0
+    tail = _tail(frame[0] >> 3 if frame else 0, generation)
+    return frame + tail if tail else frame
+
+
+@functools.lru_cache(maxsize=4096)
+def _tail(payload: int, generation: int) -> bytes:
+    """The bytes ``tag`` appends to a frame of ``payload`` (b"" for none).
+
+    Cached: every task's frames carry the same small generations (1, 2, 3, ...),
+    so a frame costs a lookup, not four varint encodings.
+    """
     field = _BY_PAYLOAD.get(payload)
     if field is None:
-        return frame
+        return b""
     inner = _number(field, generation)
-    return frame + _varint(payload << 3 | 2) + _varint(len(inner)) + inner
+    return _varint(payload << 3 | 2) + _varint(len(inner)) + inner
 
 
 def tag_task(task: Task, generation: int) -> None:

@@ -25,6 +25,7 @@ a2a-sdk's own instrumentation (a span per enqueued event) is off unless
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -57,9 +58,22 @@ PROPAGATED = ("traceparent", "tracestate")
 """The W3C trace-context metadata keys."""
 
 
+_ENVIRONMENT_PROVIDER = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+"""Whether OpenTelemetry may load a provider named in its environment variable."""
+_UNKNOWN = object()
+
+
 def active() -> bool:
-    """Whether spans are recorded: the API is installed and a real provider is configured."""
+    """Whether spans are recorded: the API is installed and a real provider is configured.
+
+    Several calls per RPC ask. With no provider set, OpenTelemetry looks its
+    environment variable up at every ``get_tracer_provider()``: that case is
+    answered from its global (read, never written, here; an API without it
+    takes the slow path) and the variable as it was at import.
+    """
     if trace is None:
+        return False
+    if getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None and not _ENVIRONMENT_PROVIDER:
         return False
     return not isinstance(trace.get_tracer_provider(), ProxyTracerProvider | NoOpTracerProvider)
 
