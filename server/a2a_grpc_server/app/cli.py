@@ -221,7 +221,7 @@ def prepare(values: dict[str, tuple[Any, str]]) -> A2AServer:
     """
     args = argparse.Namespace(**{name: value for name, (value, _) in values.items()})
     if args.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
-        raise SettingError("--loop uvloop: uvloop is not installed (pip install '.[perf]')")
+        raise SettingError("--loop uvloop: uvloop is not installed (pip install uvloop)")
     if args.admin and importlib.util.find_spec("grpc_channelz") is None:
         raise SettingError("--admin needs the admin extra (pip install '.[admin]')")
     if args.nats and importlib.util.find_spec("nats") is None:
@@ -311,7 +311,7 @@ def _run(main: Coroutine[Any, Any, None], loop: str) -> None:
             if loop == "uvloop":
                 main.close()
                 raise ValueError(
-                    "--loop uvloop: uvloop is not installed (pip install '.[perf]')"
+                    "--loop uvloop: uvloop is not installed (pip install uvloop)"
                 ) from None
         else:
             uvloop.run(main)

@@ -135,7 +135,7 @@ SERVE = (
         "loop",
         str,
         "auto",
-        "event loop; auto: uvloop if installed (pip install '.[perf]'), else asyncio",
+        "event loop; auto: uvloop if installed (a dependency on Linux and macOS), else asyncio",
         choices=("auto", "asyncio", "uvloop"),
     ),
     _serve("log_level", str, "INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
