@@ -548,6 +548,15 @@ async def test_a_stuck_webhook_keeps_no_more_than_the_log_keeps_then_gets_the_ou
             assert h.service.metrics.push_frames_skipped == 1
 
 
+async def test_allowed_hosts_given_as_a_list_still_screen_every_delivery() -> None:
+    # A list made the screen unhashable: every delivery's cached check raised TypeError.
+    screen = Screen(allow_hosts=["hooks.example.com"])  # type: ignore[arg-type]
+    target = await screen.resolve("https://93.184.216.34/hook")  # (an IP: nothing resolved)
+    assert target.url == "https://93.184.216.34:443/hook"
+    with pytest.raises(RefusedTargetError):
+        await screen.resolve("https://127.0.0.1/hook")
+
+
 def test_an_unreadable_retry_after_is_ignored() -> None:
     assert retry_after("²") is None and retry_after("soon") is None
     assert retry_after("7") == 7.0
@@ -594,6 +603,7 @@ async def test_push_timeout_bounds_the_whole_attempt_even_against_a_trickling_re
 async def test_the_sender_reuses_connections_reads_at_most_64_kib_follows_no_redirect() -> None:
     connections = 0
     requests: list[bytes] = []
+    agents: list[bytes] = []
     handlers: list[asyncio.Task[Any]] = []
     big = 1024 * 1024
 
@@ -614,6 +624,9 @@ async def test_the_sender_reuses_connections_reads_at_most_64_kib_follows_no_red
                 await reader.readexactly(length)
                 path = head.split(b" ", 2)[1]
                 requests.append(path)
+                agents.extend(
+                    h for h in head.lower().split(b"\r\n") if h.startswith(b"user-agent:")
+                )
                 if path == b"/big":  # a body far past what the sender reads
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % big)
                     writer.write(b"x" * big)
@@ -651,6 +664,8 @@ async def test_the_sender_reuses_connections_reads_at_most_64_kib_follows_no_red
             attempt = await sender.post(config("/moved"), "t", 7, b"{}")
             assert (attempt.outcome, attempt.detail) == (Outcome.REFUSED, "HTTP 302")
             assert requests == [b"/ok"] * 5 + [b"/big", b"/ok", b"/moved"]  # not followed
+            assert len(agents) == len(requests)  # (some firewalls refuse a request without one)
+            assert all(agent.startswith(b"user-agent: a2a-grpc-server/") for agent in agents)
     finally:
         await sender.close()
         for handler in handlers:

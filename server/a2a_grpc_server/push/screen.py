@@ -112,6 +112,11 @@ class Screen:
     allow_private: bool = False
     allow_hosts: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # A list (the library API takes any sequence) would make the screen unhashable,
+        # and every delivery's cached check fail.
+        object.__setattr__(self, "allow_hosts", tuple(self.allow_hosts))
+
     def url(self, url: str) -> SplitResult:
         """Check a webhook URL as a config is created.
 

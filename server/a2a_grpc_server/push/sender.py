@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import enum
+import importlib.metadata
 import ssl
 import time
 from dataclasses import dataclass
@@ -93,13 +94,16 @@ class WebhookSender:
         self._max_connections = max_connections
         self._tls = ssl.create_default_context(cafile=ca_file or _public_cas())
         self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
     def _client(self) -> aiohttp.ClientSession:
         """The pooled client, made on first use (aiohttp binds it to the running loop)."""
-        if self._session is None:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._loop is not loop:  # (a pool serves one loop)
             if self._closed:
                 raise RuntimeError("the webhook sender is closed")
+            self._loop = loop
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(
                     limit=self._max_connections,
@@ -111,7 +115,8 @@ class WebhookSender:
                 trust_env=False,  # no proxy from the environment: the screened address is reached
                 cookie_jar=aiohttp.DummyCookieJar(),  # no cookie kept: nothing to look up per POST
                 auto_decompress=False,  # the answer is dropped unread
-                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                skip_auto_headers=("Accept-Encoding",),
+                headers={"User-Agent": f"a2a-grpc-server/{_version()}"},
             )
         return self._session
 
@@ -189,6 +194,14 @@ class WebhookSender:
         self._closed = True
         if self._session is not None:
             await self._session.close()
+
+
+def _version() -> str:
+    """This package's version ("unknown" when it is not installed as a distribution)."""
+    try:
+        return importlib.metadata.version("a2a-grpc-server")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _public_cas() -> str | None:
