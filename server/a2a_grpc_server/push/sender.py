@@ -75,8 +75,8 @@ class WebhookSender:
     """Sends frames to webhooks over one pooled aiohttp client.
 
     aiohttp's client parses answers with a compiled parser: a POST costs this
-    process about a third of what it cost with httpx (bench/README.md, "Push
-    notifications").
+    process about a tenth of what it cost with httpx (``python -m bench.posts``;
+    bench/README.md, "Issue 25").
 
     Args:
         screen: Which addresses may be reached.
