@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import ipaddress
 import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -562,19 +563,23 @@ def test_an_unreadable_retry_after_is_ignored() -> None:
     assert retry_after("7") == 7.0
 
 
-async def test_push_timeout_bounds_the_whole_attempt_even_against_a_trickling_receiver() -> None:
+@contextlib.asynccontextmanager
+async def bare_http(
+    speak: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> AsyncIterator[int]:
+    """A TCP server on 127.0.0.1 whose connections ``speak`` serves; yields its port.
+
+    A connection the peer drops ends quietly; every connection is closed, and its
+    handler cancelled, when the block ends.
+    """
     handlers: list[asyncio.Task[Any]] = []
 
-    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         handler = asyncio.current_task()
         assert handler is not None
         handlers.append(handler)
         try:
-            await reader.readuntil(b"\r\n\r\n")
-            for byte in b"HTTP/1.1 200 OK\r\n":  # one byte at a time: no read ever times out
-                writer.write(bytes([byte]))
-                await writer.drain()
-                await asyncio.sleep(0.2)  # sync-ok: the receiver is slow on purpose
+            await speak(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -582,17 +587,10 @@ async def test_push_timeout_bounds_the_whole_attempt_even_against_a_trickling_re
             with contextlib.suppress(ConnectionError, asyncio.CancelledError):
                 await writer.wait_closed()
 
-    server = await asyncio.start_server(trickle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    sender = WebhookSender(Screen(allow_private=True), timeout=0.5, max_connections=1)
+    server = await asyncio.start_server(serve_one, "127.0.0.1", 0)
     try:
-        async with asyncio.timeout(10):
-            config = TaskPushNotificationConfig(id="c", url=f"http://127.0.0.1:{port}/")
-            attempt = await sender.post(config, "t", 1, b"{}")
-        assert attempt.outcome is Outcome.RETRY
-        assert "no answer within 0.5 s" in attempt.detail
+        yield server.sockets[0].getsockname()[1]
     finally:
-        await sender.close()
         for handler in handlers:
             handler.cancel()
         await asyncio.gather(*handlers, return_exceptions=True)
@@ -600,59 +598,61 @@ async def test_push_timeout_bounds_the_whole_attempt_even_against_a_trickling_re
         await server.wait_closed()
 
 
+async def test_push_timeout_bounds_the_whole_attempt_even_against_a_trickling_receiver() -> None:
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        for byte in b"HTTP/1.1 200 OK\r\n":  # one byte at a time: no read ever times out
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.2)  # sync-ok: the receiver is slow on purpose
+
+    sender = WebhookSender(Screen(allow_private=True), timeout=0.5, max_connections=1)
+    try:
+        async with bare_http(trickle) as port, asyncio.timeout(10):
+            config = TaskPushNotificationConfig(id="c", url=f"http://127.0.0.1:{port}/")
+            attempt = await sender.post(config, "t", 1, b"{}")
+        assert attempt.outcome is Outcome.RETRY
+        assert "no answer within 0.5 s" in attempt.detail
+    finally:
+        await sender.close()
+
+
 async def test_the_sender_reuses_connections_reads_at_most_64_kib_follows_no_redirect() -> None:
     connections = 0
     requests: list[bytes] = []
     agents: list[bytes] = []
-    handlers: list[asyncio.Task[Any]] = []
     big = 1024 * 1024
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal connections
         connections += 1
-        handler = asyncio.current_task()
-        assert handler is not None
-        handlers.append(handler)
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":", 1)[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                await reader.readexactly(length)
-                path = head.split(b" ", 2)[1]
-                requests.append(path)
-                agents.extend(
-                    h for h in head.lower().split(b"\r\n") if h.startswith(b"user-agent:")
-                )
-                if path == b"/big":  # a body far past what the sender reads
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % big)
-                    writer.write(b"x" * big)
-                elif path == b"/moved":
-                    writer.write(
-                        b"HTTP/1.1 302 Found\r\nLocation: /ok\r\nContent-Length: 0\r\n\r\n"
-                    )
-                else:
-                    writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
-                await writer.wait_closed()
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            await reader.readexactly(length)
+            path = head.split(b" ", 2)[1]
+            requests.append(path)
+            agents.extend(h for h in head.lower().split(b"\r\n") if h.startswith(b"user-agent:"))
+            if path == b"/big":  # a body far past what the sender reads
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % big)
+                writer.write(b"x" * big)
+            elif path == b"/moved":
+                writer.write(b"HTTP/1.1 302 Found\r\nLocation: /ok\r\nContent-Length: 0\r\n\r\n")
+            else:
+                writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+            await writer.drain()
 
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     sender = WebhookSender(Screen(allow_private=True), timeout=5, max_connections=4)
-
-    def config(path: str) -> TaskPushNotificationConfig:
-        return TaskPushNotificationConfig(id="c", url=f"http://127.0.0.1:{port}{path}")
-
     try:
-        async with asyncio.timeout(20):
+        async with bare_http(answer) as port, asyncio.timeout(20):
+
+            def config(path: str) -> TaskPushNotificationConfig:
+                return TaskPushNotificationConfig(id="c", url=f"http://127.0.0.1:{port}{path}")
+
             for seq in range(5):  # one after another: one connection, kept
                 attempt = await sender.post(config("/ok"), "t", seq, b"{}")
                 assert attempt.outcome is Outcome.DELIVERED, attempt
@@ -668,11 +668,6 @@ async def test_the_sender_reuses_connections_reads_at_most_64_kib_follows_no_red
             assert all(agent.startswith(b"user-agent: a2a-grpc-server/") for agent in agents)
     finally:
         await sender.close()
-        for handler in handlers:
-            handler.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
-        server.close()
-        await server.wait_closed()
 
 
 async def test_the_final_frame_is_still_delivered_after_the_journal_dropped_the_task() -> None:
