@@ -52,7 +52,7 @@ from ..rpc.idempotency import Retries
 from ..rpc.metrics import MetricsInterceptor, RpcMetrics
 from ..rpc.resume import extension as resume_extension
 from ..rpc.servicer import RpcServicer
-from ..rpc.tracing import TracingInterceptor
+from ..rpc.tracing import traced
 from .card import (
     WELL_KNOWN_PATH,
     default_card,
@@ -261,11 +261,11 @@ class A2AService:
         return MetricsInterceptor(self.rpc_metrics)
 
     def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
-        """The interceptors a server of this service wants, in order: metrics, tracing.
+        """The interceptors a server of this service wants: one, counting then tracing.
 
-        Add an ``auth.AuthInterceptor`` after them, if any.
+        Add an ``auth.AuthInterceptor`` after it, if any.
         """
-        return [self.metrics_interceptor(), TracingInterceptor()]
+        return [MetricsInterceptor(self.rpc_metrics, inner=traced)]
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the A2A servicer on ``server`` (made with ``grpc_options(config)``)."""

@@ -51,6 +51,9 @@ class JetStreamSentKeys:
         self._kv: KeyValue | None = None
         self._opening = asyncio.Lock()
 
+    immediate = False
+    """See ``journal.keys.SentKeys.immediate``: each operation is a round trip to NATS."""
+
     async def claim(self, key: str, record: KeyRecord) -> KeyRecord | None:
         """See ``journal.keys.SentKeys.claim``."""
         kv = await self._bucket()

@@ -117,6 +117,11 @@ class KeyRecord:
 class SentKeys(Protocol):
     """Where sent keys are kept (in memory, or shared by a cluster)."""
 
+    immediate: bool
+    """Whether ``settle`` and ``release`` complete without waiting (the keys are in this
+    process): a start recorded here cannot be cut between its run and its record, so it
+    needs no shield from the caller leaving (see ``rpc.servicer``)."""
+
     async def claim(self, key: str, record: KeyRecord) -> KeyRecord | None:
         """Keep ``record`` under ``key`` unless one is there (or only an abandoned one).
 
@@ -148,6 +153,8 @@ class SentKeys(Protocol):
 class MemorySentKeys:
     """``SentKeys`` of one instance (see the module docstring).
 
+    Its operations never wait (``immediate``).
+
     Args:
         window: Seconds a record is kept after it was claimed.
         most: Most records kept (the oldest leave first).
@@ -166,6 +173,9 @@ class MemorySentKeys:
         self._records: OrderedDict[str, KeyRecord] = OrderedDict()
         self._bytes = 0
         """Bytes of the answers kept."""
+
+    immediate = True
+    """See ``SentKeys.immediate``."""
 
     def __len__(self) -> int:
         return len(self._records)

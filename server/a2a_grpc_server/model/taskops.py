@@ -7,8 +7,8 @@ relays apply the owner's frames with them.
 
 from __future__ import annotations
 
+import time
 import uuid
-from datetime import UTC, datetime
 
 from a2a.types.a2a_pb2 import (
     Artifact,
@@ -77,10 +77,9 @@ def copy(task: Task) -> Task:
 
 
 def now() -> Timestamp:
-    """Return the current time as a protobuf ``Timestamp``."""
-    ts = Timestamp()
-    ts.FromDatetime(datetime.now(UTC))
-    return ts
+    """Return the current time as a protobuf ``Timestamp`` (to the microsecond)."""
+    seconds, ns = divmod(time.time_ns(), 1_000_000_000)
+    return Timestamp(seconds=seconds, nanos=ns - ns % 1000)
 
 
 def new_task(task_id: str, context_id: str, message: Message | None) -> Task:

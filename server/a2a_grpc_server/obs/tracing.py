@@ -3,7 +3,7 @@
 When ``opentelemetry-api`` is importable *and* the application configured a
 tracer provider (the SDK, e.g. under ``opentelemetry-instrument``), then:
 
-* ``rpc.tracing.TracingInterceptor`` makes one SERVER span per RPC, whose
+* ``rpc.tracing.traced`` (in ``A2AService.interceptors()``) makes one SERVER span per RPC, whose
   parent is the W3C ``traceparent`` (and ``tracestate``) the client sent in
   its metadata;
 * ``execution`` makes one span per run of a task's executor, current while

@@ -199,7 +199,7 @@ class Retries:
         field, ident = key_of(request, call)
         key = _digest(call.scope.encode(), field.encode(), ident.encode())
         mine = KeyRecord(_body(request), request.message.task_id, at=time.time())
-        patience = Patience(call)
+        patience: Patience | None = None  # (made when a first request is still starting)
         while True:
             prior = await keys.claim(key, mine)
             if prior is None:
@@ -209,6 +209,7 @@ class Retries:
             if not prior.pending:
                 logger.info("%s %s was sent before: answering its task", field, ident)
                 return None, prior
+            patience = patience or Patience(call)
             if not await patience.wait():
                 raise MessageInProgressError(
                     f"the first request with {field} {quote(ident)} is still starting; retry"

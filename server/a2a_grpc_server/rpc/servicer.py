@@ -470,7 +470,10 @@ class RpcServicer:
 
         The start and its record are shielded from the caller leaving (a cut
         connection cancels the call): what started is recorded, so a retry
-        finds it, and a reader made for the caller who left is closed.
+        finds it, and a reader made for the caller who left is closed. Keys
+        kept in this process need no shield (``SentKeys.immediate``): nothing
+        waits between the run's spawn and its record, so a cut lands before
+        the spawn (nothing started; the key is let go) or not at all.
         """
         if claim is None:
             return await self._ops.send(request, call, subscribe=subscribe, resumable=resumable)
@@ -489,6 +492,8 @@ class RpcServicer:
                 logger.warning("task %s: its message id not recorded: %s", started.task_id, exc)
             return started
 
+        if claim.keys.immediate:
+            return await start()
         job = asyncio.ensure_future(start())
         try:
             return await asyncio.shield(job)

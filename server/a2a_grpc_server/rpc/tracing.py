@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 
 from ..obs.tracing import PROPAGATED, SERVER_ERRORS, active, tracer
-from .intercept import Behavior, WrappingInterceptor
+from .intercept import Behavior
 from .intercept import status_code as _status
 
 try:
@@ -18,18 +18,13 @@ except ImportError:  # pragma: no cover - the API is not installed (active() is 
     pass
 
 
-class TracingInterceptor(WrappingInterceptor):
-    """One SERVER span per RPC, child of the client's ``traceparent`` (see the module docstring).
+def traced(method: str, kind: str, behavior: Behavior) -> Behavior:
+    """``behavior`` in one SERVER span per call, child of the client's ``traceparent``.
 
-    Put it after the metrics interceptor and before authentication (a
-    refused call is traced too).
+    A wrap for ``intercept.WrappingInterceptor``: ``A2AService.interceptors()``
+    applies it inside the metrics interceptor and before authentication (a
+    refused call is traced too). See the module docstring.
     """
-
-    def __init__(self) -> None:
-        super().__init__(_traced)
-
-
-def _traced(method: str, kind: str, behavior: Behavior) -> Behavior:
     name = method.lstrip("/")
     service, _, rpc = name.rpartition("/")
     attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc}
