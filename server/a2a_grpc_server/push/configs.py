@@ -59,7 +59,7 @@ def check_config(config: TaskPushNotificationConfig, screen: Screen, prefix: str
     if not config.url:
         raise InvalidFieldError(f"{prefix}url", "is required (the webhook's https URL)")
     try:
-        screen.url(config.url)
+        screen.checked(config.url)
     except RefusedTargetError as exc:
         raise InvalidFieldError(f"{prefix}url", str(exc)) from None
     _check_header_value(f"{prefix}token", config.token)

@@ -166,6 +166,14 @@ class Screen:
                 raise RefusedTargetError(f"{quote(url)} points at {why}")
         return parts
 
+    def checked(self, url: str) -> SplitResult:
+        """``url(url)``, worked out once per URL and policy (1,024 kept).
+
+        Raises:
+            RefusedTargetError: As ``url`` (a refusal is not kept).
+        """
+        return _checked_url(self, url)
+
     async def resolve(self, url: str) -> Target:
         """Resolve the webhook's host and pick an address push may connect to.
 

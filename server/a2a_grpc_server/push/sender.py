@@ -111,7 +111,8 @@ class WebhookSender:
                     ssl=self._tls,
                     use_dns_cache=False,  # the screened address is reached, never a cached one
                 ),
-                timeout=aiohttp.ClientTimeout(total=self._timeout),
+                # No timer of aiohttp's per request: post() bounds the whole attempt.
+                timeout=aiohttp.ClientTimeout(),  # (all None)
                 trust_env=False,  # no proxy from the environment: the screened address is reached
                 cookie_jar=aiohttp.DummyCookieJar(),  # no cookie kept: nothing to look up per POST
                 auto_decompress=False,  # the answer is dropped unread
