@@ -119,8 +119,9 @@ class SentKeys(Protocol):
 
     immediate: bool
     """Whether ``settle`` and ``release`` complete without waiting (the keys are in this
-    process): a start recorded here cannot be cut between its run and its record, so it
-    needs no shield from the caller leaving (see ``rpc.servicer``)."""
+    process): a start on this instance's engine recorded here cannot be cut between its
+    run and its record, so it needs no shield from the caller leaving (see
+    ``rpc.servicer``)."""
 
     async def claim(self, key: str, record: KeyRecord) -> KeyRecord | None:
         """Keep ``record`` under ``key`` unless one is there (or only an abandoned one).

@@ -470,10 +470,13 @@ class RpcServicer:
 
         The start and its record are shielded from the caller leaving (a cut
         connection cancels the call): what started is recorded, so a retry
-        finds it, and a reader made for the caller who left is closed. Keys
-        kept in this process need no shield (``SentKeys.immediate``): nothing
-        waits between the run's spawn and its record, so a cut lands before
-        the spawn (nothing started; the key is let go) or not at all.
+        finds it, and a reader made for the caller who left is closed.
+
+        A start on this instance's engine with keys kept in this process
+        (``SentKeys.immediate``) needs no shield: nothing waits between the
+        run's spawn and its record, so a cut lands before the spawn (nothing
+        started; the key is let go) or not at all. A start through a cluster
+        front may wait on the owner after the run started: it is shielded.
         """
         if claim is None:
             return await self._ops.send(request, call, subscribe=subscribe, resumable=resumable)
@@ -492,7 +495,7 @@ class RpcServicer:
                 logger.warning("task %s: its message id not recorded: %s", started.task_id, exc)
             return started
 
-        if claim.keys.immediate:
+        if claim.keys.immediate and self._ops is self._engine:
             return await start()
         job = asyncio.ensure_future(start())
         try:
