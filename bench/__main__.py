@@ -6,7 +6,10 @@
 
 A server name may end in ``+uvloop`` to run it on uvloop beside the others, e.g.
 ``--servers ours,ours+uvloop,raw,raw+uvloop`` compares both loops in one run;
-``--uvloop`` puts every server on uvloop.
+``--uvloop`` puts every server on uvloop. A name may end in ``@DIR`` to serve the
+code of another checkout (e.g. a worktree of the commit before a change) beside
+this one's, paired per repetition: ``--servers ours@../before,ours,raw``.
+``--only`` takes names separated by commas (each matched as a substring).
 
 Each server runs in its own process on 127.0.0.1 (``bench.servers``), started
 fresh for every repetition and for every memory measurement; this process is
@@ -126,7 +129,8 @@ def profile_path(directory: str, kind: str, rep: int) -> str:
     if not directory:
         return ""
     os.makedirs(directory, exist_ok=True)
-    return os.path.abspath(os.path.join(directory, f"{kind}-{rep + 1}.prof"))
+    name = kind.replace(os.sep, "_")  # (a kind@DIR names a directory)
+    return os.path.abspath(os.path.join(directory, f"{name}-{rep + 1}.prof"))
 
 
 def _brief(result: Result) -> str:
@@ -221,7 +225,8 @@ def _num(value: object) -> str:
 async def main(args: argparse.Namespace) -> dict[str, object]:
     """Run every repetition, then the memory measurements."""
     kinds = args.servers.split(",")
-    plan = [s for s in scenarios(args.seconds) if not args.only or args.only in s[0]]
+    wanted = [name for name in args.only.split(",") if name]
+    plan = [s for s in scenarios(args.seconds) if not wanted or any(w in s[0] for w in wanted)]
     reps: list[dict[str, dict[str, Result]]] = []
     mem: dict[str, dict[str, Result]] = {}
     with maybe_nats(any(k.startswith("ours-nats") for k in kinds)) as nats:
@@ -264,7 +269,9 @@ def cli() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="per throughput scenario")
     parser.add_argument("--memory", default="1000,10000", help="parked-task counts ('' for none)")
     parser.add_argument("--uvloop", action="store_true", help="servers on uvloop")
-    parser.add_argument("--only", default="", help="the scenarios whose name contains this")
+    parser.add_argument(
+        "--only", default="", help="the scenarios whose name contains one of these (commas)"
+    )
     parser.add_argument(
         "--profile", default="", help="a directory: cProfile each server into <kind>-<rep>.prof"
     )

@@ -68,15 +68,23 @@ async def start(
     """Start ``python -m bench.servers kind``; return once it printed its port.
 
     A kind ending in ``+uvloop`` (e.g. ``ours+uvloop``) runs that server on uvloop;
-    ``extra`` are more arguments for ``bench.servers``.
+    one ending in ``@DIR`` (e.g. ``ours@../before``) serves the server code of the
+    checkout at DIR (its ``server/`` first on ``PYTHONPATH``; the benchmark's own
+    code stays this checkout's). ``extra`` are more arguments for ``bench.servers``.
     """
-    base, _, loop = kind.partition("+")
+    named, _, code = kind.partition("@")
+    base, _, loop = named.partition("+")
     uvloop = uvloop or loop == "uvloop"
     args = [sys.executable, "-m", "bench.servers", base, *extra]
     args += ["--nats", nats] if nats else []
     args += ["--uvloop"] if uvloop else []
+    env = {**os.environ, "PYTHONPATH": _server_code(kind, code)} if code else None
     proc = await asyncio.create_subprocess_exec(
-        *args, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+        *args,
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
     )
     assert proc.stdout is not None
     try:
@@ -92,6 +100,14 @@ async def start(
     address = f"127.0.0.1:{line[1]}"
     channels = [grpc.aio.insecure_channel(address) for _ in range(4)]
     return Target(kind, proc, address, channels)
+
+
+def _server_code(kind: str, checkout: str) -> str:
+    """The source root of ``checkout`` (for ``kind@checkout``)."""
+    source = Path(checkout).resolve() / "server"
+    if not (source / "a2a_grpc_server").is_dir():
+        raise ValueError(f"{kind}: {source} holds no a2a_grpc_server package")
+    return str(source)
 
 
 async def stop(target: Target) -> None:
