@@ -1,0 +1,132 @@
+"""``python -m bench.inproc``: what our code costs per call without gRPC, and how it grows.
+
+    .venv/bin/python -m bench.inproc [--kind unary|stream] [--calls 1000,10000,100000]
+                                     [--callers 16]
+
+For each count N, a fresh ``A2AService`` (every default, the ``Workload`` agent,
+in memory) in this process is called N times through its servicer, at
+``--callers`` at a time, with a stand-in for grpc.aio's servicer context (no
+network, no gRPC): ``unary`` is a blocking SendMessage, ``stream`` a
+SendStreamingMessage of 13 frames. It prints the CPU per call
+(``time.process_time``) after 200 calls to warm up, and the exponent of the
+total time in N fitted over the counts (1.0: each call costs the same however
+many came before). Bounded in count; every call in ``asyncio.timeout``.
+
+What it leaves out is what ``python -m bench`` adds: grpc.aio's call machinery
+and the interceptors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import math
+import sys
+import time
+import uuid
+from typing import Any
+
+from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest
+
+from a2a_grpc_server import A2AService
+from a2a_grpc_server.app.card import default_card
+
+from .agents import Workload
+
+WARM_UP = 200
+CALL_AT_MOST = 10.0
+"""Seconds one call may take."""
+
+
+class Context:
+    """What the servicer asks of grpc.aio's servicer context, answered at once."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The client's metadata: an A2A 1.0 client."""
+        return (("a2a-version", "1.0"),)
+
+    def time_remaining(self) -> float | None:
+        """No deadline."""
+        return None
+
+    async def send_initial_metadata(self, metadata: Any) -> None:
+        """Nothing to send."""
+
+    async def write(self, message: Any) -> None:
+        """Count a streamed frame."""
+        self.written += 1
+
+
+def _request(text: str) -> SendMessageRequest:
+    return SendMessageRequest(
+        message=Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER, parts=[Part(text=text)])
+    )
+
+
+async def measure(kind: str, calls: int, callers: int) -> float:
+    """CPU microseconds per call over ``calls`` calls on a fresh service."""
+    service = A2AService(Workload(), default_card())
+    await service.start()
+    servicer: Any = service.servicer
+    text = "unary" if kind == "unary" else "stream"
+
+    async def one() -> None:
+        context = Context()
+        async with asyncio.timeout(CALL_AT_MOST):
+            if kind == "unary":
+                await servicer.SendMessage(_request(text), context)
+            else:
+                await servicer.SendStreamingMessage(_request(text), context)
+                if context.written != 13:
+                    raise RuntimeError(f"a stream wrote {context.written} frames, not 13")
+
+    async def caller(count: int) -> None:
+        for _ in range(count):
+            await one()
+
+    try:
+        await caller(WARM_UP)
+        gc.collect()
+        gc.freeze()  # (as `a2a-grpc-server serve` does)
+        cpu = time.process_time()
+        share, extra = divmod(calls, callers)
+        await asyncio.gather(*(caller(share + (i < extra)) for i in range(callers)))
+        return 1e6 * (time.process_time() - cpu) / calls
+    finally:
+        await service.shutdown(0)
+        gc.unfreeze()
+
+
+def exponent(counts: list[int], per_call: list[float]) -> float:
+    """The least-squares slope of log(total time) on log(N)."""
+    xs = [math.log(n) for n in counts]
+    ys = [math.log(n * c) for n, c in zip(counts, per_call, strict=True)]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
+
+
+def main() -> None:
+    """Entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", choices=("unary", "stream"), default="unary")
+    parser.add_argument("--calls", default="1000,10000,100000")
+    parser.add_argument("--callers", type=int, default=16)
+    args = parser.parse_args()
+    counts = [int(n) for n in args.calls.split(",")]
+    per_call = []
+    for n in counts:
+        per_call.append(asyncio.run(measure(args.kind, n, args.callers)))
+        print(f"{args.kind:6} {n:>8,} calls: {per_call[-1]:7.1f} us of CPU per call", flush=True)
+    if len(counts) > 1:
+        print(f"total time ~ N^{exponent(counts, per_call):.2f}")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
