@@ -119,8 +119,8 @@ class SentKeys(Protocol):
 
     immediate: bool
     """Whether ``settle`` and ``release`` complete without waiting (the keys are in this
-    process): a start on this instance's engine recorded here cannot be cut between its
-    run and its record, so it needs no shield from the caller leaving (see
+    process): a new task's start on this instance's engine recorded here cannot be cut
+    between its run and its record, so it needs no shield from the caller leaving (see
     ``rpc.servicer``)."""
 
     async def claim(self, key: str, record: KeyRecord) -> KeyRecord | None:

@@ -472,11 +472,14 @@ class RpcServicer:
         connection cancels the call): what started is recorded, so a retry
         finds it, and a reader made for the caller who left is closed.
 
-        A start on this instance's engine with keys kept in this process
-        (``SentKeys.immediate``) needs no shield: nothing waits between the
-        run's spawn and its record, so a cut lands before the spawn (nothing
-        started; the key is let go) or not at all. A start through a cluster
-        front may wait on the owner after the run started: it is shielded.
+        A new task's start on this instance's engine, with keys kept in this
+        process (``SentKeys.immediate``), needs no shield: nothing waits between
+        the run's spawn and its record, and nothing before the spawn is kept
+        when it fails (the new task is abandoned), so a cut lands before the
+        spawn (nothing started; the key is let go) or not at all. A follow-up
+        records its message in the task before its run spawns, and a start
+        through a cluster front may wait on the owner after its run started:
+        both are shielded.
         """
         if claim is None:
             return await self._ops.send(request, call, subscribe=subscribe, resumable=resumable)
@@ -495,7 +498,7 @@ class RpcServicer:
                 logger.warning("task %s: its message id not recorded: %s", started.task_id, exc)
             return started
 
-        if claim.keys.immediate and self._ops is self._engine:
+        if claim.keys.immediate and self._ops is self._engine and not request.message.task_id:
             return await start()
         job = asyncio.ensure_future(start())
         try:
