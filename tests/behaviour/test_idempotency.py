@@ -6,14 +6,18 @@ body is refused; another caller's identical id is its own; the window can be tur
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Sequence
 
 import grpc
 import pytest
-from a2a.types.a2a_pb2 import SendMessageRequest, StreamResponse, TaskState
+from a2a.types.a2a_pb2 import SendMessageRequest, StreamResponse, Task, TaskState
 
 from a2a_grpc_server import ServerConfig
 from a2a_grpc_server.errors import UnknownFormatError
+from a2a_grpc_server.journal import Change
 from a2a_grpc_server.journal.keys import ANSWER_KEPT, PENDING_FOR, KeyRecord, MemorySentKeys
+from a2a_grpc_server.journal.memory import MemoryJournal
 from a2a_grpc_server.rpc import idempotency
 from tests.support.agents import CountingAgent, InputAgent
 from tests.support.harness import V1, rich_status, send_request, serve
@@ -114,6 +118,50 @@ async def test_a_retried_follow_up_is_added_and_run_once() -> None:
         answers = [(await h.stub.SendMessage(copy(follow_up), metadata=V1)).task for _ in range(2)]
         assert [a.status.state for a in answers] == [S.TASK_STATE_COMPLETED] * 2
         ids = [m.message_id for m in answers[1].history]
+        assert ids.count(follow_up.message.message_id) == 1, "the follow-up is in history once"
+
+
+class HeldJournal(MemoryJournal):
+    """A journal whose write of a follow-up's message waits for ``release`` (a remote one,
+    slow), and lands even if the writer stopped waiting."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold = False
+        self.writing = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def update(self, task: Task, expected_version: int, changes: Sequence[Change]) -> int:
+        if not (self.hold and any(change.message is not None for change in changes)):
+            return await super().update(task, expected_version, changes)
+        self.hold = False
+        self.writing.set()
+
+        async def write() -> int:
+            await self.release.wait()
+            return await MemoryJournal.update(self, task, expected_version, changes)
+
+        return await asyncio.shield(asyncio.ensure_future(write()))
+
+
+async def test_a_follow_up_cut_while_its_message_is_written_is_added_and_run_once() -> None:
+    journal = HeldJournal()
+    async with asyncio.timeout(20), serve(InputAgent(), journal=journal) as h:
+        task = (await h.stub.SendMessage(send_request("hi"), metadata=V1)).task
+        assert task.status.state == S.TASK_STATE_INPUT_REQUIRED
+        follow_up = send_request("ada", task_id=task.id)
+        journal.hold = True
+        call = h.stub.SendMessage(copy(follow_up), metadata=V1)
+        await journal.writing.wait()
+        call.cancel()  # the caller leaves while its message is being written
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        assert call.cancelled()
+        await h.service.rpc_metrics.wait_quiet()  # the server let the call go
+        journal.release.set()  # ... and the write lands after it
+        again = (await h.stub.SendMessage(copy(follow_up), metadata=V1)).task
+        assert again.status.state == S.TASK_STATE_COMPLETED
+        ids = [m.message_id for m in again.history]
         assert ids.count(follow_up.message.message_id) == 1, "the follow-up is in history once"
 
 

@@ -62,7 +62,7 @@ class Attempt:
 
     Attributes:
         outcome: Delivered, retry, refused.
-        detail: What happened, for logs ("HTTP 503", "connect timeout", ...).
+        detail: What happened, for logs ("HTTP 503", "no answer within 10 s", ...).
         retry_after: Seconds the receiver asked to wait (None: it did not say).
     """
 
@@ -176,8 +176,6 @@ class WebhookSender:
                     if read > MAX_ANSWER_BYTES:
                         response.close()  # a receiver cannot make us read more: the connection goes
                         break
-        except (aiohttp.ServerTimeoutError, aiohttp.ConnectionTimeoutError) as exc:
-            return Attempt(Outcome.RETRY, f"timed out ({type(exc).__name__})")
         except (
             aiohttp.ClientConnectionError,  # refused, reset, TLS, closed mid-answer
             aiohttp.ClientPayloadError,

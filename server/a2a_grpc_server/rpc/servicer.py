@@ -498,7 +498,8 @@ class RpcServicer:
                 logger.warning("task %s: its message id not recorded: %s", started.task_id, exc)
             return started
 
-        if claim.keys.immediate and self._ops is self._engine and not request.message.task_id:
+        new_here = self._ops is self._engine and not request.message.task_id
+        if new_here and getattr(claim.keys, "immediate", False):  # (an embedder's keys may not say)
             return await start()
         job = asyncio.ensure_future(start())
         try:
