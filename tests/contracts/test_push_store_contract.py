@@ -124,6 +124,23 @@ async def test_a_principals_configs_created_at_once_keep_to_its_quota(
     assert len(refused) == 18, made
 
 
+async def test_a_principal_past_one_read_of_its_configs_is_counted_exactly(
+    store: PushConfigStore,
+) -> None:
+    # More configs than one fetch of the count reads (READ_BATCH), and deleted ones not
+    # counted. Counting once stopped at the watch's early "initial values done" marker.
+    erin = (f"erin-{uuid.uuid4()}", 300)
+    tasks = [new_task() for _ in range(300)]
+    for task_id in tasks:
+        await store.put(config(task_id, "a"), most=10, seq=0, caller=erin)
+    with pytest.raises(QuotaExceededError):
+        await store.put(config(new_task(), "a"), most=10, seq=0, caller=erin)
+    assert await store.delete(tasks[0], "a")
+    await store.put(config(new_task(), "a"), most=10, seq=0, caller=erin)  # room again
+    with pytest.raises(QuotaExceededError):
+        await store.put(config(new_task(), "a"), most=10, seq=0, caller=erin)
+
+
 async def test_configs_are_listed_oldest_first_page_by_page(store: PushConfigStore) -> None:
     task_id = new_task()
     for name in ("a", "b", "c", "d", "e"):

@@ -25,7 +25,9 @@ whose config is gone are purged, at most once per ``RECONCILE_EVERY`` seconds
 per principal and instance, so a caller at its quota cannot make every
 attempt cost a read per config. One instance counts one principal's new
 configs one at a time; instances creating configs for one principal at the
-same moment may together exceed its quota by one each. Instances of a
+same moment may together exceed its quota by one each. Keys are listed with a
+pull consumer, whose count of what matches is exact when it is made (a KV
+watch's "initial values done" marker could come early and miss one). Instances of a
 version before this index neither write nor read it: their configs are not
 counted.
 """
@@ -48,6 +50,7 @@ from typing import TypeVar
 
 import nats.js.errors
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
+from nats.js import api
 from nats.js.kv import KeyValue
 
 from ..errors import QuotaExceededError
@@ -66,6 +69,10 @@ _T = TypeVar("_T")
 
 REVISIONS_KEPT = 4096
 """Configs whose key revision this instance remembers (those it delivered to lately)."""
+READ_BATCH = 256
+"""Keys fetched at a time when keys are listed."""
+READ_IDLE = 30.0
+"""Seconds after which a listing's consumer left behind (the instance died) is dropped."""
 RECONCILE_EVERY = 30.0
 """Least seconds between two reconciliations of one principal's count by one instance."""
 RECONCILED_KEPT = 4096
@@ -444,20 +451,45 @@ class JetStreamPushConfigs:
         return await self._watch_keys(self._kv, f"{task_id}.*")
 
     async def _watch_keys(self, kv: KeyValue, pattern: str) -> Sequence[str]:
-        """The keys of ``kv`` that match ``pattern``."""
+        """The keys of ``kv`` that match ``pattern`` (deleted ones left out).
+
+        Read with a pull consumer: what matches is counted exactly when it is
+        made, since nothing is delivered before a fetch. A watch's "initial
+        values done" marker may come before values the server had already sent
+        (nats-py puts it when the consumer's info says nothing is pending and
+        no message was read yet), and a count one short let a principal past
+        its quota of configs.
+        """
+        # (nats-py's KeyValue keeps its stream, subject prefix and context private.)
+        js, stream, prefix = kv._js, kv._stream, kv._pre
+        config = api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=api.AckPolicy.NONE,
+            headers_only=True,
+            inactive_threshold=READ_IDLE,
+            mem_storage=True,
+            num_replicas=1,
+        )
 
         async def keys() -> list[str]:
-            # A watch of these keys only (``KeyValue.keys`` reads every key).
-            watcher = await kv.watch(pattern, ignore_deletes=True, meta_only=True)
-            found = []
+            sub = await js.pull_subscribe(prefix + pattern, stream=stream, config=config)
             try:
-                async for entry in watcher:
-                    if entry is None:  # (the end of what is stored)
-                        break
-                    found.append(entry.key)
+                pending = (await sub.consumer_info()).num_pending or 0
+                found = []
+                while pending:
+                    batch = min(pending, READ_BATCH)
+                    for msg in await sub.fetch(batch=batch, timeout=self._retry.timeout):
+                        pending = msg.metadata.num_pending
+                        headers = msg.headers or {}
+                        if headers.get("KV-Operation") in ("DEL", "PURGE"):
+                            continue
+                        if "Nats-Marker-Reason" in headers:  # (an expiry or purge marker)
+                            continue
+                        found.append(msg.subject[len(prefix) :])
+                return found
             finally:
-                await watcher.stop()
-            return found
+                with contextlib.suppress(Exception):  # the consumer also expires on its own
+                    await sub.unsubscribe()
 
         return await self._retry(keys, "list push configs")
 
