@@ -232,7 +232,7 @@ class JetStreamPushConfigs:
         self._revisions.pop((task_id, config_id), None)
         callers = self._callers
         if callers is not None:  # (then its index key: see the module docstring)
-            for index in await self._watch_keys(callers, f"*.{key}"):
+            for index in await self._read_keys(callers, f"*.{key}"):
                 await self._uncount(index)
         return existed
 
@@ -448,9 +448,9 @@ class JetStreamPushConfigs:
 
     async def _keys(self, task_id: str) -> Sequence[str]:
         """The keys of the task's configs."""
-        return await self._watch_keys(self._kv, f"{task_id}.*")
+        return await self._read_keys(self._kv, f"{task_id}.*")
 
-    async def _watch_keys(self, kv: KeyValue, pattern: str) -> Sequence[str]:
+    async def _read_keys(self, kv: KeyValue, pattern: str) -> Sequence[str]:
         """The keys of ``kv`` that match ``pattern`` (deleted ones left out).
 
         Read with a pull consumer: what matches is counted exactly when it is
@@ -515,7 +515,7 @@ class JetStreamPushConfigs:
             QuotaExceededError: PUSH_CONFIGS_QUOTA.
         """
         assert self._callers is not None
-        held = await self._watch_keys(self._callers, f"{who}.>")
+        held = await self._read_keys(self._callers, f"{who}.>")
         if len(held) >= quota and self._may_reconcile(who):
             held = [index for index in held if await self._still_counts(index)]
         if len(held) >= quota:
