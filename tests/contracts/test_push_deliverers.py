@@ -104,6 +104,24 @@ async def test_orphans_are_found_through_the_lost_deliverers_entries_alone(
     assert all(o.entry for o in indexed), "each knows its entry"
 
 
+async def test_reading_every_config_finds_each_past_one_fetch_with_its_revision(
+    assets: Assets,
+) -> None:
+    """The read of the whole bucket (the lookup when the entries are not trusted) goes on
+    past one fetch (300 configs): each lost config once, deleted ones not, and with the
+    revision an adoption's compare-and-set needs."""
+    store = assets.store
+    for n in range(300):
+        await store.put(config(f"lost-{n}"), most=10, seq=0, deliverer="gone")
+    for n in range(0, 300, 50):
+        assert await store.delete(f"lost-{n}", "hook")
+    orphans = await store.orphans({"i-1"})
+    expected = sorted((f"lost-{n}", "hook", "gone") for n in range(300) if n % 50)
+    assert found(orphans) == expected
+    assert await store.adopt(orphans[0], "i-1"), "the revision read is the config's last"
+    assert not await store.adopt(orphans[0], "i-2"), "and only once"
+
+
 async def test_an_adopted_replaced_or_deleted_config_is_no_orphan_and_its_entries_go(
     assets: Assets,
 ) -> None:

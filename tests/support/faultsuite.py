@@ -410,6 +410,12 @@ async def one_task(
     except (grpc.aio.AioRpcError, TimeoutError, StopAsyncIteration):
         call.cancel()
         return  # never started (its instance was down): nothing to check
+    except asyncio.CancelledError:
+        if _cancelling():
+            raise
+        # Its instance went down as the call began (the suite closed its channel: grpc.aio
+        # raises CancelledError for that). Never started here: nothing to check.
+        return
     task_id, context_id = first.task.id, first.task.context_id
     run.tasks[task_id] = kind
     sender = StreamRecord(

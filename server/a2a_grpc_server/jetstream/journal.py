@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -119,6 +118,7 @@ from .index import (
 )
 from .index import HEADER as INDEX_HEADER
 from .natsconfig import MAX_EVENT_STREAMS
+from .pullread import PullRead, after, last_per_subject
 from .requests import JetStreamRequests, WrongLastSequenceError
 from .retry import Retry
 
@@ -139,9 +139,6 @@ MSG_ID = "Nats-Msg-Id"
 EXPECT = "Nats-Expected-Last-Subject-Sequence"
 STREAM_SEQ = "Nats-Sequence"
 PENDING = "Nats-Num-Pending"
-SCAN_BATCH = 256
-SCAN_IDLE = 30.0
-"""Seconds before JetStream removes a scan's consumer left behind by a lost instance."""
 FOLD_BATCH = 256
 """Messages one direct get returns at most."""
 IDLE_HEARTBEAT = 1.0
@@ -924,32 +921,15 @@ class JetStreamJournal:
         return await self._retry(lambda: self._unindexed_once(seq), "check the task bucket")
 
     async def _unindexed_once(self, seq: int) -> bool:
-        config = api.ConsumerConfig(
-            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=seq + 1,
-            ack_policy=api.AckPolicy.NONE,
-            headers_only=True,
-            inactive_threshold=SCAN_IDLE,
-            mem_storage=True,
-            num_replicas=1,
-        )
-        sub = await self._js.pull_subscribe(
-            f"$KV.{TASKS_BUCKET}.>", stream=f"KV_{TASKS_BUCKET}", config=config
-        )
-        try:
-            pending = (await sub.consumer_info()).num_pending or 0
-            if pending > UNINDEXED_CHECK:
+        subject, stream = f"$KV.{TASKS_BUCKET}.>", f"KV_{TASKS_BUCKET}"
+        async with PullRead(self._js, stream, subject, after(seq), timeout=5.0) as read:
+            if read.pending > UNINDEXED_CHECK:
                 return True
-            while pending:
-                for msg in await sub.fetch(batch=min(pending, SCAN_BATCH), timeout=5.0):
-                    pending = msg.metadata.num_pending
-                    headers = msg.headers or {}
-                    if "KV-Operation" not in headers and INDEX_HEADER not in headers:
-                        return True
-            return False
-        finally:
-            with contextlib.suppress(Exception):  # the consumer also expires on its own
-                await sub.unsubscribe()
+            async for msg in read:
+                headers = msg.headers or {}
+                if "KV-Operation" not in headers and INDEX_HEADER not in headers:
+                    return True
+        return False
 
     async def owned_unfinished(self, lost: Callable[[str], bool]) -> builtins.list[Snapshot]:
         """The snapshots of the unfinished tasks of the owners ``lost`` picks, from the index.
@@ -1587,27 +1567,12 @@ class JetStreamJournal:
         return await self._retry(self._scan_once, "list the task bucket")
 
     async def _scan_once(self) -> builtins.list[tuple[bytes, int, dict[str, str]]]:
-        config = api.ConsumerConfig(
-            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
-            ack_policy=api.AckPolicy.NONE,
-            inactive_threshold=SCAN_IDLE,
-            mem_storage=True,
-            num_replicas=1,
-        )
-        sub = await self._js.pull_subscribe(
-            f"$KV.{TASKS_BUCKET}.>", stream=f"KV_{TASKS_BUCKET}", config=config
-        )
+        subject, stream = f"$KV.{TASKS_BUCKET}.>", f"KV_{TASKS_BUCKET}"
+        config = last_per_subject(headers_only=False)
         found: builtins.list[tuple[bytes, int, dict[str, str]]] = []
-        try:
-            pending = (await sub.consumer_info()).num_pending
-            while pending:
-                batch = min(pending, SCAN_BATCH)
-                for msg in await sub.fetch(batch=batch, timeout=self._retry.budget):
-                    pending = msg.metadata.num_pending
-                    headers = dict(msg.headers or {})
-                    if "KV-Operation" not in headers and msg.data:
-                        found.append((msg.data, msg.metadata.sequence.stream, headers))
-        finally:
-            with contextlib.suppress(Exception):  # the consumer also expires on its own
-                await sub.unsubscribe()
+        async with PullRead(self._js, stream, subject, config, self._retry.budget) as read:
+            async for msg in read:
+                headers = dict(msg.headers or {})
+                if "KV-Operation" not in headers and msg.data:
+                    found.append((msg.data, msg.metadata.sequence.stream, headers))
         return found

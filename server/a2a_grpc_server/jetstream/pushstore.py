@@ -16,7 +16,7 @@ one task at the same moment may together exceed ``push_max_configs`` by one.
 Each principal's configs are counted (``quota_push_configs``) over the whole
 cluster, by an index in a second bucket, ``A2A_PUSH_CALLERS`` (the same max
 age): one empty key per config, ``<principal digest>.<config's key>``.
-Counting is a watch of the principal's keys (at most its quota of them). A
+Counting reads the principal's keys (at most its quota of them). A
 new config writes its index key first, then itself; a deleted one goes
 first, then its index key. So a crash between the two writes leaves an index
 key without a config, never a config without one: the count may run over,
@@ -25,11 +25,11 @@ whose config is gone are purged, at most once per ``RECONCILE_EVERY`` seconds
 per principal and instance, so a caller at its quota cannot make every
 attempt cost a read per config. One instance counts one principal's new
 configs one at a time; instances creating configs for one principal at the
-same moment may together exceed its quota by one each. Keys are listed with a
-pull consumer, whose count of what matches is exact when it is made (a KV
-watch's "initial values done" marker could come early and miss one). Instances of a
-version before this index neither write nor read it: their configs are not
-counted.
+same moment may together exceed its quota by one each. Keys are listed, and
+the bucket scanned, with a pull consumer (``pullread``), whose count of what
+matches is exact when it is made (a KV watch's "initial values done" marker
+could come early and miss one). Instances of a version before this index
+neither write nor read it: their configs are not counted.
 """
 
 from __future__ import annotations
@@ -50,13 +50,13 @@ from typing import TypeVar
 
 import nats.js.errors
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
-from nats.js import api
 from nats.js.kv import KeyValue
 
 from ..errors import QuotaExceededError
 from ..push.configs import ConfigPage, PushConfigLimitError, decode_page_token
 from .formats import Formats, mark, unmark
 from .index import DELIVERERS, MARKER_RENEW, PUSH_FRESH, STALE_AFTER, DeliveryEntry, TaskIndex
+from .pullread import PullRead, bucket_of, is_deletion, last_per_subject
 from .retry import Retry
 
 logger = logging.getLogger(__name__)
@@ -69,10 +69,6 @@ _T = TypeVar("_T")
 
 REVISIONS_KEPT = 4096
 """Configs whose key revision this instance remembers (those it delivered to lately)."""
-READ_BATCH = 256
-"""Keys fetched at a time when keys are listed."""
-READ_IDLE = 30.0
-"""Seconds after which a listing's consumer left behind (the instance died) is dropped."""
 RECONCILE_EVERY = 30.0
 """Least seconds between two reconciliations of one principal's count by one instance."""
 RECONCILED_KEPT = 4096
@@ -366,21 +362,19 @@ class JetStreamPushConfigs:
         ``keep`` gets the key, the revision and the value without its format
         mark; the bucket is never held whole.
         """
+        js, stream, prefix = bucket_of(self._kv)
 
         async def scan() -> builtins.list[_T]:
-            watcher = await self._kv.watch(">", ignore_deletes=True)
             found: builtins.list[_T] = []
-            try:
-                async for entry in watcher:
-                    if entry is None:  # (the end of what is stored)
-                        break
-                    if entry.value:
-                        value = unmark(entry.value, WHAT)
-                        kept = keep(entry.key, entry.revision or 0, value)
-                        if kept is not None:
-                            found.append(kept)
-            finally:
-                await watcher.stop()
+            config = last_per_subject(headers_only=False)
+            async with PullRead(js, stream, prefix + ">", config, self._retry.timeout) as read:
+                async for msg in read:
+                    if is_deletion(msg) or not msg.data:
+                        continue
+                    value = unmark(msg.data, WHAT)
+                    kept = keep(msg.subject[len(prefix) :], msg.metadata.sequence.stream, value)
+                    if kept is not None:
+                        found.append(kept)
             return found
 
         return await self._retry(scan, "scan push configs")
@@ -453,43 +447,17 @@ class JetStreamPushConfigs:
     async def _read_keys(self, kv: KeyValue, pattern: str) -> Sequence[str]:
         """The keys of ``kv`` that match ``pattern`` (deleted ones left out).
 
-        Read with a pull consumer: what matches is counted exactly when it is
-        made, since nothing is delivered before a fetch. A watch's "initial
-        values done" marker may come before values the server had already sent
-        (nats-py puts it when the consumer's info says nothing is pending and
-        no message was read yet), and a count one short let a principal past
-        its quota of configs.
+        Read with a pull consumer (``PullRead``), whose count is exact when it
+        is made: a watch's "initial values done" marker can come before values
+        already sent, and a count one short let a principal past its quota of
+        configs.
         """
-        # (nats-py's KeyValue keeps its stream, subject prefix and context private.)
-        js, stream, prefix = kv._js, kv._stream, kv._pre
-        config = api.ConsumerConfig(
-            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
-            ack_policy=api.AckPolicy.NONE,
-            headers_only=True,
-            inactive_threshold=READ_IDLE,
-            mem_storage=True,
-            num_replicas=1,
-        )
+        js, stream, prefix = bucket_of(kv)
 
         async def keys() -> list[str]:
-            sub = await js.pull_subscribe(prefix + pattern, stream=stream, config=config)
-            try:
-                pending = (await sub.consumer_info()).num_pending or 0
-                found = []
-                while pending:
-                    batch = min(pending, READ_BATCH)
-                    for msg in await sub.fetch(batch=batch, timeout=self._retry.timeout):
-                        pending = msg.metadata.num_pending
-                        headers = msg.headers or {}
-                        if headers.get("KV-Operation") in ("DEL", "PURGE"):
-                            continue
-                        if "Nats-Marker-Reason" in headers:  # (an expiry or purge marker)
-                            continue
-                        found.append(msg.subject[len(prefix) :])
-                return found
-            finally:
-                with contextlib.suppress(Exception):  # the consumer also expires on its own
-                    await sub.unsubscribe()
+            config = last_per_subject(headers_only=True)
+            async with PullRead(js, stream, prefix + pattern, config, self._retry.timeout) as read:
+                return [msg.subject[len(prefix) :] async for msg in read if not is_deletion(msg)]
 
         return await self._retry(keys, "list push configs")
 
