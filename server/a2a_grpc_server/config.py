@@ -89,7 +89,8 @@ class ServerConfig:
         push_timeout: Seconds one webhook request may take.
         push_retry_for: Seconds one frame is retried before it is given up
             (then the webhook gets the task as it is and delivery goes on).
-        push_max_in_flight: Most webhook requests in flight at once.
+        push_max_in_flight: Most webhook requests in flight at once, and connections
+            open to webhooks (busy and idle together).
         push_allow_private: Allow http and private, loopback and link-local
             webhook addresses (tests, webhooks inside the same network).
         push_allow_hosts: Webhook host names trusted whatever they resolve to

@@ -92,11 +92,17 @@ class Target:
             checked address.
         host: The ``Host`` header (the webhook's own host and port).
         server_name: The name TLS verifies (None for http).
+        address: The checked address connected to.
+        port: The port connected to.
+        path: The request target: the URL's path ("/" if none) and query.
     """
 
     url: str
     host: str
     server_name: str | None
+    address: str
+    port: int
+    path: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +220,9 @@ class Screen:
             url=target,
             host=parts.netloc.rpartition("@")[2],
             server_name=host if parts.scheme == "https" else None,
+            address=str(address),
+            port=port,
+            path=(parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
         )
 
     def _trusted(self, host: str) -> bool:

@@ -11,8 +11,9 @@ The request (documented in docs/push.md):
   sequence number it already has, since delivery is at least once.
 
 The connection goes to the address ``Screen.resolve`` checked (see
-``screen``); redirects are not followed; at most 64 KiB of the answer's body
-is read, and dropped.
+``screen``), over the pool of ``http1``; redirects are not followed; at most
+64 KiB of the answer's body is read, and dropped (a longer, chunked or
+close-delimited body closes the connection unread).
 Outcomes: 2xx delivered; 408, 429 and 5xx, timeouts and connection errors
 are worth retrying (``Retry-After`` honoured); anything else is refused for
 good (the frame is given up).
@@ -28,10 +29,9 @@ import ssl
 import time
 from dataclasses import dataclass
 
-import aiohttp
-import yarl
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
 
+from .http1 import MAX_BODY, Http1Pool, ProtocolError
 from .screen import RefusedTargetError, Screen
 
 CONTENT_TYPE = "application/a2a+json"
@@ -40,7 +40,7 @@ SEQ_HEADER = "X-A2A-Sequence"
 TOKEN_HEADER = "X-A2A-Notification-Token"
 RETRIED_STATUSES = frozenset({408, 425, 429})
 """4xx answers worth retrying (besides every 5xx)."""
-MAX_ANSWER_BYTES = 64 * 1024
+MAX_ANSWER_BYTES = MAX_BODY
 """Most bytes of a receiver's answer body read (and dropped); past it the connection closes."""
 MAX_RETRY_AFTER = 3600.0
 """Longest ``Retry-After`` honoured, in seconds (a longer one waits this long)."""
@@ -72,16 +72,17 @@ class Attempt:
 
 
 class WebhookSender:
-    """Sends frames to webhooks over one pooled aiohttp client.
+    """Sends frames to webhooks over one pool of kept HTTP/1.1 connections (``http1``).
 
-    aiohttp's client parses answers with a compiled parser: a POST costs this
-    process about a tenth of what it cost with httpx (``python -m bench.posts``;
-    bench/README.md, "Issue 25").
+    The pool's own client costs this process about 40 % of the CPU per POST
+    aiohttp's client did (``python -m bench.posts``; bench/README.md, "Issue 25,
+    third pass").
 
     Args:
         screen: Which addresses may be reached.
         timeout: Seconds one request may take, connecting included.
-        max_connections: Most connections open at once (all webhooks together).
+        max_connections: Most connections open at once (all webhooks together,
+            busy and idle).
         ca_file: The CAs webhook certificates are verified against ("" for
             certifi's public ones, or the system's without certifi).
     """
@@ -91,35 +92,13 @@ class WebhookSender:
     ) -> None:
         self._screen = screen
         self._timeout = timeout
-        self._max_connections = max_connections
-        self._tls = ssl.create_default_context(cafile=ca_file or _public_cas())
-        self._session: aiohttp.ClientSession | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
+        tls = ssl.create_default_context(cafile=ca_file or _public_cas())
+        self._pool = Http1Pool(tls, max_connections, f"a2a-grpc-server/{_version()}")
 
-    def _client(self) -> aiohttp.ClientSession:
-        """The pooled client, made on first use (aiohttp binds it to the running loop)."""
-        loop = asyncio.get_running_loop()
-        if self._session is None or self._loop is not loop:  # (a pool serves one loop)
-            if self._closed:
-                raise RuntimeError("the webhook sender is closed")
-            self._loop = loop
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=self._max_connections,
-                    limit_per_host=0,
-                    ssl=self._tls,
-                    use_dns_cache=False,  # the screened address is reached, never a cached one
-                ),
-                # No timer of aiohttp's per request: post() bounds the whole attempt.
-                timeout=aiohttp.ClientTimeout(),  # (all None)
-                trust_env=False,  # no proxy from the environment: the screened address is reached
-                cookie_jar=aiohttp.DummyCookieJar(),  # no cookie kept: nothing to look up per POST
-                auto_decompress=False,  # the answer is dropped unread
-                skip_auto_headers=("Accept-Encoding",),
-                headers={"User-Agent": f"a2a-grpc-server/{_version()}"},
-            )
-        return self._session
+    @property
+    def pool(self) -> Http1Pool:
+        """The connections (for metrics and tests)."""
+        return self._pool
 
     async def post(
         self, config: TaskPushNotificationConfig, task_id: str, seq: int, body: bytes
@@ -136,7 +115,7 @@ class WebhookSender:
                 return await self._post(config, task_id, seq, body)
         except TimeoutError:
             return Attempt(Outcome.RETRY, f"no answer within {self._timeout:g} s")
-        except Exception as exc:  # a URL or an answer the client cannot handle: not worth retrying
+        except Exception as exc:  # a URL or a header the request cannot carry: not worth retrying
             return Attempt(Outcome.REFUSED, f"{type(exc).__name__}: {exc}")
 
     async def _post(
@@ -149,7 +128,6 @@ class WebhookSender:
         except OSError as exc:
             return Attempt(Outcome.RETRY, f"cannot resolve the host: {exc}")
         headers = {
-            "Host": target.host,
             "Content-Type": CONTENT_TYPE,
             "A2A-Version": "1.0",
             TASK_HEADER: task_id,
@@ -160,39 +138,21 @@ class WebhookSender:
         if config.HasField("authentication"):
             auth = config.authentication
             headers["Authorization"] = f"{auth.scheme} {auth.credentials}".rstrip()
+        key = (target.address, target.port, target.server_name)
         try:
-            async with self._client().post(
-                yarl.URL(target.url, encoded=True),
-                data=body,
-                headers=headers,
-                allow_redirects=False,
-                server_hostname=target.server_name,
-            ) as response:
-                status = response.status
-                retry_header = response.headers.get("Retry-After")
-                read = 0  # read (and drop) a short body, so the connection is reused
-                while chunk := await response.content.read(MAX_ANSWER_BYTES + 1 - read):
-                    read += len(chunk)
-                    if read > MAX_ANSWER_BYTES:
-                        response.close()  # a receiver cannot make us read more: the connection goes
-                        break
-        except (
-            aiohttp.ClientConnectionError,  # refused, reset, TLS, closed mid-answer
-            aiohttp.ClientPayloadError,
-            aiohttp.ClientResponseError,  # an answer that is not HTTP
-        ) as exc:
+            answer = await self._pool.post(key, target.host, target.path, headers, body)
+        except (OSError, ProtocolError) as exc:  # refused, reset, TLS, closed mid-answer, not HTTP
             return Attempt(Outcome.RETRY, f"{type(exc).__name__}: {exc}")
+        status = answer.status
         if 200 <= status < 300:
             return Attempt(Outcome.DELIVERED, f"HTTP {status}")
         if status >= 500 or status in RETRIED_STATUSES:
-            return Attempt(Outcome.RETRY, f"HTTP {status}", retry_after(retry_header))
+            return Attempt(Outcome.RETRY, f"HTTP {status}", retry_after(answer.retry_after))
         return Attempt(Outcome.REFUSED, f"HTTP {status}")
 
     async def close(self) -> None:
-        """Close every connection."""
-        self._closed = True
-        if self._session is not None:
-            await self._session.close()
+        """Close every idle connection (busy ones close as their requests end)."""
+        self._pool.close()
 
 
 def _version() -> str:
