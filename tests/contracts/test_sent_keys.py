@@ -13,6 +13,7 @@ import pytest
 
 from a2a_grpc_server.jetstream.conn import KEYS_BUCKET, NatsConfig, connect
 from a2a_grpc_server.jetstream.keys import JetStreamSentKeys
+from a2a_grpc_server.jetstream.requests import JetStreamRequests
 from a2a_grpc_server.jetstream.retry import Retry
 from a2a_grpc_server.journal.keys import PENDING_FOR, KeyRecord, MemorySentKeys, SentKeys
 from tests.support import natsserver
@@ -34,18 +35,32 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=["memory", "nats"])
+@pytest.fixture(params=["memory", "nats", "nats-lean"])
 async def stores(request: pytest.FixtureRequest) -> AsyncIterator[tuple[list[SentKeys], Clock]]:
-    """Two stores on one shared state (two instances), and the clock both read."""
+    """Two stores on one shared state (two instances), and the clock both read.
+
+    ``nats-lean``: as the server makes them, claims and records through the lean
+    publishes (``JetStreamRequests``); ``nats``: nats-py's KV alone.
+    """
     clock = Clock()
     if request.param == "memory":
         one = MemorySentKeys(WINDOW, 100, clock)
         yield [one, one], clock
         return
     conn = await connect(NatsConfig(servers=[request.getfixturevalue("nats_url")]))
+    requests = JetStreamRequests(conn.nc)
+    await requests.start()
+    lean = requests if request.param == "nats-lean" else None
     try:
-        yield [JetStreamSentKeys(conn.js, WINDOW, 1, Retry(5.0), clock) for _ in range(2)], clock
+        yield (
+            [
+                JetStreamSentKeys(conn.js, WINDOW, 1, Retry(5.0), clock, requests=lean)
+                for _ in range(2)
+            ],
+            clock,
+        )
     finally:
+        await requests.close()
         await conn.js.delete_key_value(KEYS_BUCKET)
         await conn.close()
 

@@ -9,6 +9,11 @@ over by compare-and-set on its revision. The bucket's max age is the
 ``idempotency_window`` (set when the bucket is created; the first
 instance's setting stands, and a record older than the window is taken for
 absent whatever the bucket keeps), so the window survives restarts.
+
+A claim of a key never sent and a settled record go through the lean
+publish of ``requests`` (each is one publish with an ack; nats-py's KV
+methods cost about twice the CPU); anything else (a key that exists or was
+released, a takeover) through nats-py's KV.
 """
 
 from __future__ import annotations
@@ -24,7 +29,11 @@ from nats.js.kv import KeyValue
 
 from ..journal.keys import PENDING_FOR, KeyRecord
 from .conn import KEYS_BUCKET, ensure_kv
+from .pullread import bucket_of
+from .requests import JetStreamRequests, WrongLastSequenceError
 from .retry import Retry
+
+EXPECT = "Nats-Expected-Last-Subject-Sequence"
 
 
 class JetStreamSentKeys:
@@ -36,6 +45,8 @@ class JetStreamSentKeys:
         replicas: The bucket's replicas (``nats_replicas``).
         retry: How long an operation retries through a NATS outage.
         clock: Wall clock (seconds since the epoch).
+        requests: Lean publishes on the same connection, started (None: nats-py's
+            KV for everything).
     """
 
     def __init__(
@@ -45,9 +56,11 @@ class JetStreamSentKeys:
         replicas: int,
         retry: Retry,
         clock: Callable[[], float] = time.time,
+        requests: JetStreamRequests | None = None,
     ) -> None:
         self._js, self._window, self._replicas = js, window, replicas
         self._retry, self._clock = retry, clock
+        self._requests = requests
         self._kv: KeyValue | None = None
         self._opening = asyncio.Lock()
 
@@ -61,6 +74,15 @@ class JetStreamSentKeys:
         value = replace(record, at=now)
 
         async def attempt() -> KeyRecord | None:
+            if self._requests is not None:
+                subject = bucket_of(kv)[2] + key
+                try:
+                    await self._requests.publish(
+                        subject, value.encode(), {EXPECT: "0"}, self._retry.timeout
+                    )
+                    return None
+                except WrongLastSequenceError:
+                    pass  # (it exists, or was released: nats-py's create tells which)
             try:
                 await kv.create(key, value.encode())
                 return None
@@ -88,7 +110,15 @@ class JetStreamSentKeys:
         kv = await self._bucket()
         if not record.at:  # (when it was claimed, near enough: the claimer's own record)
             record = replace(record, at=self._clock())
-        await self._retry(lambda: kv.put(key, record.encode()), "record a message's task")
+        requests = self._requests
+        if requests is None:
+            await self._retry(lambda: kv.put(key, record.encode()), "record a message's task")
+            return
+        subject, data = bucket_of(kv)[2] + key, record.encode()
+        await self._retry(
+            lambda: requests.publish(subject, data, {}, self._retry.timeout),
+            "record a message's task",
+        )
 
     async def release(self, key: str) -> None:
         """See ``journal.keys.SentKeys.release``."""

@@ -196,7 +196,9 @@ class NatsCluster:
     def sent_keys(self, window: float) -> JetStreamSentKeys:
         """The message ids sent, shared by every instance (``A2A_KEYS``), kept ``window`` s."""
         config = self.conn.config
-        return JetStreamSentKeys(self.conn.js, window, config.replicas, Retry(config.retry_for))
+        return JetStreamSentKeys(
+            self.conn.js, window, config.replicas, Retry(config.retry_for), requests=self._requests
+        )
 
     async def _adopt_push(self, alive: set[str]) -> None:
         """Take over the webhooks lost instances were delivering to (after each lease sweep).
