@@ -66,7 +66,7 @@ from a2a_grpc_server.model import taskops
 from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY, URI
 from tests.support import natsserver
 from tests.support.harness import RESUME, V1, rich_status, user_message
-from tests.support.serveproc import Process, start
+from tests.support.serveproc import NotReadyError, Process, start
 
 S = TaskState
 AGENT = "tests.support.agents:Ticking"
@@ -597,7 +597,11 @@ async def run_schedule(plan: Schedule, *, tasks: int = 6, settle: float = 60.0) 
                 if plan.nats_nodes == 1:
                     member.partition = Partition(cluster.nodes[0].port)
                     await member.partition.start()
-                await member.start()
+                try:
+                    await member.start()
+                except NotReadyError as exc:  # (not the workload's 60 s: it never began)
+                    run.violations.append(f"instance {member.index} did not start: {exc}")
+                    return run
             followers: list[asyncio.Task[None]] = []
             workload = [
                 asyncio.ensure_future(one_task(run, n, rng, followers)) for n in range(tasks)
@@ -612,8 +616,9 @@ async def run_schedule(plan: Schedule, *, tasks: int = 6, settle: float = 60.0) 
         except TimeoutError:
             hung = [s for s in run.streams if not s.done]
             run.violations.append(
-                f"the workload did not end within {settle:.0f} s: {len(hung)} stream(s) "
-                "still open: " + "; ".join(f"{s.kind} of {s.task_id} via {s.via}" for s in hung[:5])
+                f"the workload did not end within {settle:.0f} s ({len(run.injected)} fault(s) "
+                f"injected, {len(run.tasks)} task(s) started): {len(hung)} stream(s) still open: "
+                + "; ".join(f"{s.kind} of {s.task_id} via {s.via}" for s in hung[:5])
             )
         finally:
             for member in members:

@@ -25,6 +25,10 @@ class Process:
         self.proc, self.grpc_addr, self.http_addr = proc, grpc_addr, http_addr
 
 
+READY_WITHIN = 20.0
+"""Seconds a server may take to say it is ready."""
+
+
 async def start(*args: str, env: dict[str, str] | None = None) -> Process:
     """Start ``serve`` on free ports with ``args``; return once it printed its ready line.
 
@@ -51,18 +55,28 @@ async def start(*args: str, env: dict[str, str] | None = None) -> Process:
         env={**os.environ, "COUNTDOWN_TICK": "0.05", **(env or {})},
     )
     assert proc.stderr is not None
+    said: list[str] = []
     try:
-        async with asyncio.timeout(20):
+        async with asyncio.timeout(READY_WITHIN):
             while True:
                 line = (await proc.stderr.readline()).decode()
-                assert line, "server exited before it was ready"
+                assert line, "server exited before it was ready; it said:\n" + "".join(said[-20:])
+                said.append(line)
                 if match := READY.search(line):
                     return Process(proc, match.group(1), match.group(2))
-    except BaseException:
+    except BaseException as exc:
         if proc.returncode is None:
             proc.kill()  # never leave a server behind a failed start
         await proc.wait()
+        if isinstance(exc, TimeoutError):
+            raise NotReadyError(
+                f"not ready within {READY_WITHIN:g} s; it said:\n" + "".join(said[-20:])
+            ) from exc
         raise
+
+
+class NotReadyError(Exception):
+    """A server did not say it was ready in time (what it said is in the message)."""
 
 
 @contextlib.asynccontextmanager
