@@ -1,10 +1,11 @@
 """A lean HTTP/1.1 client for webhook POSTs, on an ``asyncio.Protocol``, with a bounded pool.
 
 A webhook POST needs little of HTTP: one request, then the answer's status
-and ``Retry-After``. aiohttp's client spent about 95 to 137 us of this
-process's CPU per POST here (its request and response objects, a task per
-request body, its connector's bookkeeping); this client does the same POST
-for about a third of that (``python -m bench.posts``; bench/README.md).
+and ``Retry-After``. aiohttp's client spent 134 to 141 us of this process's
+CPU per POST here (its request and response objects, a task per request
+body, its connector's bookkeeping); this client does the same POST for about
+60 % of that, most of the rest being the socket write itself (``python -m
+bench.posts``; bench/README.md, "Issue 25, third pass").
 
 What it sends: ``POST <path> HTTP/1.1``, the caller's headers, ``Content-Length``,
 then the body, in one write.
@@ -42,6 +43,7 @@ and wake the request waiting on the connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import ssl
 from collections import OrderedDict
@@ -164,6 +166,8 @@ class Http1Pool:
         request = b"".join(lines) + body
         self._bind()
         async with self._slots:
+            if self._closed:
+                raise RuntimeError("the webhook client is closed")
             connection = self._take(key)
             if connection is not None:
                 try:
@@ -181,7 +185,7 @@ class Http1Pool:
         except BaseException:
             self._drop(connection)  # (cut short, or failed: its state is unknown)
             raise
-        if connection.reusable and not self._closed:
+        if connection.reusable and not self._closed and connection.loop is self._loop:
             self._keep(connection)
         else:
             self._drop(connection)
@@ -191,7 +195,10 @@ class Http1Pool:
         loop = asyncio.get_running_loop()
         if self._closed:
             raise RuntimeError("the webhook client is closed")
-        if self._loop is not loop:  # (a pool serves one loop; another loop's sockets are left)
+        if self._loop is not loop:  # (a pool serves one loop: the last one's idle sockets go)
+            for connection in self._idle:
+                with contextlib.suppress(RuntimeError):  # (its loop may be closed)
+                    connection.close()
             self._loop = loop
             self._slots = asyncio.Semaphore(self._max)
             self._idle.clear()
@@ -219,7 +226,7 @@ class Http1Pool:
             self._drop(oldest)
         address, port, server_name = key
         loop = asyncio.get_running_loop()
-        connection = _Connection(self, key)
+        connection = _Connection(self, key, loop)
         self._open += 1
         connection.counted = True
         try:
@@ -306,8 +313,8 @@ _HEAD, _BODY, _DONE = 0, 1, 2
 class _Connection(asyncio.Protocol):
     """One connection: one request at a time, its answer parsed as it arrives."""
 
-    def __init__(self, pool: Http1Pool, key: Key) -> None:
-        self.pool, self.key = pool, key
+    def __init__(self, pool: Http1Pool, key: Key, loop: asyncio.AbstractEventLoop) -> None:
+        self.pool, self.key, self.loop = pool, key, loop
         self.transport: asyncio.Transport | None = None
         self.counted = False
         """Counted in the pool's open connections."""
@@ -321,6 +328,8 @@ class _Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._state = _DONE
         self._remaining = 0
+        self._scanned = 0
+        """Bytes of the buffer already searched for the head's end."""
         self._keep_after = False
         """Whether the connection is kept once the body is read."""
         self._informational = 0
@@ -328,9 +337,14 @@ class _Connection(asyncio.Protocol):
 
     @property
     def usable(self) -> bool:
-        """Whether it may carry a request (open, nothing pending)."""
+        """Whether it may carry a request (open, nothing of the last one left unsent)."""
         transport = self.transport
-        return not self._lost and transport is not None and not transport.is_closing()
+        return (
+            not self._lost
+            and transport is not None
+            and not transport.is_closing()
+            and not transport.get_write_buffer_size()
+        )
 
     async def send(self, request: bytes) -> Answer:
         """Write one request and wait for its answer."""
@@ -340,6 +354,7 @@ class _Connection(asyncio.Protocol):
         waiter: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiter = waiter
         self._buffer.clear()
+        self._scanned = 0
         self._state = _HEAD
         self._informational = 0
         self.got_bytes = False
@@ -351,10 +366,15 @@ class _Connection(asyncio.Protocol):
             self._waiter = None
 
     def close(self) -> None:
-        """Close the connection (a pending request fails)."""
+        """Close the connection at once (a pending request fails).
+
+        Aborted, not closed gently: a gentle close waits until unsent bytes are
+        written (forever, if the peer stopped reading) or, for TLS, for the
+        peer's shutdown, and the socket would outlive the pool's count of it.
+        """
         self.reusable = False
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+        if self.transport is not None:
+            self.transport.abort()
 
     # asyncio.Protocol
 
@@ -398,13 +418,16 @@ class _Connection(asyncio.Protocol):
     def _head(self) -> None:
         while self._state == _HEAD:
             buffer = self._buffer
-            end = buffer.find(b"\r\n\r\n")
+            start = max(0, self._scanned - 3)  # (only what came since the last look)
+            end = buffer.find(b"\r\n\r\n", start)
             if end < 0:
                 if len(buffer) > MAX_HEAD:
                     raise ProtocolError(f"an answer's head is longer than {MAX_HEAD} bytes")
-                if b"\n\n" in buffer:  # (never in a head whose lines end in CRLF)
+                if buffer.find(b"\n\n", start) >= 0:  # (never in a head of CRLF lines)
                     raise ProtocolError("an answer's head has lines that do not end in CRLF")
+                self._scanned = len(buffer)
                 return
+            self._scanned = 0
             if end > MAX_HEAD:
                 raise ProtocolError(f"an answer's head is longer than {MAX_HEAD} bytes")
             head = bytes(buffer[:end])
@@ -477,7 +500,9 @@ class _Connection(asyncio.Protocol):
 
     def _finish(self, keep: bool) -> None:
         self._state = _DONE
-        self.reusable = keep
+        # (an answer that came before the whole request was written: not kept, as the
+        # rest of the request would go out ahead of the next one)
+        self.reusable = keep and self.usable
         waiter, answer = self._waiter, self._answer
         if waiter is not None and not waiter.done() and answer is not None:
             waiter.set_result(answer)

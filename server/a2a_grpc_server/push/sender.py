@@ -14,7 +14,7 @@ The connection goes to the address ``Screen.resolve`` checked (see
 ``screen``), over the pool of ``http1``; redirects are not followed; at most
 64 KiB of the answer's body is read, and dropped (a longer, chunked or
 close-delimited body closes the connection unread).
-Outcomes: 2xx delivered; 408, 429 and 5xx, timeouts and connection errors
+Outcomes: 2xx delivered; 408, 425, 429 and 5xx, timeouts and connection errors
 are worth retrying (``Retry-After`` honoured); anything else is refused for
 good (the frame is given up).
 """
@@ -74,7 +74,7 @@ class Attempt:
 class WebhookSender:
     """Sends frames to webhooks over one pool of kept HTTP/1.1 connections (``http1``).
 
-    The pool's own client costs this process about 40 % of the CPU per POST
+    The pool's own client costs this process about 60 % of the CPU per POST
     aiohttp's client did (``python -m bench.posts``; bench/README.md, "Issue 25,
     third pass").
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -392,3 +393,110 @@ def test_the_client_runs_on_uvloop_too() -> None:
         client.close()
 
     uvloop.run(scenario())
+
+
+def narrow_listener() -> socket.socket:
+    """A listening socket on 127.0.0.1 whose connections take 4 KiB at a time."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    return listener
+
+
+async def test_a_post_cut_short_with_its_body_unsent_leaves_no_socket_behind() -> None:
+    """A receiver that stopped reading a large request: the socket of the POST cut short goes
+    at once, not once the rest of the body is written (never, if the receiver never reads)."""
+    body = b"x" * (8 * 1024 * 1024)
+    resume: asyncio.Event = asyncio.Event()
+    ended: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        total = 0
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            await resume.wait()  # reads nothing more until the client gave up
+            while chunk := await reader.read(1 << 16):
+                total += len(chunk)
+        except ConnectionError:
+            pass
+        finally:
+            ended.set_result(total)
+            writer.close()
+
+    listener = narrow_listener()
+    server = await asyncio.start_server(serve, sock=listener)
+    client = pool()
+    try:
+        key = ("127.0.0.1", listener.getsockname()[1], None)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await client.post(key, "h", "/", {}, body)
+        assert client.open == 0
+        resume.set()
+        async with asyncio.timeout(10):
+            received = await ended
+        assert received < len(body), "the rest of the body was not sent after the cut"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_an_answer_that_comes_before_the_whole_request_was_sent_does_not_keep_it() -> None:
+    """The rest of the request would go out ahead of the next one on that connection."""
+    body = b"x" * (8 * 1024 * 1024)
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")  # before the body
+            await writer.drain()
+            while await reader.read(1 << 16):
+                pass
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    listener = narrow_listener()
+    server = await asyncio.start_server(serve, sock=listener)
+    client = pool()
+    try:
+        key = ("127.0.0.1", listener.getsockname()[1], None)
+        async with asyncio.timeout(10):
+            assert (await client.post(key, "h", "/", {}, body)).status == 200
+            assert (client.open, client.idle) == (0, 0), "not kept with its body unsent"
+            assert (await client.post(key, "h", "/", {}, b"{}")).status == 200
+        assert connections == 2
+    finally:
+        client.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_closing_the_pool_stops_the_requests_waiting_for_a_connection() -> None:
+    release, first_in = asyncio.Event(), asyncio.Event()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, p: Peer) -> None:
+        await read_request(reader, p)
+        first_in.set()
+        await release.wait()
+        writer.write(OK)
+        await writer.drain()
+
+    client = pool(max_connections=1)
+    async with peer(slow) as seen:
+        first = asyncio.ensure_future(post(client, seen))
+        await first_in.wait()
+        waiting = asyncio.ensure_future(post(client, seen))
+        await asyncio.sleep(0)  # sync-ok: lets the second request reach the pool's queue
+        client.close()
+        release.set()
+        assert await first == 204
+        with pytest.raises(RuntimeError, match="closed"):
+            await waiting
+        assert (seen.connections, client.open) == (1, 0)
