@@ -5,10 +5,8 @@ ended the task), retries, a receiver that never answers, and refused targets."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +50,14 @@ from tests.support.harness import (
     serve,
     tokens,
 )
-from tests.support.webhook import Answer, Post, assert_complete, receiving, with_webhook
+from tests.support.webhook import (
+    Answer,
+    Post,
+    assert_complete,
+    bare_http,
+    receiving,
+    with_webhook,
+)
 
 S = TaskState
 PRIVATE = ServerConfig(cancel_timeout=1.0, push_allow_private=True)
@@ -561,41 +566,6 @@ async def test_allowed_hosts_given_as_a_list_still_screen_every_delivery() -> No
 def test_an_unreadable_retry_after_is_ignored() -> None:
     assert retry_after("²") is None and retry_after("soon") is None
     assert retry_after("7") == 7.0
-
-
-@contextlib.asynccontextmanager
-async def bare_http(
-    speak: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-) -> AsyncIterator[int]:
-    """A TCP server on 127.0.0.1 whose connections ``speak`` serves; yields its port.
-
-    A connection the peer drops ends quietly; every connection is closed, and its
-    handler cancelled, when the block ends.
-    """
-    handlers: list[asyncio.Task[Any]] = []
-
-    async def serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        handler = asyncio.current_task()
-        assert handler is not None
-        handlers.append(handler)
-        try:
-            await speak(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
-                await writer.wait_closed()
-
-    server = await asyncio.start_server(serve_one, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1]
-    finally:
-        for handler in handlers:
-            handler.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
-        server.close()
-        await server.wait_closed()
 
 
 async def test_push_timeout_bounds_the_whole_attempt_even_against_a_trickling_receiver() -> None:

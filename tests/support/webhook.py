@@ -14,10 +14,11 @@ import json
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from a2a.types.a2a_pb2 import (
     SendMessageRequest,
@@ -203,3 +204,38 @@ def assert_complete(posts: list[Post], final: TaskState, first_seq: int = 1) -> 
     distinct = sorted(set(seqs))
     assert distinct == list(range(first_seq, first_seq + len(distinct))), seqs
     assert posts[-1].state == final, [p.frame.WhichOneof("payload") for p in posts]
+
+
+@contextlib.asynccontextmanager
+async def bare_http(
+    speak: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> AsyncIterator[int]:
+    """A TCP server on 127.0.0.1 whose connections ``speak`` serves; yields its port.
+
+    A connection the peer drops ends quietly; every connection is closed, and its
+    handler cancelled, when the block ends.
+    """
+    handlers: list[asyncio.Task[Any]] = []
+
+    async def serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        handlers.append(handler)
+        try:
+            await speak(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+                await writer.wait_closed()
+
+    server = await asyncio.start_server(serve_one, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        for handler in handlers:
+            handler.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        server.close()
+        await server.wait_closed()

@@ -23,6 +23,7 @@ from a2a_grpc_server.push.http1 import (
     Key,
     ProtocolError,
 )
+from tests.support.webhook import bare_http
 
 Speak = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Peer"], Awaitable[None]]
 
@@ -59,40 +60,24 @@ async def read_request(reader: asyncio.StreamReader, peer: Peer) -> bytes:
 
 @contextlib.asynccontextmanager
 async def peer(speak: Speak) -> AsyncIterator[Peer]:
-    """A TCP server on 127.0.0.1 whose connections ``speak`` serves."""
+    """A TCP server on 127.0.0.1 whose connections ``speak`` serves (``bare_http``)."""
     seen = Peer()
-    handlers: list[asyncio.Task[None]] = []
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        handlers.append(task)
         seen.connections += 1
         seen.open_now += 1
         seen.most_open = max(seen.most_open, seen.open_now)
         try:
             await speak(reader, writer, seen)
             await reader.read()  # (until the client closes)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
         finally:
             seen.open_now -= 1
             seen.closed.set()
-            writer.close()
-            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
-                await writer.wait_closed()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    seen.port = server.sockets[0].getsockname()[1]
-    try:
+    async with bare_http(serve) as port:
+        seen.port = port
         async with asyncio.timeout(20):
             yield seen
-    finally:
-        for handler in handlers:
-            handler.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
-        server.close()
-        await server.wait_closed()
 
 
 async def until(seen: Peer, done: Callable[[], bool]) -> None:
@@ -395,14 +380,22 @@ def test_the_client_runs_on_uvloop_too() -> None:
     uvloop.run(scenario())
 
 
-def narrow_listener() -> socket.socket:
-    """A listening socket on 127.0.0.1 whose connections take 4 KiB at a time."""
+@contextlib.asynccontextmanager
+async def narrow_peer(
+    serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> AsyncIterator[Key]:
+    """A TCP server on 127.0.0.1 whose connections take 4 KiB at a time; yields its key."""
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     listener.setblocking(False)
-    return listener
+    server = await asyncio.start_server(serve, sock=listener)
+    try:
+        yield ("127.0.0.1", listener.getsockname()[1], None)
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 async def test_a_post_cut_short_with_its_body_unsent_leaves_no_socket_behind() -> None:
@@ -425,11 +418,8 @@ async def test_a_post_cut_short_with_its_body_unsent_leaves_no_socket_behind() -
             ended.set_result(total)
             writer.close()
 
-    listener = narrow_listener()
-    server = await asyncio.start_server(serve, sock=listener)
     client = pool()
-    try:
-        key = ("127.0.0.1", listener.getsockname()[1], None)
+    async with narrow_peer(serve) as key:
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.3):
                 await client.post(key, "h", "/", {}, body)
@@ -438,9 +428,6 @@ async def test_a_post_cut_short_with_its_body_unsent_leaves_no_socket_behind() -
         async with asyncio.timeout(10):
             received = await ended
         assert received < len(body), "the rest of the body was not sent after the cut"
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 async def test_an_answer_that_comes_before_the_whole_request_was_sent_does_not_keep_it() -> None:
@@ -462,20 +449,13 @@ async def test_an_answer_that_comes_before_the_whole_request_was_sent_does_not_k
         finally:
             writer.close()
 
-    listener = narrow_listener()
-    server = await asyncio.start_server(serve, sock=listener)
     client = pool()
-    try:
-        key = ("127.0.0.1", listener.getsockname()[1], None)
-        async with asyncio.timeout(10):
-            assert (await client.post(key, "h", "/", {}, body)).status == 200
-            assert (client.open, client.idle) == (0, 0), "not kept with its body unsent"
-            assert (await client.post(key, "h", "/", {}, b"{}")).status == 200
-        assert connections == 2
-    finally:
+    async with narrow_peer(serve) as key, asyncio.timeout(10):
+        assert (await client.post(key, "h", "/", {}, body)).status == 200
+        assert (client.open, client.idle) == (0, 0), "not kept with its body unsent"
+        assert (await client.post(key, "h", "/", {}, b"{}")).status == 200
         client.close()
-        server.close()
-        await server.wait_closed()
+    assert connections == 2
 
 
 async def test_closing_the_pool_stops_the_requests_waiting_for_a_connection() -> None:
