@@ -19,7 +19,7 @@ from a2a_grpc_server.jetstream.conn import (
     events_stream,
 )
 from a2a_grpc_server.jetstream.formats import Formats
-from a2a_grpc_server.jetstream.journal import JetStreamJournal, Snapshot, encode
+from a2a_grpc_server.jetstream.journal import JetStreamJournal, Snapshot, _messages, encode
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
 from a2a_grpc_server.journal import (
     Change,
@@ -474,3 +474,38 @@ async def test_pages_return_each_task_once_while_tasks_are_written_between_them(
     assert "bobs" not in seen and not any(i.startswith("late") for i in seen)
     untouched = [f"t{n:02}" for n in reversed(range(20)) if f"t{n:02}" not in touched]
     assert [i for i in seen if i in untouched] == untouched
+
+
+@pytest.fixture
+async def nats_journal(nats_url: str) -> AsyncIterator[JetStreamJournal]:
+    """A JetStream journal alone (for what only it does: its messages' ids)."""
+    conn = await connect(NatsConfig(servers=[nats_url]))
+    requests = JetStreamRequests(conn.nc)
+    await requests.start()
+    journal = JetStreamJournal(requests, conn.js, conn.tasks, "instance-1", formats=Formats())
+    try:
+        yield journal
+    finally:
+        await journal.close()
+        await requests.close()
+        await conn.js.delete_key_value(TASKS_BUCKET)
+        await conn.js.delete_stream(events_stream(0))
+        await conn.js.delete_stream(INDEX_STREAM)
+        await conn.close()
+
+
+async def test_another_write_of_the_same_change_number_is_not_taken_for_the_first(
+    nats_journal: JetStreamJournal,
+) -> None:
+    """A retried write recognises its own earlier attempt by its message id; another write
+    numbered the same by the same writer (the final state written after a change whose
+    outcome was not known yet) must not pass for it: it would be taken as recorded while
+    the record holds the other change (fault seed 401577 on 3 nodes)."""
+    v1 = await create(nats_journal, task("a"))
+    working = task("a", state=S.TASK_STATE_WORKING)
+    await nats_journal.update(working, v1, [change(2, working)])
+    failed = task("a", state=S.TASK_STATE_FAILED)
+    [(_, _, other)] = _messages("a", [change(2, failed)], 1 << 20, "instance-1")
+    assert await nats_journal._landed("a", v1, other) == 0
+    [(_, _, same)] = _messages("a", [change(2, working)], 1 << 20, "instance-1")
+    assert same["Nats-Msg-Id"] != other["Nats-Msg-Id"], "one id per write, not per number"

@@ -10,8 +10,10 @@ write too large for one message takes several). Headers:
   instance's readers get); ``A2a-Count``: how many changes it holds;
 * ``A2a-State``: the state its last frame carries (a number; 0 for none), so
   a final change is seen without decoding it;
-* ``Nats-Msg-Id``: ``<task id>:<first seq>:<writer's instance id>`` (how a retried
-  write recognises its own earlier attempt);
+* ``Nats-Msg-Id``: ``<task id>:<first seq>:<writer's instance id>:<nonce>`` (how a
+  retried write recognises its own earlier attempt; the nonce, drawn once per write,
+  keeps another write of the same change number by the same writer, such as the final
+  state after a change whose outcome is not known yet, from passing for it);
 * ``A2a-Format``: the format (see ``formats``; none: format 1). A change of a
   kind this version does not know is refused, not read as a frame.
 
@@ -67,6 +69,7 @@ import builtins
 import dataclasses
 import hashlib
 import logging
+import os
 import re
 import struct
 import time
@@ -337,13 +340,14 @@ def _messages(
         runs[-1].append(record)
         size += len(record)
     out, seq = [], changes[0].seq
+    nonce = os.urandom(4).hex()  # (one per write: its retries keep it)
     for run in runs:
         last = changes[seq - changes[0].seq + len(run) - 1]
         headers = {
             SEQ: str(seq),
             COUNT: str(len(run)),
             STATE: str(last.state if last.message is None else 0),
-            MSG_ID: f"{task_id}:{seq}:{writer}",
+            MSG_ID: f"{task_id}:{seq}:{writer}:{nonce}",
             FORMAT: str(fmt),
         }
         out.append((len(run), b"".join(run), headers))

@@ -30,6 +30,13 @@ TRANSIENT = (
 )
 """What NATS raises while it fails over or is briefly unreachable: worth another try.
 (Not ``ConnectionClosedError``: this instance closed its connection, for good.)"""
+IN_FLIGHT = 10158
+"""JetStream's error code for a publish whose ``Nats-Msg-Id`` it is still proposing
+("duplicate message id is in process"): an earlier attempt of the same write, sent before
+a timeout, whose outcome is not known yet. Worth another try: once the first attempt is
+stored, the same publish is answered as a duplicate with its position; if it is dropped,
+the publish is stored anew. (Taken for a refusal, it ended a task FAILED "could not
+record" while its change landed after all: fault seed 401577 on 3 nodes.)"""
 
 
 class Retry:
@@ -92,5 +99,9 @@ async def _once(attempt: Callable[[], Awaitable[T]], what: str) -> T:
         raise _Retry(exc) from exc
     except nats.errors.ConnectionClosedError as exc:
         raise StoreUnavailableError(f"the NATS connection is closed: {what}") from exc
+    except nats.js.errors.APIError as exc:
+        if exc.err_code == IN_FLIGHT:
+            raise _Retry(exc) from exc
+        raise StoreRefusedError(f"NATS refused to {what}: {type(exc).__name__}: {exc}") from exc
     except (nats.errors.Error, nats.js.errors.Error) as exc:
         raise StoreRefusedError(f"NATS refused to {what}: {type(exc).__name__}: {exc}") from exc
