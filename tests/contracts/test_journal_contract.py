@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import random
 from collections.abc import AsyncIterator, Iterator
@@ -55,31 +56,40 @@ async def journal(request: pytest.FixtureRequest) -> AsyncIterator[TaskJournal]:
         yield MemoryJournal()
         return
     streams = 3 if request.param == "nats-sharded" else 1
+    formats = Formats()
     url = request.getfixturevalue("nats_url")
-    conn = await connect(NatsConfig(servers=[url], event_streams=streams))
+    async with jetstream_journal(url, formats, event_streams=streams, snapshot_every=4) as journal:
+        if request.param in ("nats-indexed", "nats-sharded"):
+            formats.settle()  # (a cluster of one: every instance keeps the index, reads shards)
+            await journal.keep_index({"instance-1"})
+            assert journal.indexed
+        yield journal
+
+
+@contextlib.asynccontextmanager
+async def jetstream_journal(
+    url: str, formats: Formats, *, event_streams: int = 1, snapshot_every: int = 32
+) -> AsyncIterator[JetStreamJournal]:
+    """A JetStream journal of instance-1 on a real nats-server; its streams deleted after."""
+    conn = await connect(NatsConfig(servers=[url], event_streams=event_streams))
     requests = JetStreamRequests(conn.nc)
     await requests.start()
-    formats = Formats()
     journal = JetStreamJournal(
         requests,
         conn.js,
         conn.tasks,
         "instance-1",
-        snapshot_every=4,
+        snapshot_every=snapshot_every,
         formats=formats,
-        event_streams=streams,
+        event_streams=event_streams,
     )
-    if request.param in ("nats-indexed", "nats-sharded"):
-        formats.settle()  # (a cluster of one: every instance keeps the index, reads shards)
-        await journal.keep_index({"instance-1"})
-        assert journal.indexed
     try:
         yield journal
     finally:
         await journal.close()
         await requests.close()
         await conn.js.delete_key_value(TASKS_BUCKET)
-        for shard in range(streams):
+        for shard in range(event_streams):
             await conn.js.delete_stream(events_stream(shard))
         await conn.js.delete_stream(INDEX_STREAM)
         await conn.close()
@@ -479,19 +489,8 @@ async def test_pages_return_each_task_once_while_tasks_are_written_between_them(
 @pytest.fixture
 async def nats_journal(nats_url: str) -> AsyncIterator[JetStreamJournal]:
     """A JetStream journal alone (for what only it does: its messages' ids)."""
-    conn = await connect(NatsConfig(servers=[nats_url]))
-    requests = JetStreamRequests(conn.nc)
-    await requests.start()
-    journal = JetStreamJournal(requests, conn.js, conn.tasks, "instance-1", formats=Formats())
-    try:
+    async with jetstream_journal(nats_url, Formats()) as journal:
         yield journal
-    finally:
-        await journal.close()
-        await requests.close()
-        await conn.js.delete_key_value(TASKS_BUCKET)
-        await conn.js.delete_stream(events_stream(0))
-        await conn.js.delete_stream(INDEX_STREAM)
-        await conn.close()
 
 
 async def test_another_write_of_the_same_change_number_is_not_taken_for_the_first(
