@@ -327,9 +327,18 @@ def _record(change: Change) -> bytes:
 
 
 def _messages(
-    task_id: str, changes: Sequence[Change], most: int, writer: str, fmt: int = LEGACY
+    task_id: str,
+    changes: Sequence[Change],
+    most: int,
+    writer: str,
+    fmt: int = LEGACY,
+    nonce: str | None = None,
 ) -> list[tuple[int, bytes, dict[str, str]]]:
-    """The changes as stream messages of at most ``most`` bytes: (changes, payload, headers)."""
+    """The changes as stream messages of at most ``most`` bytes: (changes, payload, headers).
+
+    ``nonce`` ends each message id (None: drawn now, once for the whole write; "": none,
+    as versions before it wrote, for the committed format samples).
+    """
     runs: list[list[bytes]] = [[]]
     size = 0
     for change in changes:
@@ -340,14 +349,16 @@ def _messages(
         runs[-1].append(record)
         size += len(record)
     out, seq = [], changes[0].seq
-    nonce = os.urandom(4).hex()  # (one per write: its retries keep it)
+    if nonce is None:
+        nonce = os.urandom(4).hex()  # (one per write: its retries keep it)
+    suffix = f":{nonce}" if nonce else ""
     for run in runs:
         last = changes[seq - changes[0].seq + len(run) - 1]
         headers = {
             SEQ: str(seq),
             COUNT: str(len(run)),
             STATE: str(last.state if last.message is None else 0),
-            MSG_ID: f"{task_id}:{seq}:{writer}:{nonce}",
+            MSG_ID: f"{task_id}:{seq}:{writer}{suffix}",
             FORMAT: str(fmt),
         }
         out.append((len(run), b"".join(run), headers))
