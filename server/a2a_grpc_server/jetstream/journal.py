@@ -122,7 +122,7 @@ from .index import (
 from .index import HEADER as INDEX_HEADER
 from .natsconfig import MAX_EVENT_STREAMS
 from .pullread import PullRead, after, last_per_subject
-from .requests import JetStreamRequests, WrongLastSequenceError
+from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError
 from .retry import Retry
 
 logger = logging.getLogger(__name__)
@@ -139,9 +139,12 @@ _RECORD = struct.Struct(">BBI")
 PAYLOAD_SLACK = 1024
 """Bytes of a server's ``max_payload`` left for a message's headers."""
 MSG_ID = "Nats-Msg-Id"
-EXPECT = "Nats-Expected-Last-Subject-Sequence"
 STREAM_SEQ = "Nats-Sequence"
 PENDING = "Nats-Num-Pending"
+TASKS_STREAM = f"KV_{TASKS_BUCKET}"
+"""The stream behind the snapshot bucket."""
+TASKS_ALL = f"$KV.{TASKS_BUCKET}.>"
+"""Every key of the snapshot bucket, as stream subjects."""
 FOLD_BATCH = 256
 """Messages one direct get returns at most."""
 IDLE_HEARTBEAT = 1.0
@@ -920,7 +923,7 @@ class JetStreamJournal:
         """The snapshot bucket's last sequence."""
 
         async def attempt() -> int:
-            info = await self._js.stream_info(f"KV_{TASKS_BUCKET}")
+            info = await self._js.stream_info(TASKS_STREAM)
             return int(info.state.last_seq)
 
         return await self._retry(attempt, "read the task bucket's state")
@@ -936,8 +939,7 @@ class JetStreamJournal:
         return await self._retry(lambda: self._unindexed_once(seq), "check the task bucket")
 
     async def _unindexed_once(self, seq: int) -> bool:
-        subject, stream = f"$KV.{TASKS_BUCKET}.>", f"KV_{TASKS_BUCKET}"
-        async with PullRead(self._js, stream, subject, after(seq), timeout=5.0) as read:
+        async with PullRead(self._js, TASKS_STREAM, TASKS_ALL, after(seq), timeout=5.0) as read:
             if read.pending > UNINDEXED_CHECK:
                 return True
             async for msg in read:
@@ -1563,9 +1565,7 @@ class JetStreamJournal:
         async def attempt() -> api.RawStreamMsg | None:
             try:
                 async with asyncio.timeout(self._retry.timeout):
-                    return await self._js.get_msg(
-                        f"KV_{TASKS_BUCKET}", subject=f"$KV.{TASKS_BUCKET}.{key}"
-                    )
+                    return await self._js.get_msg(TASKS_STREAM, subject=f"$KV.{TASKS_BUCKET}.{key}")
             except nats.js.errors.NotFoundError:
                 return None
 
@@ -1582,10 +1582,9 @@ class JetStreamJournal:
         return await self._retry(self._scan_once, "list the task bucket")
 
     async def _scan_once(self) -> builtins.list[tuple[bytes, int, dict[str, str]]]:
-        subject, stream = f"$KV.{TASKS_BUCKET}.>", f"KV_{TASKS_BUCKET}"
         config = last_per_subject(headers_only=False)
         found: builtins.list[tuple[bytes, int, dict[str, str]]] = []
-        async with PullRead(self._js, stream, subject, config, self._retry.budget) as read:
+        async with PullRead(self._js, TASKS_STREAM, TASKS_ALL, config, self._retry.budget) as read:
             async for msg in read:
                 headers = dict(msg.headers or {})
                 if "KV-Operation" not in headers and msg.data:

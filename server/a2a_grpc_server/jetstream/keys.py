@@ -30,10 +30,8 @@ from nats.js.kv import KeyValue
 from ..journal.keys import PENDING_FOR, KeyRecord
 from .conn import KEYS_BUCKET, ensure_kv
 from .pullread import bucket_of
-from .requests import JetStreamRequests, WrongLastSequenceError
+from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError
 from .retry import Retry
-
-EXPECT = "Nats-Expected-Last-Subject-Sequence"
 
 
 class JetStreamSentKeys:

@@ -41,23 +41,25 @@ def last_per_subject(*, headers_only: bool) -> api.ConsumerConfig:
     Args:
         headers_only: Read the headers alone (keys and operations, not values).
     """
-    return api.ConsumerConfig(
-        deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
-        ack_policy=api.AckPolicy.NONE,
-        headers_only=headers_only,
-        inactive_threshold=IDLE,
-        mem_storage=True,
-        num_replicas=1,
-    )
+    return _read(deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT, headers_only=headers_only)
 
 
 def after(seq: int) -> api.ConsumerConfig:
     """A consumer config reading the headers of every message after stream sequence ``seq``."""
+    return _read(
+        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=seq + 1, headers_only=True
+    )
+
+
+def _read(
+    *, deliver_policy: api.DeliverPolicy, headers_only: bool, opt_start_seq: int | None = None
+) -> api.ConsumerConfig:
+    """An ephemeral read's consumer: no acks, in memory, one replica, dropped when left."""
     return api.ConsumerConfig(
-        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-        opt_start_seq=seq + 1,
+        deliver_policy=deliver_policy,
+        opt_start_seq=opt_start_seq,
         ack_policy=api.AckPolicy.NONE,
-        headers_only=True,
+        headers_only=headers_only,
         inactive_threshold=IDLE,
         mem_storage=True,
         num_replicas=1,

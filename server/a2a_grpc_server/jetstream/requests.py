@@ -30,6 +30,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 STATUS = "Status"
+EXPECT = "Nats-Expected-Last-Subject-Sequence"
+"""The header of a publish that is a compare-and-set on its subject's last sequence."""
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a failed expected-last-subject-sequence check."""
 _SEQ = re.compile(rb'"seq":(\d+)')
