@@ -247,6 +247,8 @@ class LiveTasks:
         live.letting_go = letting_go
 
         def ended() -> None:
+            # (letting_go refers to ``live``: a cycle the collector would have to find)
+            live.letting_go = None
             out_of_memory()
             if live.task is None and self._listener is not None:
                 # A message-only answer: no task is recorded, so no retention drops

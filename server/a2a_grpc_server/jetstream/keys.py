@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 import nats.js.errors
 from nats.js import JetStreamContext
@@ -69,7 +68,7 @@ class JetStreamSentKeys:
         """See ``journal.keys.SentKeys.claim``."""
         kv = await self._bucket()
         now = self._clock()
-        value = replace(record, at=now)
+        value = record.stamped(now)
 
         async def attempt() -> KeyRecord | None:
             if self._requests is not None:
@@ -107,7 +106,7 @@ class JetStreamSentKeys:
         """See ``journal.keys.SentKeys.settle``."""
         kv = await self._bucket()
         if not record.at:  # (when it was claimed, near enough: the claimer's own record)
-            record = replace(record, at=self._clock())
+            record = record.stamped(self._clock())
         requests = self._requests
         if requests is None:
             await self._retry(lambda: kv.put(key, record.encode()), "record a message's task")

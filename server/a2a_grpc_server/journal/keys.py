@@ -28,7 +28,7 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import UnknownFormatError
@@ -66,13 +66,18 @@ class KeyRecord:
 
     def started(self, task_id: str, after: int) -> KeyRecord:
         """This record once the first request's run started."""
-        return replace(self, task_id=task_id, after=max(after, 0))
+        # (not dataclasses.replace, which reads the fields anew at every call)
+        return KeyRecord(self.digest, task_id, max(after, 0), self.answer, self.at, self.dropped)
 
     def answered(self, answer: bytes) -> KeyRecord:
         """This record once the executor answered with a message and no task."""
         if len(answer) > ANSWER_KEPT:
-            return replace(self, answer=b"", dropped=True)
-        return replace(self, answer=answer)
+            return KeyRecord(self.digest, self.task_id, self.after, b"", self.at, True)
+        return KeyRecord(self.digest, self.task_id, self.after, answer, self.at, self.dropped)
+
+    def stamped(self, at: float) -> KeyRecord:
+        """This record, claimed at ``at``."""
+        return KeyRecord(self.digest, self.task_id, self.after, self.answer, at, self.dropped)
 
     def encode(self) -> bytes:
         """The record as stored (JSON, with its format)."""
@@ -188,7 +193,7 @@ class MemorySentKeys:
         found = self._records.get(key)
         if found is not None and not (found.pending and now - found.at > PENDING_FOR):
             return found
-        self._put(key, replace(record, at=now))
+        self._put(key, record.stamped(now))
         self._bound()
         return None
 
@@ -196,7 +201,7 @@ class MemorySentKeys:
         """See ``SentKeys.settle``."""
         found = self._records.get(key)
         if found is not None:
-            self._put(key, replace(record, at=found.at), keep_place=True)
+            self._put(key, record.stamped(found.at), keep_place=True)
             self._bound()
 
     async def release(self, key: str) -> None:

@@ -150,3 +150,33 @@ async def test_an_ended_task_is_freed_at_once_not_at_the_next_full_collection() 
         assert run() is None, "the run, and the task it holds, are freed"
     finally:
         gc.enable()
+
+
+def _of_ours(thing: object) -> bool:
+    module = getattr(thing, "__module__", None) if callable(thing) else type(thing).__module__
+    return isinstance(module, str) and module.startswith("a2a_grpc_server")
+
+
+async def test_an_ended_task_leaves_nothing_of_ours_for_the_collector_to_find() -> None:
+    # Garbage in a cycle waits for the collector; every object of a finished
+    # call it has to find costs each of its passes (and a full pass scans all).
+    engine = engine_for(Jittery(5, random.Random(1)))
+    gc.collect()
+    gc.disable()
+    try:
+        async with asyncio.timeout(10):
+            for _ in range(3):
+                started = await engine.send(send_request("go"), Caller(()), subscribe=True)
+                assert isinstance(started, Started) and started.reader is not None
+                async for _ in started.reader:
+                    pass
+            await engine.wait_idle()
+        del started
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        found = sorted({type(o).__qualname__ for o in gc.garbage if _of_ours(o)})
+        assert not found, f"left in cycles: {found}"
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
