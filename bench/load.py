@@ -63,19 +63,27 @@ class Target:
 
 
 async def start(
-    kind: str, *, nats: str | None = None, uvloop: bool = False, extra: tuple[str, ...] = ()
+    kind: str,
+    *,
+    nats: str | None = None,
+    uvloop: bool = False,
+    extra: tuple[str, ...] = (),
+    wrapper: tuple[str, ...] = (),
+    ready_within: float = 30.0,
 ) -> Target:
     """Start ``python -m bench.servers kind``; return once it printed its port.
 
     A kind ending in ``+uvloop`` (e.g. ``ours+uvloop``) runs that server on uvloop;
     one ending in ``@DIR`` (e.g. ``ours@../before``) serves the server code of the
     checkout at DIR (its ``server/`` first on ``PYTHONPATH``; the benchmark's own
-    code stays this checkout's). ``extra`` are more arguments for ``bench.servers``.
+    code stays this checkout's). ``extra`` are more arguments for ``bench.servers``;
+    ``wrapper`` the command it runs under (e.g. valgrind), ``ready_within`` how
+    many seconds it may take to start.
     """
     named, _, code = kind.partition("@")
     base, _, loop = named.partition("+")
     uvloop = uvloop or loop == "uvloop"
-    args = [sys.executable, "-m", "bench.servers", base, *extra]
+    args = [*wrapper, sys.executable, "-m", "bench.servers", base, *extra]
     args += ["--nats", nats] if nats else []
     args += ["--uvloop"] if uvloop else []
     env = {**os.environ, "PYTHONPATH": _server_code(kind, code)} if code else None
@@ -88,7 +96,7 @@ async def start(
     )
     assert proc.stdout is not None
     try:
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(ready_within):
             line = (await proc.stdout.readline()).decode().split()
         if line[:1] != ["ready"]:
             raise RuntimeError(f"{kind} did not start")
