@@ -8,9 +8,11 @@ in memory) in this process is called N times through its servicer, at
 ``--callers`` at a time, with a stand-in for grpc.aio's servicer context (no
 network, no gRPC): ``unary`` is a blocking SendMessage, ``stream`` a
 SendStreamingMessage of 13 frames. It prints the CPU per call
-(``time.process_time``) after 200 calls to warm up, and the exponent of the
-total time in N fitted over the counts (1.0: each call costs the same however
-many came before). Bounded in count; every call in ``asyncio.timeout``.
+(``time.process_time``) after 200 calls to warm up; what the ended calls leave
+for the garbage collector (tracked objects still alive, per call) and what a
+full collection then takes; and the exponent of the total time in N fitted
+over the counts (1.0: each call costs the same however many came before).
+Bounded in count; every call in ``asyncio.timeout``.
 
 What it leaves out is what ``python -m bench`` adds: grpc.aio's call machinery
 and the interceptors.
@@ -22,9 +24,11 @@ import argparse
 import asyncio
 import gc
 import math
+import statistics
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest
@@ -35,6 +39,7 @@ from a2a_grpc_server.app.card import default_card
 from .agents import Workload
 
 WARM_UP = 200
+FULL_PASSES = 3
 CALL_AT_MOST = 10.0
 """Seconds one call may take."""
 
@@ -67,8 +72,20 @@ def _request(text: str) -> SendMessageRequest:
     )
 
 
-async def measure(kind: str, calls: int, callers: int) -> float:
-    """CPU microseconds per call over ``calls`` calls on a fresh service."""
+@dataclass
+class Measured:
+    """What ``calls`` calls cost, and what they left for the garbage collector."""
+
+    cpu_us: float
+    """CPU microseconds per call."""
+    kept: float
+    """Objects the collector tracks that the ended calls left in memory, per call."""
+    full_ms: float
+    """What one full collection takes with them kept (median of ``FULL_PASSES``)."""
+
+
+async def measure(kind: str, calls: int, callers: int) -> Measured:
+    """What ``calls`` calls on a fresh service cost (see ``Measured``)."""
     service = A2AService(Workload(), default_card())
     await service.start()
     servicer: Any = service.servicer
@@ -92,10 +109,19 @@ async def measure(kind: str, calls: int, callers: int) -> float:
         await caller(WARM_UP)
         gc.collect()
         gc.freeze()  # (as `a2a-grpc-server serve` does)
+        tracked = len(gc.get_objects())
         cpu = time.process_time()
         share, extra = divmod(calls, callers)
         await asyncio.gather(*(caller(share + (i < extra)) for i in range(callers)))
-        return 1e6 * (time.process_time() - cpu) / calls
+        cpu_us = 1e6 * (time.process_time() - cpu) / calls
+        gc.collect()
+        kept = (len(gc.get_objects()) - tracked) / calls
+        passes = []
+        for _ in range(FULL_PASSES):
+            start = time.perf_counter()
+            gc.collect()
+            passes.append(1000 * (time.perf_counter() - start))
+        return Measured(cpu_us, kept, statistics.median(passes))
     finally:
         await service.shutdown(0)
         gc.unfreeze()
@@ -121,8 +147,14 @@ def main() -> None:
     counts = [int(n) for n in args.calls.split(",")]
     per_call = []
     for n in counts:
-        per_call.append(asyncio.run(measure(args.kind, n, args.callers)))
-        print(f"{args.kind:6} {n:>8,} calls: {per_call[-1]:7.1f} us of CPU per call", flush=True)
+        measured = asyncio.run(measure(args.kind, n, args.callers))
+        per_call.append(measured.cpu_us)
+        print(
+            f"{args.kind:6} {n:>8,} calls: {measured.cpu_us:7.1f} us of CPU per call; "
+            f"{measured.kept:.1f} tracked objects kept per call, a full collection "
+            f"{measured.full_ms:.1f} ms",
+            flush=True,
+        )
     if len(counts) > 1:
         print(f"total time ~ N^{exponent(counts, per_call):.2f}")
     sys.exit(0)

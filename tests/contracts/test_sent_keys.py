@@ -15,7 +15,13 @@ from a2a_grpc_server.jetstream.conn import KEYS_BUCKET, NatsConfig, connect
 from a2a_grpc_server.jetstream.keys import JetStreamSentKeys
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
 from a2a_grpc_server.jetstream.retry import Retry
-from a2a_grpc_server.journal.keys import PENDING_FOR, KeyRecord, MemorySentKeys, SentKeys
+from a2a_grpc_server.journal.keys import (
+    ANSWER_KEPT,
+    PENDING_FOR,
+    KeyRecord,
+    MemorySentKeys,
+    SentKeys,
+)
 from tests.support import natsserver
 
 WINDOW = 3600.0
@@ -97,6 +103,14 @@ async def test_a_settled_record_is_what_later_claims_find(
     await a.settle(key, mine.answered(b"message"))
     found = await b.claim(key, KeyRecord("d"))
     assert found is not None and found.answer == b"message"
+    settled = mine.started("t-2", 9).answered(b"message")
+    await a.settle(key, settled)
+    found = await b.claim(key, KeyRecord("d"))
+    assert found is not None and found == settled.stamped(found.at), "every field as settled"
+    dropped = mine.answered(b"x" * (ANSWER_KEPT + 1))
+    await a.settle(key, dropped)
+    found = await b.claim(key, KeyRecord("d"))
+    assert found is not None and found.dropped and not found.pending and not found.answer
 
 
 async def test_a_released_key_is_claimed_afresh(stores: tuple[list[SentKeys], Clock]) -> None:

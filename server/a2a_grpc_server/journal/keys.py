@@ -156,6 +156,11 @@ class SentKeys(Protocol):
         ...
 
 
+_Kept = tuple[str, str, int, bytes, float, bool]
+"""A ``KeyRecord``'s fields, in order."""
+_ANSWER, _AT = 3, 4
+
+
 class MemorySentKeys:
     """``SentKeys`` of one instance (see the module docstring).
 
@@ -176,7 +181,9 @@ class MemorySentKeys:
     ) -> None:
         self._window, self._most, self._clock = window, most, clock
         self._most_bytes = most_bytes
-        self._records: OrderedDict[str, KeyRecord] = OrderedDict()
+        self._records: OrderedDict[str, _Kept] = OrderedDict()
+        """Records as plain tuples: the collector stops tracking a tuple of strings and
+        numbers, so the records kept cost its full passes nothing."""
         self._bytes = 0
         """Bytes of the answers kept."""
 
@@ -190,7 +197,8 @@ class MemorySentKeys:
         """See ``SentKeys.claim``."""
         now = self._clock()
         self._expire(now)
-        found = self._records.get(key)
+        kept = self._records.get(key)
+        found = KeyRecord(*kept) if kept is not None else None
         if found is not None and not (found.pending and now - found.at > PENDING_FOR):
             return found
         self._put(key, record.stamped(now))
@@ -201,7 +209,7 @@ class MemorySentKeys:
         """See ``SentKeys.settle``."""
         found = self._records.get(key)
         if found is not None:
-            self._put(key, record.stamped(found.at), keep_place=True)
+            self._put(key, record.stamped(found[_AT]), keep_place=True)
             self._bound()
 
     async def release(self, key: str) -> None:
@@ -211,16 +219,24 @@ class MemorySentKeys:
     def _put(self, key: str, record: KeyRecord, *, keep_place: bool = False) -> None:
         found = self._records.get(key)
         if found is not None:
-            self._bytes -= len(found.answer)
+            self._bytes -= len(found[_ANSWER])
         if not keep_place:
             self._records.pop(key, None)
-        self._records[key] = record  # (claimed: last; settled: where its claim was)
+        # (claimed: last; settled: where its claim was)
+        self._records[key] = (
+            record.digest,
+            record.task_id,
+            record.after,
+            record.answer,
+            record.at,
+            record.dropped,
+        )
         self._bytes += len(record.answer)
 
     def _pop(self, key: str) -> None:
         found = self._records.pop(key, None)
         if found is not None:
-            self._bytes -= len(found.answer)
+            self._bytes -= len(found[_ANSWER])
 
     def _bound(self) -> None:
         """The oldest records go while more than ``most`` are kept, or answers' bytes."""
@@ -232,6 +248,6 @@ class MemorySentKeys:
         records = self._records
         while records:
             key, oldest = next(iter(records.items()))
-            if now - oldest.at < self._window:
+            if now - oldest[_AT] < self._window:
                 return
             self._pop(key)

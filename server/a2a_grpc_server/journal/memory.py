@@ -105,7 +105,9 @@ class MemoryJournal:
         self._rev = 0
         self._at_rev: dict[int, _Entry] = {}
         """Every entry by its current revision (what the indexes hold)."""
-        self._index: dict[_IndexKey, RevList] = {}
+        self._index: dict[_IndexKey, RevList | int] = {}
+        """The revisions under each index key; a key of one task (a context's, mostly)
+        holds its revision alone: no object for the collector's full passes to scan."""
         self._written_ns = 0
         self.on_forget: Callable[[str], None] | None = None
         """Called with the id of each final task retention drops (its push configs go too)."""
@@ -168,9 +170,10 @@ class MemoryJournal:
         """
         self._prune()
         walk = Walk[_Entry](query, "r", self._tokens)
-        index = self._index.get(_query_key(query))
-        if index is None:
+        held = self._index.get(_query_key(query))
+        if held is None:
             return TaskPage()
+        index = held if isinstance(held, RevList) else _lone(held)
         found, next_token, after = walk.page(
             ((rev, self._at_rev[rev]) for rev in index.below(walk.before)),
             _written,
@@ -238,19 +241,30 @@ class MemoryJournal:
 
     def _reindex(self, entry: _Entry) -> None:
         self._at_rev[entry.rev] = entry
+        indexes = self._index
         for key in entry.index_keys():
-            index = self._index.get(key)
-            if index is None:
-                index = self._index[key] = RevList()
-            index.add(entry.rev)
+            held = indexes.get(key)
+            if held is None:
+                indexes[key] = entry.rev
+            elif isinstance(held, int):
+                indexes[key] = index = _lone(held)
+                index.add(entry.rev)
+            else:
+                held.add(entry.rev)
 
     def _unindex(self, entry: _Entry) -> None:
         del self._at_rev[entry.rev]
+        indexes = self._index
         for key in entry.index_keys():
-            index = self._index[key]
-            index.remove(entry.rev)
-            if not index:
-                del self._index[key]
+            held = indexes[key]
+            if isinstance(held, int):
+                if held != entry.rev:
+                    raise KeyError(entry.rev)
+                del indexes[key]
+                continue
+            held.remove(entry.rev)
+            if not held:
+                del indexes[key]
 
     def _forget_oldest_of(self, principal: str) -> None:
         self._forget(next(iter(self._by_principal[principal])))
@@ -281,6 +295,13 @@ def _query_key(query: TaskQuery) -> _IndexKey:
     if query.state:
         return ("s", query.scope, state)
     return ("", query.scope)
+
+
+def _lone(rev: int) -> RevList:
+    """An index holding ``rev`` alone."""
+    index = RevList()
+    index.add(rev)
+    return index
 
 
 def _written(entry: _Entry) -> int:
