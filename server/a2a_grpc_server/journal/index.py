@@ -35,23 +35,14 @@ T = TypeVar("T")
 
 
 class RevList:
-    """Ascending integers kept in blocks: append the greatest, remove any, walk down.
+    """Ascending integers kept in blocks: append the greatest, remove any, walk down."""
 
-    One revision alone (a context with one task: the usual case) is held
-    without any list: a journal keeps an index per context for as long as it
-    keeps the context's tasks, and every list is one more object the garbage
-    collector scans in each full pass.
-    """
-
-    __slots__ = ("_blocks", "_len", "_one", "_tops")
+    __slots__ = ("_blocks", "_len", "_tops")
 
     def __init__(self) -> None:
-        self._blocks: list[list[int]] | None = None
-        """The blocks, once more than one revision was held (None: ``_one`` or none)."""
-        self._tops: list[int] = _NO_TOPS
+        self._blocks: list[list[int]] = []
+        self._tops: list[int] = []
         """The greatest revision of each block (what a bisection reads)."""
-        self._one = 0
-        """The only revision, while ``_blocks`` is None and ``_len`` is 1."""
         self._len = 0
 
     def __len__(self) -> int:
@@ -59,22 +50,13 @@ class RevList:
 
     def add(self, rev: int) -> None:
         """Append ``rev``, which is greater than every revision held."""
-        blocks = self._blocks
-        if blocks is None:
-            if not self._len:
-                self._one, self._len = rev, 1
-                return
-            if rev <= self._one:
-                raise ValueError(f"revision {rev} is not above {self._one}")
-            blocks = self._blocks = [[self._one]]
-            self._tops = [self._one]
         if self._tops and rev <= self._tops[-1]:
             raise ValueError(f"revision {rev} is not above {self._tops[-1]}")
-        if not blocks or len(blocks[-1]) >= BLOCK:
-            blocks.append([rev])
+        if not self._blocks or len(self._blocks[-1]) >= BLOCK:
+            self._blocks.append([rev])
             self._tops.append(rev)
         else:
-            blocks[-1].append(rev)
+            self._blocks[-1].append(rev)
             self._tops[-1] = rev
         self._len += 1
 
@@ -84,20 +66,14 @@ class RevList:
         Raises:
             KeyError: ``rev`` is not held.
         """
-        blocks = self._blocks
-        if blocks is None:
-            if not self._len or self._one != rev:
-                raise KeyError(rev)
-            self._one, self._len = 0, 0
-            return
         i = bisect_left(self._tops, rev)
-        block = blocks[i] if i < len(blocks) else []
+        block = self._blocks[i] if i < len(self._blocks) else []
         j = bisect_left(block, rev)
         if j == len(block) or block[j] != rev:
             raise KeyError(rev)
         del block[j]
         if not block:
-            del blocks[i]
+            del self._blocks[i]
             del self._tops[i]
         elif j == len(block):
             self._tops[i] = block[-1]
@@ -105,17 +81,12 @@ class RevList:
 
     def below(self, before: int | None = None) -> Iterator[int]:
         """The revisions under ``before`` (all if None), greatest first."""
-        blocks = self._blocks
-        if blocks is None:
-            if self._len and (before is None or self._one < before):
-                yield self._one
+        if not self._blocks:
             return
-        if not blocks:
-            return
-        i = len(blocks) - 1 if before is None else bisect_left(self._tops, before)
-        if i == len(blocks):
+        i = len(self._blocks) - 1 if before is None else bisect_left(self._tops, before)
+        if i == len(self._blocks):
             i -= 1
-        block = blocks[i]
+        block = self._blocks[i]
         j = len(block) if before is None else bisect_left(block, before)
         while True:
             for k in range(j - 1, -1, -1):
@@ -123,12 +94,8 @@ class RevList:
             i -= 1
             if i < 0:
                 return
-            block = blocks[i]
+            block = self._blocks[i]
             j = len(block)
-
-
-_NO_TOPS: list[int] = []
-"""The tops of a ``RevList`` without blocks (never changed: blocks come with their own)."""
 
 
 class Walk(Generic[T]):
