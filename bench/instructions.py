@@ -30,6 +30,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from . import load
@@ -79,7 +80,7 @@ async def measure(kind: str, calls: int, streams: int, out: Path) -> dict[str, f
             await load.send_message(target, CALLERS, PHASE_AT_MOST, WARM_CALLS)
             await load.streaming(target, CALLERS, PHASE_AT_MOST, WARM_STREAMS)
         figures: dict[str, float] = {}
-        phases = {
+        phases: dict[str, Callable[[], Awaitable[load.Result]]] = {
             "unary": lambda: load.send_message(target, CALLERS, PHASE_AT_MOST, calls),
             "stream": lambda: load.streaming(target, CALLERS, PHASE_AT_MOST, streams),
         }

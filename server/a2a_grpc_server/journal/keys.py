@@ -29,7 +29,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from ..errors import UnknownFormatError
 
@@ -158,7 +158,8 @@ class SentKeys(Protocol):
 
 _Kept = tuple[str, str, int, bytes, float, bool]
 """A ``KeyRecord``'s fields, in order."""
-_ANSWER, _AT = 3, 4
+_ANSWER: Final = 3
+_AT: Final = 4
 
 
 class MemorySentKeys:
