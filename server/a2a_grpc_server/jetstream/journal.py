@@ -145,6 +145,8 @@ TASKS_STREAM = f"KV_{TASKS_BUCKET}"
 """The stream behind the snapshot bucket."""
 TASKS_ALL = f"$KV.{TASKS_BUCKET}.>"
 """Every key of the snapshot bucket, as stream subjects."""
+
+
 FOLD_BATCH = 256
 """Messages one direct get returns at most."""
 IDLE_HEARTBEAT = 1.0
@@ -164,6 +166,11 @@ SHARD = "A2a-Shard"
 SHARDS = "shards"
 """The feature of an instance that reads a task's record where its snapshot says."""
 _KNOWN_SHARDS = 65_536
+
+
+def _snapshot_subject(task_id: str) -> str:
+    """The stream subject of a task's snapshot (its key in the snapshot bucket)."""
+    return f"$KV.{TASKS_BUCKET}.{task_id}"
 
 
 def shard_for(task_id: str, streams: int) -> int:
@@ -1547,7 +1554,7 @@ class JetStreamJournal:
             nonlocal attempts
             attempts += 1
             return await self._requests.publish(
-                f"$KV.{TASKS_BUCKET}.{key}", value, dict(headers), self._retry.timeout
+                _snapshot_subject(key), value, dict(headers), self._retry.timeout
             )
 
         try:
@@ -1565,7 +1572,7 @@ class JetStreamJournal:
         async def attempt() -> api.RawStreamMsg | None:
             try:
                 async with asyncio.timeout(self._retry.timeout):
-                    return await self._js.get_msg(TASKS_STREAM, subject=f"$KV.{TASKS_BUCKET}.{key}")
+                    return await self._js.get_msg(TASKS_STREAM, subject=_snapshot_subject(key))
             except nats.js.errors.NotFoundError:
                 return None
 

@@ -99,9 +99,7 @@ async def _once(attempt: Callable[[], Awaitable[T]], what: str) -> T:
         raise _Retry(exc) from exc
     except nats.errors.ConnectionClosedError as exc:
         raise StoreUnavailableError(f"the NATS connection is closed: {what}") from exc
-    except nats.js.errors.APIError as exc:
-        if exc.err_code == IN_FLIGHT:
-            raise _Retry(exc) from exc
-        raise StoreRefusedError(f"NATS refused to {what}: {type(exc).__name__}: {exc}") from exc
     except (nats.errors.Error, nats.js.errors.Error) as exc:
+        if isinstance(exc, nats.js.errors.APIError) and exc.err_code == IN_FLIGHT:
+            raise _Retry(exc) from exc
         raise StoreRefusedError(f"NATS refused to {what}: {type(exc).__name__}: {exc}") from exc
