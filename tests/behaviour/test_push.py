@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import itertools
 import socket
 from pathlib import Path
 from typing import Any
@@ -365,6 +366,30 @@ async def test_retries_until_the_receiver_takes_it_honouring_retry_after() -> No
             assert [p.seq for p in first[:4]] == [1, 1, 1, 1], "frame 1 retried, nothing skipped"
             assert first[3].at - first[2].at >= 0.9, "Retry-After: 1 was honoured"
             assert h.service.metrics.push_retries == 3
+            await h.settle(within=10)
+
+
+async def test_a_retry_after_of_zero_does_not_make_a_retry_loop() -> None:
+    # A receiver (chosen by the client) answering "503, Retry-After: 0" once made the
+    # delivery re-POST flat out, a core's worth, for push_retry_for (600 s).
+    def busy(post: Post, attempt: int) -> Answer:
+        return Answer(503, {"Retry-After": "0"}) if attempt < 2 else Answer(204)
+
+    agent = GatedAgent()
+    agent.release.set()
+    with receiving(busy) as receiver:
+        async with asyncio.timeout(30), serve(agent, PRIVATE) as h:
+            request = with_webhook(send_request("go"), receiver.url())
+            task_id = (await h.stub.SendMessage(request, metadata=V1)).task.id
+            await receiver.wait_for(
+                lambda: any(p.state == S.TASK_STATE_COMPLETED for p in receiver.frames(task_id))
+            )
+            first = receiver.attempts
+            assert [p.seq for p in first[:3]] == [1, 1, 1]
+            # The backoff's first pause is 0.5 s with jitter (0.25 s at least), then 1 s.
+            gaps = [b.at - a.at for a, b in itertools.pairwise(first[:3])]
+            assert min(gaps) >= 0.2, f"Retry-After: 0 shortened the backoff: {gaps}"
+            assert h.service.metrics.push_retries == 2
             await h.settle(within=10)
 
 

@@ -8,9 +8,10 @@ task: the final frame is in the log for every ending (completion, each
 cancel flavour, failure, shutdown).
 
 Retries: a frame worth retrying is retried with exponential backoff and
-jitter (or as ``Retry-After`` says) for ``push_retry_for`` seconds; then the
-config counts as failing, the frame is given up, and the delivery jumps to
-the task as it is now, sent as one ``Task`` frame, and goes on from there.
+jitter (longer if ``Retry-After`` says so, never shorter) for
+``push_retry_for`` seconds; then the config counts as failing, the frame is
+given up, and the delivery jumps to the task as it is now, sent as one
+``Task`` frame, and goes on from there.
 A delivery whose next frame left the log (the receiver was slower than the
 task's log keeps) does the same. Either way the outcome is never lost: the
 last frame attempted is the final one or a Task in its final state.
@@ -301,10 +302,12 @@ class PushDispatcher:
                 )
                 return False
             metrics.push_retries += 1
-            wait = attempt.retry_after
-            if wait is None:
-                wait = pause * random.uniform(0.5, 1.5)  # jitter: receivers recovering
-                pause = min(pause * 2, MAX_RETRY_PAUSE)
+            wait = pause * random.uniform(0.5, 1.5)  # jitter: receivers recovering
+            pause = min(pause * 2, MAX_RETRY_PAUSE)
+            if attempt.retry_after is not None:
+                # A receiver's Retry-After lengthens the backoff, never shortens it:
+                # "Retry-After: 0" (or a date past) must not make a retry loop.
+                wait = max(wait, attempt.retry_after)
             logger.info(
                 "push to config %s of task %s: frame %d not delivered (%s); retrying in %.1f s",
                 config.id,
