@@ -13,9 +13,10 @@ then the body, in one write.
 What it reads, strictly (a receiver's answer is untrusted input):
 
 * a status line ``HTTP/1.0`` or ``HTTP/1.1``, a three-digit status, a reason;
-* header lines ``name: value``, CRLF-terminated, at most ``MAX_HEAD`` bytes and
-  ``MAX_HEADER_LINES`` lines in all; informational (1xx) answers before the
-  real one are skipped, at most ``MAX_INFORMATIONAL`` of them;
+* header lines ``name: value``, CRLF-terminated (no bare CR or LF, no NUL in
+  a value), at most ``MAX_HEAD`` bytes and ``MAX_HEADER_LINES`` lines in all;
+  informational (1xx) answers before the real one are skipped, at most
+  ``MAX_INFORMATIONAL`` of them;
 * the body only when the answer says its length (one ``Content-Length``, equal
   values if repeated) and it is at most ``MAX_BODY`` bytes: it is read and
   dropped, and the connection is kept (HTTP/1.1, no ``Connection: close``).
@@ -65,6 +66,8 @@ _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\x00-\x08\x0a-\x1f\x
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _DIGITS = re.compile(rb"[0-9]{1,18}")
 _FORBIDDEN_IN_HEADER = re.compile(r"[\r\n\x00]")
+_FORBIDDEN_IN_ANSWER = re.compile(rb"[\r\n\x00]")
+"""What no line of an answer's head may hold (RFC 9110 5.5: a bare CR or LF, a NUL)."""
 _REQUEST_TARGET = re.compile(r"/[\x21-\x7e]*")
 
 
@@ -453,7 +456,7 @@ class _Connection(asyncio.Protocol):
         retry_after: str | None = None
         for line in lines[1:]:
             name, colon, value = line.partition(b":")
-            if not colon or _TOKEN.fullmatch(name) is None:
+            if not colon or _TOKEN.fullmatch(name) is None or _FORBIDDEN_IN_ANSWER.search(value):
                 raise ProtocolError(f"a malformed header line: {line[:80]!r}")
             value = value.strip(b" \t")
             lowered = name.lower()

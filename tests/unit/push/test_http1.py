@@ -205,6 +205,10 @@ async def test_informational_answers_are_skipped_and_an_answer_may_come_a_byte_a
         b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
         b"HTTP/1.1 100 Continue\r\n\r\n" * (MAX_INFORMATIONAL + 1) + OK,
         b"HTTP/1.1 200 OK\nContent-Length: 0\n\n",  # (bare LF line ends)
+        # (a bare LF, a bare CR, a NUL in a value: "Connection: close" hidden in one)
+        b"HTTP/1.1 200 OK\r\nX: a\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX: a\rb\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX: a\x00b\r\nContent-Length: 0\r\n\r\n",
     ],
 )
 async def test_a_malformed_answer_is_a_protocol_error_and_its_connection_is_closed(
