@@ -133,6 +133,11 @@ class ServerConfig:
             over it a new config is refused (PUSH_CONFIGS_QUOTA). A config is
             at most about 11 KB (its URL, token and credentials are bounded),
             so this bounds a principal's configs to about 11 MB. 0: no quota.
+        quota_push_in_flight: Most webhook requests one principal's tasks have
+            in flight at once on this instance (of ``push_max_in_flight``); its
+            other deliveries wait their turn, so webhooks that hang (each
+            request holds its slot up to ``push_timeout``) delay its own pushes,
+            not other principals'. 0: no quota.
         max_live_tasks: Most live tasks on this instance, all principals
             together (LIVE_TASKS_LIMIT); once half are taken, a principal gets
             no more than a fair share (LIVE_TASKS_FAIR_SHARE: see the quotas
@@ -196,6 +201,7 @@ class ServerConfig:
     quota_streams: int = 1000
     quota_subscribers: int = 256
     quota_push_configs: int = 1000
+    quota_push_in_flight: int = 32
     max_live_tasks: int = 10_000
     max_streams: int = 10_000
     grpc_max_concurrent_streams: int = 1000
@@ -244,6 +250,7 @@ class ServerConfig:
             self.quota_streams,
             self.quota_subscribers,
             self.quota_push_configs,
+            self.quota_push_in_flight,
             self.max_live_tasks,
             self.max_streams,
         )

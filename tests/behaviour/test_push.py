@@ -417,6 +417,41 @@ async def test_a_receiver_that_never_answers_does_not_hold_up_the_task_or_its_st
             await h.settle(within=10)
 
 
+async def test_webhooks_that_hang_hold_up_their_own_callers_pushes_not_anothers(
+    tmp_path: Path,
+) -> None:
+    # Each request to a webhook that hangs holds an instance slot up to push_timeout: one
+    # caller with as many such webhooks as the instance has slots once stalled everyone's.
+    config = ServerConfig(
+        push_allow_private=True, push_max_in_flight=4, quota_push_in_flight=2, push_timeout=30
+    )
+    agent = GatedAgent()
+    agent.release.set()
+    with (
+        receiving(lambda post, attempt: Answer(hold=True)) as hanging,
+        receiving() as live,
+    ):
+        async with asyncio.timeout(30), serve(agent, config, auth=tokens(tmp_path)) as h:
+            for _ in range(4):  # as many tasks as the instance has slots
+                request = with_webhook(send_request("go"), hanging.url())
+                await h.stub.SendMessage(request, metadata=ALICE)
+            await hanging.wait_for(lambda: len(hanging.attempts) == 2)  # her two slots, held
+            request = with_webhook(send_request("go"), live.url())
+            task_id = (await h.stub.SendMessage(request, metadata=BOB)).task.id
+            await live.wait_for(
+                lambda: any(p.state == S.TASK_STATE_COMPLETED for p in live.frames(task_id)),
+                within=10,
+            )
+            assert_complete(live.frames(task_id), S.TASK_STATE_COMPLETED)
+            assert len(hanging.attempts) == 2, "her other deliveries wait for her own slots"
+            hanging.release.set()  # now it answers: her tasks' frames follow
+            await hanging.wait_for(lambda: len(hanging.posts) >= 4 * 3)
+            push = h.service.push
+            assert push is not None
+            await h.settle(within=10)
+            assert not push.dispatcher._callers, "nothing kept per principal once deliveries end"
+
+
 async def test_a_config_created_on_a_waiting_task_gets_what_follows() -> None:
     with receiving() as receiver:
         async with asyncio.timeout(20), serve(InputAgent(), PRIVATE) as h:

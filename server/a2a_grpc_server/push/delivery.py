@@ -17,7 +17,9 @@ task's log keeps) does the same. Either way the outcome is never lost: the
 last frame attempted is the final one or a Task in its final state.
 
 Bounds: one request in flight per delivery, at most ``push_max_in_flight``
-across the instance (the rest wait their turn, holding no connection); a
+across the instance and ``quota_push_in_flight`` for one principal's tasks
+(the rest wait their turn, holding no connection: webhooks that hang delay
+their own principal's pushes, not everyone's); a
 delivery holds frames only through its log reader, within the log's budget;
 a slow receiver slows only its own delivery.
 
@@ -44,6 +46,7 @@ from ..journal import StoreError
 from ..log.tasklog import LogReader
 from ..model import taskops
 from ..model.names import TASK_PREFIX
+from ..model.scope import principal_of
 from ..obs.metrics import Metrics
 from .configs import PushConfigStore
 from .sender import Outcome, WebhookSender
@@ -68,6 +71,8 @@ class PushDispatcher:
         metrics: Where deliveries are counted.
         retry_for: Seconds one frame is retried before it is given up.
         max_in_flight: Most requests in flight across every delivery.
+        max_in_flight_per_caller: Most requests in flight for the tasks of one
+            principal (0: no bound but ``max_in_flight``).
     """
 
     def __init__(
@@ -78,12 +83,17 @@ class PushDispatcher:
         *,
         retry_for: float,
         max_in_flight: int,
+        max_in_flight_per_caller: int = 0,
     ) -> None:
         self.store = store
         self._sender = sender
         self._metrics = metrics
         self._retry_for = retry_for
         self._gate = asyncio.Semaphore(max_in_flight)
+        self._per_caller = max_in_flight_per_caller
+        self._callers: dict[str, _CallerGate] = {}
+        """Each principal's gate, while one of its deliveries runs."""
+        self._unbounded = _CallerGate(0, "", {})
         self._deliveries: dict[str, dict[str, asyncio.Task[None]]] = {}
         """Running deliveries by task id, then config id."""
         self._sources: dict[str, Source] = {}
@@ -207,12 +217,13 @@ class PushDispatcher:
         self, source: Source, config: TaskPushNotificationConfig, reader: LogReader | None
     ) -> None:
         task_id = source.task_id
+        gate = self._caller_gate(principal_of(source.scope))
         try:
             while True:
                 if reader is not None:
                     try:
                         async for seq, frame, _ in reader:
-                            if not await self._send(config, task_id, seq, frame):
+                            if not await self._send(config, task_id, gate, seq, frame):
                                 break  # given up: jump to the task as it is now
                         else:
                             return  # the final frame is delivered (or given up)
@@ -233,16 +244,30 @@ class PushDispatcher:
                 ended = source.ended  # then ``task`` is final
                 # Made before the send: every frame after ``seq`` is kept for it.
                 reader = None if ended else source.reader(seq)
-                await self._send(
-                    config, task_id, seq, StreamResponse(task=task).SerializeToString()
-                )
+                frame = StreamResponse(task=task).SerializeToString()
+                await self._send(config, task_id, gate, seq, frame)
                 if ended:
                     return
         except _ConfigGone:
             logger.info("push config %s of task %s was deleted: delivery stops", config.id, task_id)
         finally:
+            gate.leave()
             if reader is not None:
                 reader.close()
+
+    def _caller_gate(self, principal: str) -> _CallerGate:
+        """The slots of ``principal``'s tasks, for one delivery (which ``leave``s it at its end).
+
+        Shared by all when there is no per-caller bound.
+        """
+        if not self._per_caller:
+            return self._unbounded
+        gate = self._callers.get(principal)
+        if gate is None:
+            gate = _CallerGate(self._per_caller, principal, self._callers)
+            self._callers[principal] = gate
+        gate.users += 1
+        return gate
 
     async def _gone(self, task_id: str, config_id: str) -> bool:
         """Whether the config was deleted (a store that cannot tell says no)."""
@@ -252,9 +277,17 @@ class PushDispatcher:
             return False
 
     async def _send(
-        self, config: TaskPushNotificationConfig, task_id: str, seq: int, frame: bytes
+        self,
+        config: TaskPushNotificationConfig,
+        task_id: str,
+        gate: _CallerGate,
+        seq: int,
+        frame: bytes,
     ) -> bool:
         """POST one frame until it is delivered, refused, or its retry budget is spent.
+
+        Each attempt holds a slot of the task's principal (``gate``), then one of
+        the instance's.
 
         Returns:
             Whether the webhook took it.
@@ -266,7 +299,7 @@ class PushDispatcher:
         pause = FIRST_RETRY
         started = time.monotonic()
         while True:
-            async with self._gate:
+            async with gate, self._gate:
                 metrics.push_in_flight += 1
                 try:
                     attempt = await self._sender.post(config, task_id, seq, body)
@@ -319,6 +352,38 @@ class PushDispatcher:
             await asyncio.sleep(min(wait, left))
 
 
+class _CallerGate:
+    """The slots of one principal's tasks: ``async with`` holds one for an attempt.
+
+    Taken before the instance's gate, so a principal's deliveries beyond its
+    slots wait here, not in the instance's queue ahead of other principals'.
+    It is kept (in ``kept``) only while one of the principal's deliveries
+    runs: nothing is kept per principal after that. Size 0: no bound.
+    """
+
+    __slots__ = ("_kept", "_principal", "_slots", "users")
+
+    def __init__(self, size: int, principal: str, kept: dict[str, _CallerGate]) -> None:
+        self._slots = asyncio.Semaphore(size) if size else None
+        self._principal, self._kept = principal, kept
+        self.users = 0
+        """Deliveries that use it."""
+
+    async def __aenter__(self) -> None:
+        if self._slots is not None:
+            await self._slots.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._slots is not None:
+            self._slots.release()
+
+    def leave(self) -> None:
+        """A delivery that used it has ended."""
+        self.users -= 1
+        if not self.users and self._kept.get(self._principal) is self:
+            del self._kept[self._principal]
+
+
 class _ConfigGone(Exception):
     """The config was deleted (on another instance) while its delivery ran."""
 
@@ -329,6 +394,11 @@ class Source(Protocol):
     @property
     def task_id(self) -> str:
         """The task."""
+        ...
+
+    @property
+    def scope(self) -> str:
+        """Whose task it is (``model.scope``)."""
         ...
 
     @property
@@ -363,6 +433,11 @@ class LiveSource:
         return self.live.task_id
 
     @property
+    def scope(self) -> str:
+        """Whose task it is."""
+        return self.live.scope
+
+    @property
     def ended(self) -> bool:
         """Whether the task's log is closed."""
         return self.live.log.closed
@@ -385,10 +460,15 @@ class LiveSource:
 class EndedSource:
     """A task that ended elsewhere (a survivor delivers what its lost owner had not)."""
 
-    __slots__ = ("_final", "_seq")
+    __slots__ = ("_final", "_scope", "_seq")
 
-    def __init__(self, final: Task, seq: int) -> None:
-        self._final, self._seq = final, seq
+    def __init__(self, final: Task, seq: int, scope: str) -> None:
+        self._final, self._seq, self._scope = final, seq, scope
+
+    @property
+    def scope(self) -> str:
+        """Whose task it is."""
+        return self._scope
 
     @property
     def task_id(self) -> str:

@@ -99,6 +99,7 @@ class PushService:
             metrics,
             retry_for=config.push_retry_for,
             max_in_flight=config.push_max_in_flight,
+            max_in_flight_per_caller=config.quota_push_in_flight,
         )
         self._resuming: set[asyncio.Task[None]] = set()
         self._forget_later: set[str] = set()
@@ -176,7 +177,7 @@ class PushService:
                 reader = await cluster.replay(final, cursor)
             except (FrameNotKeptError, StoreError):
                 reader = None  # the event log no longer has them: the final task instead
-        self.dispatcher.deliver(EndedSource(final.task, final.seq), config, reader)
+        self.dispatcher.deliver(EndedSource(final.task, final.seq, final.scope), config, reader)
 
     async def register(self, live: LiveTask, config: TaskPushNotificationConfig) -> None:
         """Keep ``config`` and start delivering the task's frames after the current one.
