@@ -1,7 +1,7 @@
 """``python -m bench.inproc``: what our code costs per call without gRPC, and how it grows.
 
     .venv/bin/python -m bench.inproc [--kind unary|stream] [--calls 1000,10000,100000]
-                                     [--callers 16]
+                                     [--callers 16] [--set NAME=VALUE ...]
 
 For each count N, a fresh ``A2AService`` (every default, the ``Workload`` agent,
 in memory) in this process is called N times through its servicer, at
@@ -12,7 +12,9 @@ SendStreamingMessage of 13 frames. It prints the CPU per call
 for the garbage collector (tracked objects still alive, per call) and what a
 full collection then takes; and the exponent of the total time in N fitted
 over the counts (1.0: each call costs the same however many came before).
-Bounded in count; every call in ``asyncio.timeout``.
+Bounded in count; every call in ``asyncio.timeout``. ``--set`` changes a
+``ServerConfig`` setting (repeatable; printed first), to measure what a
+feature costs, e.g. ``--set idempotency_window=0``.
 
 What it leaves out is what ``python -m bench`` adds: grpc.aio's call machinery
 and the interceptors.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import math
 import statistics
@@ -33,7 +36,7 @@ from typing import Any
 
 from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest
 
-from a2a_grpc_server import A2AService
+from a2a_grpc_server import A2AService, ServerConfig
 from a2a_grpc_server.app.card import default_card
 
 from .agents import Workload
@@ -84,9 +87,11 @@ class Measured:
     """What one full collection takes with them kept (median of ``FULL_PASSES``)."""
 
 
-async def measure(kind: str, calls: int, callers: int) -> Measured:
+async def measure(
+    kind: str, calls: int, callers: int, config: ServerConfig | None = None
+) -> Measured:
     """What ``calls`` calls on a fresh service cost (see ``Measured``)."""
-    service = A2AService(Workload(), default_card())
+    service = A2AService(Workload(), default_card(), config=config)
     await service.start()
     servicer: Any = service.servicer
     text = "unary" if kind == "unary" else "stream"
@@ -137,17 +142,38 @@ def exponent(counts: list[int], per_call: list[float]) -> float:
     )
 
 
+def config_of(settings: list[str]) -> ServerConfig | None:
+    """``ServerConfig`` with ``NAME=VALUE`` settings changed (None: the defaults)."""
+    if not settings:
+        return None
+    types = {field.name: field.type for field in dataclasses.fields(ServerConfig)}
+    changed: dict[str, object] = {}
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        kind = types.get(name)
+        if kind not in ("int", "float", "bool"):
+            raise SystemExit(f"--set {setting}: not a number or true/false setting")
+        if kind == "bool":
+            changed[name] = value.lower() in ("1", "true", "yes")
+        else:
+            changed[name] = int(value) if kind == "int" else float(value)
+    return ServerConfig(**changed)  # type: ignore[arg-type]
+
+
 def main() -> None:
     """Entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kind", choices=("unary", "stream"), default="unary")
     parser.add_argument("--calls", default="1000,10000,100000")
     parser.add_argument("--callers", type=int, default=16)
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     args = parser.parse_args()
+    config = config_of(args.set)
+    print("settings: " + (", ".join(args.set) if args.set else "the defaults"), flush=True)
     counts = [int(n) for n in args.calls.split(",")]
     per_call = []
     for n in counts:
-        measured = asyncio.run(measure(args.kind, n, args.callers))
+        measured = asyncio.run(measure(args.kind, n, args.callers, config))
         per_call.append(measured.cpu_us)
         print(
             f"{args.kind:6} {n:>8,} calls: {measured.cpu_us:7.1f} us of CPU per call; "
@@ -155,7 +181,7 @@ def main() -> None:
             f"{measured.full_ms:.1f} ms",
             flush=True,
         )
-    if len(counts) > 1:
+    if len(set(counts)) > 1:  # (a fit needs two different counts)
         print(f"total time ~ N^{exponent(counts, per_call):.2f}")
     sys.exit(0)
 

@@ -76,11 +76,11 @@ class Receiver:
             raise RuntimeError("the receiver did not start")
         return cls(proc, int(line[1]))
 
-    async def stats(self) -> dict[str, int]:
-        """What it received so far."""
+    async def stats(self) -> dict[str, float]:
+        """What it received so far, and the CPU seconds it spent (``bench.receiver``)."""
         async with httpx.AsyncClient(trust_env=False) as client:
             answer = await client.get(f"http://127.0.0.1:{self.port}/stats", timeout=10)
-            stats: dict[str, int] = answer.json()
+            stats: dict[str, float] = answer.json()
             return stats
 
     async def stop(self) -> None:
@@ -104,20 +104,25 @@ async def run_kind(kind: str, tasks: int, profile: str = "") -> dict[str, Result
         await load.send_message(target, 4, 0.5, 500)  # warm-up
         out: dict[str, Result] = {}
         out["SendMessage x16"] = await load.send_message(target, 16, 120, tasks)
-        before = (await live.stats())["tasks"]
+        first = await live.stats()
+        before, began = first["tasks"], time.perf_counter()
 
         async def drained(sent: int) -> Result:
             t0 = time.perf_counter()
-            got = before
+            stats = first
             deadline = t0 + DRAIN_AT_MOST
             while time.perf_counter() < deadline:
-                got = (await live.stats())["tasks"]
-                if got - before >= sent:
+                stats = await live.stats()
+                if stats["tasks"] - before >= sent:
                     break
                 await asyncio.sleep(0.05)
             return {
                 "drain_ms": (time.perf_counter() - t0) * 1000,
-                "finals_missing": sent - (got - before),
+                "finals_missing": sent - (stats["tasks"] - before),
+                # (it shares the cores: a busy receiver slows the server down)
+                "receiver_cpu_pct": 100
+                * (stats["cpu_s"] - first["cpu_s"])
+                / (time.perf_counter() - began),
             }
 
         out["SendMessage x16 + webhook"] = await load.send_message(
@@ -138,7 +143,10 @@ async def run_kind(kind: str, tasks: int, profile: str = "") -> dict[str, Result
 
 PLAN = [
     ("SendMessage x16", ["tasks_per_s", "p99_ms"]),
-    ("SendMessage x16 + webhook", ["tasks_per_s", "p99_ms", "drain_ms", "finals_missing"]),
+    (
+        "SendMessage x16 + webhook",
+        ["tasks_per_s", "p99_ms", "drain_ms", "finals_missing", "receiver_cpu_pct"],
+    ),
     ("fan-out 1000 to 10", ["frames_per_s", "missing_final_frames", "lag_p99_ms"]),
     ("fan-out 1000 to 10 + dead webhook", ["frames_per_s", "missing_final_frames", "lag_p99_ms"]),
 ]
