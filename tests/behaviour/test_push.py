@@ -8,6 +8,7 @@ import asyncio
 import ipaddress
 import itertools
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -344,6 +345,23 @@ async def test_the_webhook_gets_the_final_state_however_the_task_ends(how: str) 
                 await h.settle(within=10)
 
 
+async def delivered_after(answer: Callable[[Post, int], Answer]) -> tuple[list[Post], int]:
+    """A task's frames sent to a receiver answering ``answer``: its attempts, and the retries."""
+    agent = GatedAgent()
+    agent.release.set()
+    with receiving(answer) as receiver:
+        async with asyncio.timeout(30), serve(agent, PRIVATE) as h:
+            request = with_webhook(send_request("go"), receiver.url())
+            task_id = (await h.stub.SendMessage(request, metadata=V1)).task.id
+            await receiver.wait_for(
+                lambda: any(p.state == S.TASK_STATE_COMPLETED for p in receiver.frames(task_id))
+            )
+            assert_complete(receiver.frames(task_id), S.TASK_STATE_COMPLETED)
+            retries = h.service.metrics.push_retries
+            await h.settle(within=10)
+            return receiver.attempts, retries
+
+
 async def test_retries_until_the_receiver_takes_it_honouring_retry_after() -> None:
     def flaky(post: Post, attempt: int) -> Answer:
         if attempt < 2:
@@ -352,21 +370,10 @@ async def test_retries_until_the_receiver_takes_it_honouring_retry_after() -> No
             return Answer(429, {"Retry-After": "1"})
         return Answer(204)
 
-    agent = GatedAgent()
-    agent.release.set()
-    with receiving(flaky) as receiver:
-        async with asyncio.timeout(30), serve(agent, PRIVATE) as h:
-            request = with_webhook(send_request("go"), receiver.url())
-            task_id = (await h.stub.SendMessage(request, metadata=V1)).task.id
-            await receiver.wait_for(
-                lambda: any(p.state == S.TASK_STATE_COMPLETED for p in receiver.frames(task_id))
-            )
-            assert_complete(receiver.frames(task_id), S.TASK_STATE_COMPLETED)
-            first = receiver.attempts
-            assert [p.seq for p in first[:4]] == [1, 1, 1, 1], "frame 1 retried, nothing skipped"
-            assert first[3].at - first[2].at >= 0.9, "Retry-After: 1 was honoured"
-            assert h.service.metrics.push_retries == 3
-            await h.settle(within=10)
+    first, retries = await delivered_after(flaky)
+    assert [p.seq for p in first[:4]] == [1, 1, 1, 1], "frame 1 retried, nothing skipped"
+    assert first[3].at - first[2].at >= 0.9, "Retry-After: 1 was honoured"
+    assert retries == 3
 
 
 async def test_a_retry_after_of_zero_does_not_make_a_retry_loop() -> None:
@@ -375,22 +382,12 @@ async def test_a_retry_after_of_zero_does_not_make_a_retry_loop() -> None:
     def busy(post: Post, attempt: int) -> Answer:
         return Answer(503, {"Retry-After": "0"}) if attempt < 2 else Answer(204)
 
-    agent = GatedAgent()
-    agent.release.set()
-    with receiving(busy) as receiver:
-        async with asyncio.timeout(30), serve(agent, PRIVATE) as h:
-            request = with_webhook(send_request("go"), receiver.url())
-            task_id = (await h.stub.SendMessage(request, metadata=V1)).task.id
-            await receiver.wait_for(
-                lambda: any(p.state == S.TASK_STATE_COMPLETED for p in receiver.frames(task_id))
-            )
-            first = receiver.attempts
-            assert [p.seq for p in first[:3]] == [1, 1, 1]
-            # The backoff's first pause is 0.5 s with jitter (0.25 s at least), then 1 s.
-            gaps = [b.at - a.at for a, b in itertools.pairwise(first[:3])]
-            assert min(gaps) >= 0.2, f"Retry-After: 0 shortened the backoff: {gaps}"
-            assert h.service.metrics.push_retries == 2
-            await h.settle(within=10)
+    first, retries = await delivered_after(busy)
+    assert [p.seq for p in first[:3]] == [1, 1, 1]
+    # The backoff's first pause is 0.5 s with jitter (0.25 s at least), then 1 s.
+    gaps = [b.at - a.at for a, b in itertools.pairwise(first[:3])]
+    assert min(gaps) >= 0.2, f"Retry-After: 0 shortened the backoff: {gaps}"
+    assert retries == 2
 
 
 async def test_a_receiver_that_never_answers_does_not_hold_up_the_task_or_its_streams() -> None:
