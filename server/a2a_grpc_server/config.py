@@ -136,8 +136,9 @@ class ServerConfig:
         quota_push_in_flight: Most webhook requests one principal's tasks have
             in flight at once on this instance (of ``push_max_in_flight``); its
             other deliveries wait their turn, so webhooks that hang (each
-            request holds its slot up to ``push_timeout``) delay its own pushes,
-            not other principals'. 0: no quota.
+            request holds its slot up to ``push_timeout``) delay its own pushes
+            first. The anonymous principal (no authenticator) is not held to
+            it: it is the whole instance. 0: no quota.
         max_live_tasks: Most live tasks on this instance, all principals
             together (LIVE_TASKS_LIMIT); once half are taken, a principal gets
             no more than a fair share (LIVE_TASKS_FAIR_SHARE: see the quotas

@@ -449,6 +449,25 @@ async def test_webhooks_that_hang_hold_up_their_own_callers_pushes_not_anothers(
             assert not push.dispatcher._callers, "nothing kept per principal once deliveries end"
 
 
+async def test_the_one_anonymous_caller_is_not_held_to_the_push_quota() -> None:
+    # Every caller is the anonymous principal then: a bound of its own would only leave
+    # the instance's other slots unused (as for the other quotas, it is the whole instance).
+    config = ServerConfig(
+        push_allow_private=True, push_max_in_flight=4, quota_push_in_flight=2, push_timeout=30
+    )
+    agent = GatedAgent()
+    agent.release.set()
+    with receiving(lambda post, attempt: Answer(hold=True)) as hanging:
+        async with asyncio.timeout(30), serve(agent, config) as h:
+            for _ in range(4):
+                request = with_webhook(send_request("go"), hanging.url())
+                await h.stub.SendMessage(request, metadata=V1)
+            await hanging.wait_for(lambda: len(hanging.attempts) == 4)  # all the slots
+            hanging.release.set()
+            await hanging.wait_for(lambda: len(hanging.posts) >= 4 * 3)
+            await h.settle(within=10)
+
+
 async def test_a_config_created_on_a_waiting_task_gets_what_follows() -> None:
     with receiving() as receiver:
         async with asyncio.timeout(20), serve(InputAgent(), PRIVATE) as h:

@@ -17,9 +17,9 @@ task's log keeps) does the same. Either way the outcome is never lost: the
 last frame attempted is the final one or a Task in its final state.
 
 Bounds: one request in flight per delivery, at most ``push_max_in_flight``
-across the instance and ``quota_push_in_flight`` for one principal's tasks
-(the rest wait their turn, holding no connection: webhooks that hang delay
-their own principal's pushes, not everyone's); a
+across the instance and ``quota_push_in_flight`` for one named principal's
+tasks (the rest wait their turn, holding no connection: webhooks that hang
+delay their own principal's pushes first); a
 delivery holds frames only through its log reader, within the log's budget;
 a slow receiver slows only its own delivery.
 
@@ -46,7 +46,7 @@ from ..journal import StoreError
 from ..log.tasklog import LogReader
 from ..model import taskops
 from ..model.names import TASK_PREFIX
-from ..model.scope import principal_of
+from ..model.scope import ANONYMOUS, principal_of
 from ..obs.metrics import Metrics
 from .configs import PushConfigStore
 from .sender import Outcome, WebhookSender
@@ -258,9 +258,11 @@ class PushDispatcher:
     def _caller_gate(self, principal: str) -> _CallerGate:
         """The slots of ``principal``'s tasks, for one delivery (which ``leave``s it at its end).
 
-        Shared by all when there is no per-caller bound.
+        The anonymous principal (no authenticator: every caller) is not held to
+        a per-caller bound: it is the whole instance, as for the other quotas.
+        Neither is anyone when there is no per-caller bound.
         """
-        if not self._per_caller:
+        if not self._per_caller or principal == ANONYMOUS:
             return self._unbounded
         gate = self._callers.get(principal)
         if gate is None:
@@ -379,6 +381,8 @@ class _CallerGate:
 
     def leave(self) -> None:
         """A delivery that used it has ended."""
+        if self._slots is None:
+            return  # (the one gate of no bound: never counted nor kept)
         self.users -= 1
         if not self.users and self._kept.get(self._principal) is self:
             del self._kept[self._principal]
