@@ -46,7 +46,7 @@ from ..journal import StoreError
 from ..log.tasklog import LogReader
 from ..model import taskops
 from ..model.names import TASK_PREFIX
-from ..model.scope import ANONYMOUS, principal_of
+from ..model.scope import principal_of
 from ..obs.metrics import Metrics
 from .configs import PushConfigStore
 from .sender import Outcome, WebhookSender
@@ -93,7 +93,6 @@ class PushDispatcher:
         self._per_caller = max_in_flight_per_caller
         self._callers: dict[str, _CallerGate] = {}
         """Each principal's gate, while one of its deliveries runs."""
-        self._unbounded = _CallerGate(0, "", {})
         self._deliveries: dict[str, dict[str, asyncio.Task[None]]] = {}
         """Running deliveries by task id, then config id."""
         self._sources: dict[str, Source] = {}
@@ -255,15 +254,15 @@ class PushDispatcher:
             if reader is not None:
                 reader.close()
 
-    def _caller_gate(self, principal: str) -> _CallerGate:
+    def _caller_gate(self, principal: str) -> _CallerGate | _NoGate:
         """The slots of ``principal``'s tasks, for one delivery (which ``leave``s it at its end).
 
         The anonymous principal (no authenticator: every caller) is not held to
         a per-caller bound: it is the whole instance, as for the other quotas.
         Neither is anyone when there is no per-caller bound.
         """
-        if not self._per_caller or principal == ANONYMOUS:
-            return self._unbounded
+        if not self._per_caller or not principal:
+            return _NO_GATE
         gate = self._callers.get(principal)
         if gate is None:
             gate = _CallerGate(self._per_caller, principal, self._callers)
@@ -282,7 +281,7 @@ class PushDispatcher:
         self,
         config: TaskPushNotificationConfig,
         task_id: str,
-        gate: _CallerGate,
+        gate: _CallerGate | _NoGate,
         seq: int,
         frame: bytes,
     ) -> bool:
@@ -360,32 +359,46 @@ class _CallerGate:
     Taken before the instance's gate, so a principal's deliveries beyond its
     slots wait here, not in the instance's queue ahead of other principals'.
     It is kept (in ``kept``) only while one of the principal's deliveries
-    runs: nothing is kept per principal after that. Size 0: no bound.
+    runs: nothing is kept per principal after that.
     """
 
     __slots__ = ("_kept", "_principal", "_slots", "users")
 
     def __init__(self, size: int, principal: str, kept: dict[str, _CallerGate]) -> None:
-        self._slots = asyncio.Semaphore(size) if size else None
+        self._slots = asyncio.Semaphore(size)
         self._principal, self._kept = principal, kept
         self.users = 0
         """Deliveries that use it."""
 
     async def __aenter__(self) -> None:
-        if self._slots is not None:
-            await self._slots.acquire()
+        await self._slots.acquire()
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._slots is not None:
-            self._slots.release()
+        self._slots.release()
 
     def leave(self) -> None:
         """A delivery that used it has ended."""
-        if self._slots is None:
-            return  # (the one gate of no bound: never counted nor kept)
         self.users -= 1
         if not self.users and self._kept.get(self._principal) is self:
             del self._kept[self._principal]
+
+
+class _NoGate:
+    """What a delivery not held to a per-caller bound holds: nothing."""
+
+    __slots__ = ()
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def leave(self) -> None:
+        """Nothing is counted or kept."""
+
+
+_NO_GATE = _NoGate()
 
 
 class _ConfigGone(Exception):
