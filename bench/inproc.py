@@ -1,7 +1,8 @@
 """``python -m bench.inproc``: what our code costs per call without gRPC, and how it grows.
 
     .venv/bin/python -m bench.inproc [--kind unary|stream] [--calls 1000,10000,100000]
-                                     [--callers 16] [--set NAME=VALUE ...]
+                                     [--callers 16] [--set NAME=VALUE ...] [--nats]
+                                     [--profile PATH]
 
 For each count N, a fresh ``A2AService`` (every default, the ``Workload`` agent,
 in memory) in this process is called N times through its servicer, at
@@ -14,7 +15,9 @@ full collection then takes; and the exponent of the total time in N fitted
 over the counts (1.0: each call costs the same however many came before).
 Bounded in count; every call in ``asyncio.timeout``. ``--set`` changes a
 ``ServerConfig`` setting (repeatable; printed first), to measure what a
-feature costs, e.g. ``--set idempotency_window=0``.
+feature costs, e.g. ``--set idempotency_window=0``. ``--nats`` makes the service an
+instance of a cluster on a nats-server of its own (started on a free loopback port;
+its CPU is not counted), ``--profile`` writes a cProfile of the measured calls.
 
 What it leaves out is what ``python -m bench`` adds: grpc.aio's call machinery
 and the interceptors.
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import cProfile
 import dataclasses
 import gc
 import math
@@ -88,10 +93,26 @@ class Measured:
 
 
 async def measure(
-    kind: str, calls: int, callers: int, config: ServerConfig | None = None
+    kind: str,
+    calls: int,
+    callers: int,
+    config: ServerConfig | None = None,
+    nats: str = "",
+    profile: str = "",
 ) -> Measured:
-    """What ``calls`` calls on a fresh service cost (see ``Measured``)."""
-    service = A2AService(Workload(), default_card(), config=config)
+    """What ``calls`` calls on a fresh service cost (see ``Measured``).
+
+    With ``nats`` (a URL) the service is an instance of a cluster on it; with
+    ``profile`` (a path) the measured calls are profiled (cProfile) into it.
+    """
+    cluster = None
+    if nats:
+        from a2a_grpc_server.jetstream.conn import NatsConfig
+        from a2a_grpc_server.jetstream.node import NatsCluster
+        from tests.support import CLUSTER_KEY
+
+        cluster = await NatsCluster.connect(NatsConfig(servers=[nats], key=CLUSTER_KEY))
+    service = A2AService(Workload(), default_card(), cluster=cluster, config=config)
     await service.start()
     servicer: Any = service.servicer
     text = "unary" if kind == "unary" else "stream"
@@ -115,10 +136,16 @@ async def measure(
         gc.collect()
         gc.freeze()  # (as `a2a-grpc-server serve` does)
         tracked = len(gc.get_objects())
+        profiler = cProfile.Profile()
+        if profile:
+            profiler.enable()
         cpu = time.process_time()
         share, extra = divmod(calls, callers)
         await asyncio.gather(*(caller(share + (i < extra)) for i in range(callers)))
         cpu_us = 1e6 * (time.process_time() - cpu) / calls
+        if profile:
+            profiler.disable()
+            profiler.dump_stats(profile)
         gc.collect()
         kept = (len(gc.get_objects()) - tracked) / calls
         passes = []
@@ -129,6 +156,8 @@ async def measure(
         return Measured(cpu_us, kept, statistics.median(passes))
     finally:
         await service.shutdown(0)
+        if cluster is not None:
+            await cluster.close()
         gc.unfreeze()
 
 
@@ -167,20 +196,30 @@ def main() -> None:
     parser.add_argument("--calls", default="1000,10000,100000")
     parser.add_argument("--callers", type=int, default=16)
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument(
+        "--nats", action="store_true", help="an instance of a cluster on a nats-server of its own"
+    )
+    parser.add_argument("--profile", default="", help="cProfile the measured calls into PATH")
     args = parser.parse_args()
     config = config_of(args.set)
     print("settings: " + (", ".join(args.set) if args.set else "the defaults"), flush=True)
     counts = [int(n) for n in args.calls.split(",")]
     per_call = []
-    for n in counts:
-        measured = asyncio.run(measure(args.kind, n, args.callers, config))
-        per_call.append(measured.cpu_us)
-        print(
-            f"{args.kind:6} {n:>8,} calls: {measured.cpu_us:7.1f} us of CPU per call; "
-            f"{measured.kept:.1f} tracked objects kept per call, a full collection "
-            f"{measured.full_ms:.1f} ms",
-            flush=True,
-        )
+    with contextlib.ExitStack() as stack:
+        nats = ""
+        if args.nats:
+            from tests.support import natsserver
+
+            nats = stack.enter_context(natsserver.running(1)).urls[0]
+        for n in counts:
+            measured = asyncio.run(measure(args.kind, n, args.callers, config, nats, args.profile))
+            per_call.append(measured.cpu_us)
+            print(
+                f"{args.kind:6} {n:>8,} calls: {measured.cpu_us:7.1f} us of CPU per call; "
+                f"{measured.kept:.1f} tracked objects kept per call, a full collection "
+                f"{measured.full_ms:.1f} ms",
+                flush=True,
+            )
     if len(set(counts)) > 1:  # (a fit needs two different counts)
         print(f"total time ~ N^{exponent(counts, per_call):.2f}")
     sys.exit(0)

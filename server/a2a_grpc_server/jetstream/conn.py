@@ -41,6 +41,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
+from .coalesce import CoalescingClient
 from .natsconfig import NatsConfig as NatsConfig
 
 logger = logging.getLogger(__name__)
@@ -155,20 +156,21 @@ async def _connect(
     events: ConnectionEvents,
     error_cb: Callable[[Exception], Awaitable[None]],
 ) -> Client:
-    return await nats.connect(
-        servers=config.servers,
-        name=name,
+    arguments: dict[str, Any] = {
         **options,
-        connect_timeout=CONNECT_TIMEOUT,
-        reconnect_time_wait=0.25,
+        "connect_timeout": CONNECT_TIMEOUT,  # (seconds: nats-py takes a float, types an int)
+        "reconnect_time_wait": 0.25,
         # A bounded first connect (a wrong URL fails fast); once connected,
         # reconnect forever (see ``connect``): NATS failing over must not stop us.
-        max_reconnect_attempts=CONNECT_ATTEMPTS,
-        allow_reconnect=True,
-        error_cb=error_cb,
-        disconnected_cb=events.disconnected,
-        reconnected_cb=events.reconnected,
-    )
+        "max_reconnect_attempts": CONNECT_ATTEMPTS,
+        "allow_reconnect": True,
+        "error_cb": error_cb,
+        "disconnected_cb": events.disconnected,
+        "reconnected_cb": events.reconnected,
+    }
+    nc = CoalescingClient()  # (nats.connect's, its writes coalesced: ``coalesce``)
+    await nc.connect(servers=config.servers, name=name, **arguments)
+    return nc
 
 
 def _auth_options(config: NatsConfig) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from .coalesce import CoalescingClient
+
 STATUS = "Status"
 EXPECT = "Nats-Expected-Last-Subject-Sequence"
 """The header of a publish that is a compare-and-set on its subject's last sequence."""
@@ -50,6 +52,9 @@ class JetStreamRequests:
 
     def __init__(self, nc: Client) -> None:
         self._nc = nc
+        self._coalescing = nc if isinstance(nc, CoalescingClient) else None
+        if self._coalescing is not None:
+            self._coalescing.awaiting = self._waiting_count
         self._prefix = ""
         self._tokens = itertools.count(1)
         self._waiting: dict[str, Callable[[Msg], None]] = {}
@@ -260,17 +265,25 @@ class JetStreamRequests:
         return answer
 
     def _register(self, handler: Callable[[Msg], None]) -> str:
+        """A new request's inbox (counted in as queued for the next write: ``coalesce``)."""
         if self._sub is None:
             raise nats.errors.ConnectionClosedError
         token = str(next(self._tokens))
         self._waiting[token] = handler
+        if self._coalescing is not None:
+            self._coalescing.count_request()
         return f"{self._prefix}.{token}"
+
+    def _waiting_count(self) -> int:
+        return len(self._waiting)
 
     async def _on_reply(self, msg: Msg) -> None:
         handler = self._waiting.get(msg.subject.rsplit(".", 1)[1])
         if handler is not None:
             with contextlib.suppress(asyncio.InvalidStateError):  # it timed out meanwhile
                 handler(msg)
+        if self._coalescing is not None:
+            self._coalescing.replied()
 
 
 def _ack(msg: Msg) -> int:
