@@ -1,49 +1,49 @@
-"""A NATS client whose writes wait a moment for company while replies are awaited.
+"""A NATS client whose writes wait a moment for company while replies are on their way.
 
 nats-py writes what was published to the socket from a task of its own (its
-flusher), woken by the first publish after each write. Under load the
-journal's requests come one at a time, each when the reply to its previous
-one arrives, so nearly every message went out in a write of its own: on a
-loopback socket each write also wakes nats-server, and that is what a message
-cost most (``python -m bench``, SendMessage x16 on NATS: ~2.9 writes per task).
+flusher), woken by the first publish after each write: what is published in
+one pass of the event loop goes out together. Under load the journal's
+requests come one pass apart, each when the reply to its previous one arrives,
+so nearly every message went out in a write of its own: on a loopback socket
+each write also wakes nats-server, and that is what a message cost most
+(``python -m bench``, SendMessage x16 on NATS: ~2.9 writes per task).
 
 ``CoalescingClient`` holds the flusher's wake-up while at least ``AWAITED``
-replies are awaited for requests already written (those awaited beyond the
-ones published since the last write was asked for): the write goes out at
-the next reply (which wakes the requests that publish next) or after
-``HOLD`` seconds, whichever comes first, with everything published
-meanwhile. Otherwise a publish is written at once, as before: a caller alone
-waits for nothing. Only the wake-up is deferred: nats-py's flusher, its
-buffer and its limits are untouched (a buffer past ``HOLD_BYTES`` goes out
-at once; nats-py writes what is buffered when the connection closes, and
-after a reconnect).
+requests are *unanswered*: written, their reply not yet received (those
+published since the last write was asked for are not written yet, and a
+reply already received counts even if its requester has not resumed). The
+write goes out at the next reply, which wakes the requests that publish next,
+or after ``HOLD`` seconds, whichever comes first, with everything published
+meanwhile. Otherwise a publish is written at once, as before. Only the
+wake-up is deferred: nats-py's flusher, its buffer and its limits are
+untouched. What goes out at once regardless: a buffer past ``HOLD_BYTES``,
+nats-py's forced flush, a PING (so ``flush()`` stays a barrier: its PONG
+comes after everything published before it), anything while disconnected,
+and anything if nats-py's flusher is gone (nats-py then writes inline). After
+a reconnect, requests written before it are no longer counted: their replies
+were lost with the connection.
 
 Who runs what: ``JetStreamRequests`` says when it publishes a request
-(``count_request``) and when a reply came (``replied``); nats-py calls
-``_flush_pending`` from ``publish``, in the publisher's task; the hold ends
-in a timer callback or in the reply's.
+(``sent``), when its reply came (``answered``) and when it ended without one
+(``abandoned``); nats-py calls ``_flush_pending`` from ``publish`` and
+``_send_ping``, in the caller's task; a hold ends in a timer callback or in
+the reply's.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from nats.aio.client import Client
 
-HOLD = 0.0005
-"""Most seconds a write waits for company."""
+HOLD = 0.001
+"""Most seconds a write waits for company (asyncio rounds a timer up to a millisecond)."""
 HOLD_BYTES = 64 * 1024
 """A write this large goes out at once."""
 AWAITED = 3
-"""Replies awaited for requests already written from which a write waits for company.
-From one, a lone SendMessage on NATS lost ~6 % of its tasks/s (its own two writes
-in flight held each other up); from three, nothing measurable (bench/README.md)."""
-
-
-def _nothing_awaited() -> int:
-    return 0
+"""Unanswered requests from which a write waits for company. With fewer, the next reply
+may be far off for a caller alone (a lone SendMessage has up to two requests in flight)."""
 
 
 class CoalescingClient(Client):
@@ -51,20 +51,36 @@ class CoalescingClient(Client):
 
     def __init__(self) -> None:
         super().__init__()
-        self.awaiting: Callable[[], int] = _nothing_awaited
-        """Requests whose reply is awaited, written or not (``JetStreamRequests``)."""
+        self.unanswered = 0
+        """Requests sent (``sent``) whose reply has not come, nor they ended without one."""
         self.queued = 0
-        """Requests published since the last write was asked for (``count_request``)."""
+        """Of those, the ones published since the last write was asked for."""
         self.held = 0
-        """Writes that waited for company (a count, for metrics and tests)."""
+        """Writes that waited for company (a count, for tests and measurements)."""
+        self.joined = 0
+        """Of those, the ones a reply ended (the others ended at ``HOLD``)."""
         self._timer: asyncio.TimerHandle | None = None
+        self._pinging = False
+        self._reconnects = 0
+        self._inline: set[asyncio.Task[Any]] = set()
 
     async def _flush_pending(self, force_flush: bool = False) -> Any:
         """Ask the flusher to write, at once or once company came (see the module)."""
-        if not force_flush and self.is_connected and self._pending_data_size < HOLD_BYTES:
+        if self._reconnects != self.stats["reconnects"]:
+            # (what was written before the reconnect will not be answered)
+            self._reconnects = self.stats["reconnects"]
+            self.unanswered = self.queued = 0
+        if (
+            not force_flush
+            and not self._pinging
+            and self.is_connected
+            and self._pending_data_size < HOLD_BYTES
+            and self._flusher_task is not None
+            and not self._flusher_task.done()
+        ):
             if self._timer is not None:
                 return None  # (a write is due: this publish goes with it)
-            if self.awaiting() - self.queued >= AWAITED:  # (replies for what was written)
+            if self.unanswered - self.queued >= AWAITED:
                 self.held += 1
                 self._timer = asyncio.get_running_loop().call_later(HOLD, self._write)
                 return None
@@ -72,24 +88,47 @@ class CoalescingClient(Client):
         self.queued = 0
         return await super()._flush_pending(force_flush)
 
-    def count_request(self) -> None:
-        """A request is about to be published (counted unless a write is due already)."""
+    async def _send_ping(self, future: asyncio.Future[Any] | None = None) -> None:
+        """nats-py's PING, with whatever is held written at once (``flush()`` is a barrier)."""
+        self._pinging = True
+        try:
+            await super()._send_ping(future)
+        finally:
+            self._pinging = False
+
+    def sent(self) -> None:
+        """A request is about to be published."""
+        self.unanswered += 1
         queue = self._flush_queue
         if queue is None or queue.empty():
             self.queued += 1
         # (else the flusher, already woken, writes it with what it finds)
 
-    def replied(self) -> None:
-        """A reply came: what waits for company goes out now."""
+    def answered(self) -> None:
+        """A request's reply came: what waits for company goes out now."""
+        self.unanswered = max(self.unanswered - 1, 0)
         if self._timer is not None:
+            self.joined += 1
             self._write()
+
+    def abandoned(self) -> None:
+        """A request ended without its reply (timed out, cancelled, or not published)."""
+        self.unanswered = max(self.unanswered - 1, 0)
+        self.queued = min(self.queued, self.unanswered)
 
     def _write(self) -> None:
         """End the hold: wake nats-py's flusher (unless a wake-up is queued already)."""
         self._release()
         self.queued = 0
-        queue = self._flush_queue
-        if queue is not None and queue.empty() and self.is_connected:
+        if not self.is_connected:
+            return  # (nats-py writes its buffer once reconnected)
+        flusher, queue = self._flusher_task, self._flush_queue
+        if flusher is None or flusher.done() or queue is None:
+            # No flusher to wake: nats-py's own path writes inline then.
+            task = asyncio.get_running_loop().create_task(Client._flush_pending(self))
+            self._inline.add(task)
+            task.add_done_callback(self._inline.discard)
+        elif queue.empty():
             queue.put_nowait(asyncio.get_running_loop().create_future())
 
     def _release(self) -> None:

@@ -53,11 +53,13 @@ class JetStreamRequests:
     def __init__(self, nc: Client) -> None:
         self._nc = nc
         self._coalescing = nc if isinstance(nc, CoalescingClient) else None
-        if self._coalescing is not None:
-            self._coalescing.awaiting = self._waiting_count
         self._prefix = ""
         self._tokens = itertools.count(1)
         self._waiting: dict[str, Callable[[Msg], None]] = {}
+        """Requests answered by one reply (a publish, a request), by token: each
+        leaves when its reply comes (``_on_reply``) or it ends without one."""
+        self._reading: dict[str, Callable[[Msg], None]] = {}
+        """Direct gets, answered by a batch of messages, by token: each leaves when it ends."""
         self._sub: Subscription | None = None
         # Publishes waiting for their ack, by deadline: one timer for all of them
         # (a timer per publish costs a heap entry that lingers after its cancel).
@@ -113,7 +115,7 @@ class JetStreamRequests:
             await self._nc.publish(subject, data, reply=inbox, headers=headers)
             msg = await reply
         finally:
-            self._waiting.pop(inbox.rsplit(".", 1)[1], None)
+            self._unwait(inbox)
             deadlines = self._deadlines
             while deadlines and deadlines[0][1].done():  # acks come mostly in order
                 deadlines.popleft()
@@ -180,7 +182,7 @@ class JetStreamRequests:
     def _forget(self, replies: list[tuple[str, asyncio.Future[Msg]]]) -> None:
         """Stop waiting for ``replies`` (an error not awaited counts as retrieved)."""
         for inbox, reply in replies:
-            self._waiting.pop(inbox.rsplit(".", 1)[1], None)
+            self._unwait(inbox)
             if not reply.done():
                 reply.cancel()
             elif not reply.cancelled():
@@ -218,7 +220,7 @@ class JetStreamRequests:
             nats.js.errors.APIError: JetStream refused the request.
         """
         queue: asyncio.Queue[Msg] = asyncio.Queue()
-        inbox = self._register(queue.put_nowait)
+        inbox = self._register(queue.put_nowait, batch=True)
         found: list[Msg] = []
         try:
             await self._nc.publish(
@@ -243,7 +245,7 @@ class JetStreamRequests:
         except TimeoutError:
             raise nats.errors.TimeoutError from None
         finally:
-            self._waiting.pop(inbox.rsplit(".", 1)[1], None)
+            self._reading.pop(inbox.rsplit(".", 1)[1], None)
 
     async def api(
         self,
@@ -264,26 +266,36 @@ class JetStreamRequests:
             raise nats.js.errors.APIError.from_error(error)
         return answer
 
-    def _register(self, handler: Callable[[Msg], None]) -> str:
-        """A new request's inbox (counted in as queued for the next write: ``coalesce``)."""
+    def _register(self, handler: Callable[[Msg], None], *, batch: bool = False) -> str:
+        """A new request's inbox (a request answered once is counted sent: ``coalesce``)."""
         if self._sub is None:
             raise nats.errors.ConnectionClosedError
         token = str(next(self._tokens))
-        self._waiting[token] = handler
-        if self._coalescing is not None:
-            self._coalescing.count_request()
+        if batch:
+            self._reading[token] = handler
+        else:
+            self._waiting[token] = handler
+            if self._coalescing is not None:
+                self._coalescing.sent()
         return f"{self._prefix}.{token}"
 
-    def _waiting_count(self) -> int:
-        return len(self._waiting)
+    def _unwait(self, inbox: str) -> None:
+        """A request answered once has ended (its reply came, or it never will)."""
+        ended = self._waiting.pop(inbox.rsplit(".", 1)[1], None)
+        if ended is not None and self._coalescing is not None:
+            self._coalescing.abandoned()
 
     async def _on_reply(self, msg: Msg) -> None:
-        handler = self._waiting.get(msg.subject.rsplit(".", 1)[1])
+        token = msg.subject.rsplit(".", 1)[1]
+        handler = self._waiting.pop(token, None)
+        if handler is not None:
+            if self._coalescing is not None:
+                self._coalescing.answered()
+        else:
+            handler = self._reading.get(token)
         if handler is not None:
             with contextlib.suppress(asyncio.InvalidStateError):  # it timed out meanwhile
                 handler(msg)
-        if self._coalescing is not None:
-            self._coalescing.replied()
 
 
 def _ack(msg: Msg) -> int:

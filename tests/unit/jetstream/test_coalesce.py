@@ -1,150 +1,254 @@
 """Writes to NATS coalesced under load (``jetstream.coalesce``), on a real nats-server.
 
-A request published while ``AWAITED`` replies or more are awaited for requests already
-written waits for the next reply (or ``HOLD``) and goes out with whatever else was
-published meanwhile; otherwise it goes out at once. Nothing is lost or reordered.
+A publish made while ``AWAITED`` requests or more are written and unanswered waits in
+the client's buffer for the next reply (or ``HOLD``) and goes out with whatever else was
+published meanwhile; otherwise it goes out at once, as does anything a PING follows.
+The requests here are answered by a responder on a second connection, told when to.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from dataclasses import dataclass, field
 
 import pytest
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from a2a_grpc_server.jetstream.coalesce import AWAITED, CoalescingClient
 from a2a_grpc_server.jetstream.requests import EXPECT, JetStreamRequests
+from a2a_grpc_server.testing.nats import Cluster
 from tests.support import natsserver
 
 STREAM = "COALESCE"
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    with natsserver.running(1) as cluster:
-        yield cluster.urls[0]
+WITHIN = 10.0
 
 
 @pytest.fixture
-async def client(nats_url: str) -> AsyncIterator[tuple[CoalescingClient, JetStreamRequests]]:
-    """A coalescing client and its requests; a stream on ``co.>``, deleted after."""
+def cluster() -> Iterator[Cluster]:
+    with natsserver.running(1) as nats:
+        yield nats
+
+
+@dataclass
+class Setup:
+    """The client under test, its requests, and a responder and probe on another connection."""
+
+    nc: CoalescingClient
+    requests: JetStreamRequests
+    other: Client
+    asked: asyncio.Queue[Msg] = field(default_factory=asyncio.Queue)
+    probed: asyncio.Queue[Msg] = field(default_factory=asyncio.Queue)
+    reconnected: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def ask(self, count: int) -> list[asyncio.Future[int]]:
+        """``count`` requests the responder holds until answered (``answer``)."""
+        return [
+            asyncio.ensure_future(self.requests.publish("ask", b"?", {}, 30.0))
+            for _ in range(count)
+        ]
+
+    async def asked_all(self, count: int) -> list[Msg]:
+        """The responder's ``count`` requests, once they reached it (written, unanswered)."""
+        return [await self.asked.get() for _ in range(count)]
+
+    async def answer(self, msg: Msg) -> None:
+        """Answer one request as JetStream answers a publish."""
+        await self.other.publish(msg.reply, b'{"stream":"COALESCE","seq":1}')
+
+
+@pytest.fixture
+async def setup(cluster: Cluster) -> AsyncIterator[Setup]:
+    reconnected = asyncio.Event()
+
+    async def on_reconnect() -> None:
+        reconnected.set()
+
+    async def on_error(exc: Exception) -> None:  # (the reconnect test's disconnection)
+        pass
+
     nc = CoalescingClient()
-    await nc.connect(servers=[nats_url])
-    js = nc.jetstream()
-    await js.add_stream(name=STREAM, subjects=["co.>"])
+    await nc.connect(
+        servers=cluster.urls,
+        reconnect_time_wait=1,  # (with max_reconnect_attempts, never more than one)
+        max_reconnect_attempts=-1,
+        reconnected_cb=on_reconnect,
+        error_cb=on_error,
+    )
+    other = Client()
+    await other.connect(servers=cluster.urls, max_reconnect_attempts=-1, error_cb=on_error)
+    await nc.jetstream().add_stream(name=STREAM, subjects=["co.>"])
     requests = JetStreamRequests(nc)
     await requests.start()
+    s = Setup(nc, requests, other, reconnected=reconnected)
+
+    async def asked(msg: Msg) -> None:
+        s.asked.put_nowait(msg)
+
+    async def probed(msg: Msg) -> None:
+        s.probed.put_nowait(msg)
+
+    await other.subscribe("ask", cb=asked)
+    await other.subscribe("probe", cb=probed)
+    await other.flush()
     try:
-        yield nc, requests
+        yield s
     finally:
         await requests.close()
-        await js.delete_stream(STREAM)
+        await other.close()
         await nc.close()
 
 
-def count_writes(nc: CoalescingClient) -> list[int]:
-    """A counter of the socket writes nats-py's flusher makes from now on."""
-    writes = [0]
-    transport: Any = nc._transport
-    write = transport.writelines
-
-    def counted(payload: Any) -> None:
-        writes[0] += 1
-        write(payload)
-
-    transport.writelines = counted
-    return writes
+async def finish(requests: list[asyncio.Future[int]]) -> None:
+    for request in requests:
+        request.cancel()
+    await asyncio.gather(*requests, return_exceptions=True)
 
 
-async def test_a_lone_request_is_written_at_once(
-    client: tuple[CoalescingClient, JetStreamRequests],
+async def test_a_lone_request_is_written_at_once(setup: Setup) -> None:
+    async with asyncio.timeout(WITHIN):
+        assert await setup.requests.publish("co.lone", b"x", {}, 5.0) == 1
+        assert await setup.requests.publish("co.lone", b"y", {EXPECT: "1"}, 5.0) == 2
+    assert setup.nc.held == 0
+    assert (setup.nc.unanswered, setup.nc.queued) == (0, 0)
+
+
+async def test_a_write_waits_for_the_next_reply_while_requests_are_unanswered(
+    setup: Setup,
 ) -> None:
-    nc, requests = client
-    async with asyncio.timeout(5):
-        assert await requests.publish("co.lone", b"x", {}, 5.0) == 1
-        assert await requests.publish("co.lone", b"y", {EXPECT: "1"}, 5.0) == 2
-    assert nc.held == 0
+    nc = setup.nc
+    requests = setup.ask(AWAITED)
+    try:
+        async with asyncio.timeout(WITHIN):
+            first, *_ = await setup.asked_all(AWAITED)
+            await nc.publish("probe", b"held")
+            assert nc.held == 1
+            assert nc._pending_data_size > 0  # (still in the client's buffer)
+            await setup.answer(first)
+            assert (await setup.probed.get()).data == b"held"
+            done, _ = await asyncio.wait(requests, return_when=asyncio.FIRST_COMPLETED)
+            assert [request.result() for request in done] == [1]
+        assert nc.joined == 1  # (the reply ended the hold, not the timer)
+    finally:
+        await finish(requests)
 
 
-async def test_requests_made_while_others_await_replies_go_out_together(
-    client: tuple[CoalescingClient, JetStreamRequests],
+async def test_a_write_goes_out_after_the_hold_if_no_reply_comes(setup: Setup) -> None:
+    nc = setup.nc
+    requests = setup.ask(AWAITED)
+    try:
+        async with asyncio.timeout(WITHIN):
+            await setup.asked_all(AWAITED)
+            await nc.publish("probe", b"held")
+            assert (await setup.probed.get()).data == b"held"
+        assert (nc.held, nc.joined) == (1, 0)
+        assert not any(request.done() for request in requests)
+    finally:
+        await finish(requests)
+
+
+async def test_a_write_waits_for_nothing_while_fewer_requests_are_unanswered(
+    setup: Setup,
 ) -> None:
-    nc, requests = client
+    requests = setup.ask(AWAITED - 1)
+    try:
+        async with asyncio.timeout(WITHIN):
+            await setup.asked_all(AWAITED - 1)
+            await setup.nc.publish("probe", b"at once")
+            assert (await setup.probed.get()).data == b"at once"
+        assert setup.nc.held == 0
+    finally:
+        await finish(requests)
+
+
+async def test_a_reply_counts_when_it_comes_not_when_its_requester_resumes(
+    setup: Setup,
+) -> None:
+    # Replies read together wake their requesters in a later pass of the loop: counted
+    # unanswered until then, they held the requesters' next writes for nothing.
+    nc = setup.nc
+    requests = setup.ask(AWAITED)
+    seen: list[tuple[int, bool]] = []
+    answered = nc.answered
+
+    def counting() -> None:
+        answered()
+        seen.append((nc.unanswered, any(request.done() for request in requests)))
+
+    nc.answered = counting  # type: ignore[method-assign]
+    try:
+        async with asyncio.timeout(WITHIN):
+            for msg in await setup.asked_all(AWAITED):
+                await setup.answer(msg)
+            await asyncio.gather(*requests)
+        assert seen[-1] == (0, False)
+    finally:
+        await finish(requests)
+
+
+async def test_flush_writes_what_is_held_before_its_ping(setup: Setup) -> None:
+    nc = setup.nc
+    requests = setup.ask(AWAITED)
+    try:
+        async with asyncio.timeout(WITHIN):
+            await setup.asked_all(AWAITED)
+            await nc.publish("probe", b"before the ping")
+            assert nc.held == 1
+            await nc.flush()
+            assert nc._pending_data_size == 0
+            assert (await setup.probed.get()).data == b"before the ping"
+    finally:
+        await finish(requests)
+
+
+async def test_nothing_is_held_for_requests_written_before_a_reconnect(
+    setup: Setup, cluster: Cluster
+) -> None:
+    nc = setup.nc
+    requests = setup.ask(AWAITED)
+    try:
+        async with asyncio.timeout(WITHIN):
+            await setup.asked_all(AWAITED)  # (their replies will never come)
+            node = cluster.nodes[0]
+            node.kill()
+            node.start()
+            await setup.reconnected.wait()
+            assert await setup.requests.publish("co.after", b"x", {}, 5.0) >= 1
+        assert nc.held == 0
+        assert not any(request.done() for request in requests)
+    finally:
+        await finish(requests)
+
+
+async def test_a_held_write_goes_out_even_if_the_flusher_is_gone(setup: Setup) -> None:
+    nc = setup.nc
+    requests = setup.ask(AWAITED)
+    try:
+        async with asyncio.timeout(WITHIN):
+            await setup.asked_all(AWAITED)
+            flusher = nc._flusher_task
+            assert flusher is not None
+            flusher.cancel()
+            await asyncio.gather(flusher, return_exceptions=True)
+            await nc.publish("probe", b"inline")
+            assert (await setup.probed.get()).data == b"inline"
+    finally:
+        await finish(requests)
+
+
+async def test_writers_in_step_lose_and_reorder_nothing(setup: Setup) -> None:
     writers, each = 16, 25
-    writes = count_writes(nc)
+    last = ["0"] * writers
 
     async def writer(w: int) -> None:
-        # Each publish a compare-and-set on the last one: a reordered or lost
-        # message would fail the next.
+        # Each publish a compare-and-set on the last: a reordered or lost one fails the next.
         for i in range(each):
-            seq = await requests.publish(f"co.w{w}", str(i).encode(), {EXPECT: last[w]}, 5.0)
+            seq = await setup.requests.publish(f"co.w{w}", str(i).encode(), {EXPECT: last[w]}, 5.0)
             last[w] = str(seq)
 
-    last = ["0"] * writers
-    async with asyncio.timeout(20):
+    async with asyncio.timeout(WITHIN * 2):
         await asyncio.gather(*(writer(w) for w in range(writers)))
-    info = await nc.jetstream().stream_info(STREAM)
+    info = await setup.nc.jetstream().stream_info(STREAM)
     assert info.state.messages == writers * each
-    assert nc.held > 0
-    assert writes[0] < writers * each  # (one write per message without coalescing)
-
-
-async def test_a_write_waiting_for_a_reply_that_does_not_come_goes_out_after_the_hold(
-    client: tuple[CoalescingClient, JetStreamRequests],
-) -> None:
-    nc, requests = client
-    received: asyncio.Queue[Msg] = asyncio.Queue()
-
-    async def silent(msg: Msg) -> None:  # (a responder that never answers)
-        received.put_nowait(msg)
-
-    sub = await nc.subscribe("silent.request", cb=silent)
-    unanswered = [
-        asyncio.ensure_future(requests.publish("silent.request", b"?", {}, 30.0))
-        for _ in range(AWAITED)
-    ]
-    try:
-        async with asyncio.timeout(5):
-            for _ in unanswered:
-                await received.get()  # (written, and awaited from now on)
-            assert await requests.publish("co.after", b"x", {}, 5.0) == 1
-        assert nc.held == 1
-        assert not any(request.done() for request in unanswered)
-    finally:
-        for request in unanswered:
-            request.cancel()
-        for request in unanswered:
-            with pytest.raises(asyncio.CancelledError):
-                await request
-        await sub.unsubscribe()
-
-
-async def test_a_write_waits_for_no_company_while_fewer_replies_are_awaited(
-    client: tuple[CoalescingClient, JetStreamRequests],
-) -> None:
-    nc, requests = client
-    received: asyncio.Queue[Msg] = asyncio.Queue()
-
-    async def silent(msg: Msg) -> None:
-        received.put_nowait(msg)
-
-    sub = await nc.subscribe("silent.request", cb=silent)
-    unanswered = [
-        asyncio.ensure_future(requests.publish("silent.request", b"?", {}, 30.0))
-        for _ in range(AWAITED - 1)
-    ]
-    try:
-        async with asyncio.timeout(5):
-            for _ in unanswered:
-                await received.get()
-            assert await requests.publish("co.alone", b"x", {}, 5.0) == 1
-        assert nc.held == 0
-    finally:
-        for request in unanswered:
-            request.cancel()
-        for request in unanswered:
-            with pytest.raises(asyncio.CancelledError):
-                await request
-        await sub.unsubscribe()
+    assert (setup.nc.unanswered, setup.nc.queued) == (0, 0)
