@@ -12,16 +12,18 @@ each write also wakes nats-server, and that is what a message cost most
 requests are *unanswered*: written, their reply not yet received (those
 published since the last write was asked for are not written yet, and a
 reply already received counts even if its requester has not resumed). The
-write goes out at the next reply, which wakes the requests that publish next,
-or after ``HOLD`` seconds, whichever comes first, with everything published
-meanwhile. Otherwise a publish is written at once, as before. Only the
+write goes out at the next reply or after ``HOLD`` seconds, whichever comes
+first, with everything published meanwhile; a reply ends the hold one pass
+of the loop after it woke its requester, so what that requester publishes
+next goes too. Otherwise a publish is written at once, as before. Only the
 wake-up is deferred: nats-py's flusher, its buffer and its limits are
 untouched. What goes out at once regardless: a buffer past ``HOLD_BYTES``,
-nats-py's forced flush, a PING (so ``flush()`` stays a barrier: its PONG
-comes after everything published before it), anything while disconnected,
-and anything if nats-py's flusher is gone (nats-py then writes inline). After
-a reconnect, requests written before it are no longer counted: their replies
-were lost with the connection.
+nats-py's forced flush, what is buffered when a PING is sent (written ahead
+of it, so ``flush()`` is a barrier: its PONG comes after everything published
+before it), anything while disconnected, and anything if nats-py's flusher
+is gone (nats-py then writes inline). After a reconnect, requests written
+before it are no longer counted: their replies were lost with the
+connection.
 
 Who runs what: ``JetStreamRequests`` says when it publishes a request
 (``sent``), when its reply came (``answered``) and when it ended without one
@@ -59,7 +61,9 @@ class CoalescingClient(Client):
         """Writes that waited for company (a count, for tests and measurements)."""
         self.joined = 0
         """Of those, the ones a reply ended (the others ended at ``HOLD``)."""
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
+        """What ends the hold: a timer, or (``_ending``) the callback a reply scheduled."""
+        self._ending = False
         self._pinging = False
         self._reconnects = 0
         self._inline: set[asyncio.Task[Any]] = set()
@@ -89,7 +93,17 @@ class CoalescingClient(Client):
         return await super()._flush_pending(force_flush)
 
     async def _send_ping(self, future: asyncio.Future[Any] | None = None) -> None:
-        """nats-py's PING, with whatever is held written at once (``flush()`` is a barrier)."""
+        """nats-py's PING, after whatever is buffered (``flush()`` is a barrier).
+
+        nats-py writes the PING straight to the socket, ahead of its buffer;
+        the buffer, held or not, is written first here, as nats-py writes it.
+        """
+        self._release()
+        if self.is_connected and self._transport is not None and self._pending_data_size:
+            self._transport.writelines(self._pending[:])
+            self._pending = []
+            self._pending_data_size = 0
+            self.queued = 0
         self._pinging = True
         try:
             await super()._send_ping(future)
@@ -105,11 +119,17 @@ class CoalescingClient(Client):
         # (else the flusher, already woken, writes it with what it finds)
 
     def answered(self) -> None:
-        """A request's reply came: what waits for company goes out now."""
+        """A request's reply came (after its requester was woken): what waits goes out.
+
+        The write is asked for one pass of the loop later, after the requester
+        woken by this reply has run: what it publishes next goes with it.
+        """
         self.unanswered = max(self.unanswered - 1, 0)
-        if self._timer is not None:
+        if self._timer is not None and not self._ending:
             self.joined += 1
-            self._write()
+            self._timer.cancel()
+            self._ending = True
+            self._timer = asyncio.get_running_loop().call_soon(self._write)
 
     def abandoned(self) -> None:
         """A request ended without its reply (timed out, cancelled, or not published)."""
@@ -135,3 +155,4 @@ class CoalescingClient(Client):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+            self._ending = False

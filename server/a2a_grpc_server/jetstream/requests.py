@@ -288,14 +288,14 @@ class JetStreamRequests:
     async def _on_reply(self, msg: Msg) -> None:
         token = msg.subject.rsplit(".", 1)[1]
         handler = self._waiting.pop(token, None)
-        if handler is not None:
-            if self._coalescing is not None:
-                self._coalescing.answered()
-        else:
+        answered = handler is not None
+        if handler is None:
             handler = self._reading.get(token)
         if handler is not None:
             with contextlib.suppress(asyncio.InvalidStateError):  # it timed out meanwhile
                 handler(msg)
+        if answered and self._coalescing is not None:
+            self._coalescing.answered()  # (after its requester was woken: ``coalesce``)
 
 
 def _ack(msg: Msg) -> int:

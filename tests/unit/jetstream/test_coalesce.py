@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from a2a_grpc_server.jetstream import coalesce
 from a2a_grpc_server.jetstream.coalesce import AWAITED, CoalescingClient
 from a2a_grpc_server.jetstream.requests import EXPECT, JetStreamRequests
 from a2a_grpc_server.testing.nats import Cluster
@@ -100,6 +102,24 @@ async def setup(cluster: Cluster) -> AsyncIterator[Setup]:
         await nc.close()
 
 
+def record_writes(nc: CoalescingClient) -> list[bytes]:
+    """What nats-py writes to the socket from now on, one item per write."""
+    writes: list[bytes] = []
+    transport: Any = nc._transport
+    write, writelines = transport.write, transport.writelines
+
+    def one(payload: bytes) -> None:
+        writes.append(bytes(payload))
+        write(payload)
+
+    def several(payload: list[bytes]) -> None:
+        writes.append(b"".join(payload))
+        writelines(payload)
+
+    transport.write, transport.writelines = one, several
+    return writes
+
+
 async def finish(requests: list[asyncio.Future[int]]) -> None:
     for request in requests:
         request.cancel()
@@ -114,22 +134,31 @@ async def test_a_lone_request_is_written_at_once(setup: Setup) -> None:
     assert (setup.nc.unanswered, setup.nc.queued) == (0, 0)
 
 
-async def test_a_write_waits_for_the_next_reply_while_requests_are_unanswered(
-    setup: Setup,
+async def test_a_write_waits_for_the_next_reply_and_what_its_requester_sends_next(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(coalesce, "HOLD", WITHIN)  # (only a reply ends this hold)
     nc = setup.nc
-    requests = setup.ask(AWAITED)
+    writes = record_writes(nc)
+
+    async def then_more() -> int:
+        seq = await setup.requests.publish("ask", b"?", {}, 30.0)
+        await nc.publish("probe", b"next")  # (what the reply's requester sends next)
+        return seq
+
+    requests = [asyncio.ensure_future(then_more()), *setup.ask(AWAITED - 1)]
     try:
         async with asyncio.timeout(WITHIN):
-            first, *_ = await setup.asked_all(AWAITED)
+            asked = await setup.asked_all(AWAITED)
             await nc.publish("probe", b"held")
             assert nc.held == 1
             assert nc._pending_data_size > 0  # (still in the client's buffer)
-            await setup.answer(first)
-            assert (await setup.probed.get()).data == b"held"
-            done, _ = await asyncio.wait(requests, return_when=asyncio.FIRST_COMPLETED)
-            assert [request.result() for request in done] == [1]
+            await setup.answer(asked[0])  # (then_more's: published, so written, first)
+            assert [(await setup.probed.get()).data for _ in range(2)] == [b"held", b"next"]
+            assert await requests[0] == 1
         assert nc.joined == 1  # (the reply ended the hold, not the timer)
+        assert sum(b"held" in w for w in writes) == 1
+        assert any(b"held" in w and b"next" in w for w in writes)  # (one write for both)
     finally:
         await finish(requests)
 
@@ -193,11 +222,14 @@ async def test_flush_writes_what_is_held_before_its_ping(setup: Setup) -> None:
     try:
         async with asyncio.timeout(WITHIN):
             await setup.asked_all(AWAITED)
+            writes = record_writes(nc)
             await nc.publish("probe", b"before the ping")
             assert nc.held == 1
             await nc.flush()
-            assert nc._pending_data_size == 0
             assert (await setup.probed.get()).data == b"before the ping"
+        held = next(i for i, w in enumerate(writes) if b"before the ping" in w)
+        ping = next(i for i, w in enumerate(writes) if w.startswith(b"PING"))
+        assert held < ping  # (so the PONG answers after the server read it)
     finally:
         await finish(requests)
 
