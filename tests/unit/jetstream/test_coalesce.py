@@ -9,6 +9,7 @@ The requests here are answered by a responder on a second connection, told when 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,20 @@ class Setup:
     async def asked_all(self, count: int) -> list[Msg]:
         """The responder's ``count`` requests, once they reached it (written, unanswered)."""
         return [await self.asked.get() for _ in range(count)]
+
+    @contextlib.asynccontextmanager
+    async def unanswered(
+        self, count: int
+    ) -> AsyncIterator[tuple[list[asyncio.Future[int]], list[Msg]]]:
+        """``count`` requests written and held unanswered (and the responder's copies),
+        cancelled after."""
+        requests = self.ask(count)
+        try:
+            async with asyncio.timeout(WITHIN):
+                asked = await self.asked_all(count)
+            yield requests, asked
+        finally:
+            await finish(requests)
 
     async def answer(self, msg: Msg) -> None:
         """Answer one request as JetStream answers a publish."""
@@ -165,30 +180,22 @@ async def test_a_write_waits_for_the_next_reply_and_what_its_requester_sends_nex
 
 async def test_a_write_goes_out_after_the_hold_if_no_reply_comes(setup: Setup) -> None:
     nc = setup.nc
-    requests = setup.ask(AWAITED)
-    try:
+    async with setup.unanswered(AWAITED) as (requests, _):
+        await nc.publish("probe", b"held")
         async with asyncio.timeout(WITHIN):
-            await setup.asked_all(AWAITED)
-            await nc.publish("probe", b"held")
             assert (await setup.probed.get()).data == b"held"
         assert (nc.held, nc.joined) == (1, 0)
         assert not any(request.done() for request in requests)
-    finally:
-        await finish(requests)
 
 
 async def test_a_write_waits_for_nothing_while_fewer_requests_are_unanswered(
     setup: Setup,
 ) -> None:
-    requests = setup.ask(AWAITED - 1)
-    try:
+    async with setup.unanswered(AWAITED - 1):
+        await setup.nc.publish("probe", b"at once")
         async with asyncio.timeout(WITHIN):
-            await setup.asked_all(AWAITED - 1)
-            await setup.nc.publish("probe", b"at once")
             assert (await setup.probed.get()).data == b"at once"
         assert setup.nc.held == 0
-    finally:
-        await finish(requests)
 
 
 async def test_a_reply_counts_when_it_comes_not_when_its_requester_resumes(
@@ -197,76 +204,61 @@ async def test_a_reply_counts_when_it_comes_not_when_its_requester_resumes(
     # Replies read together wake their requesters in a later pass of the loop: counted
     # unanswered until then, they held the requesters' next writes for nothing.
     nc = setup.nc
-    requests = setup.ask(AWAITED)
     seen: list[tuple[int, bool]] = []
     answered = nc.answered
+    async with setup.unanswered(AWAITED) as (requests, asked):
 
-    def counting() -> None:
-        answered()
-        seen.append((nc.unanswered, any(request.done() for request in requests)))
+        def counting() -> None:
+            answered()
+            seen.append((nc.unanswered, any(request.done() for request in requests)))
 
-    nc.answered = counting  # type: ignore[method-assign]
-    try:
+        nc.answered = counting  # type: ignore[method-assign]
         async with asyncio.timeout(WITHIN):
-            for msg in await setup.asked_all(AWAITED):
+            for msg in asked:
                 await setup.answer(msg)
             await asyncio.gather(*requests)
         assert seen[-1] == (0, False)
-    finally:
-        await finish(requests)
 
 
 async def test_flush_writes_what_is_held_before_its_ping(setup: Setup) -> None:
     nc = setup.nc
-    requests = setup.ask(AWAITED)
-    try:
+    async with setup.unanswered(AWAITED):
+        writes = record_writes(nc)
+        await nc.publish("probe", b"before the ping")
+        assert nc.held == 1
         async with asyncio.timeout(WITHIN):
-            await setup.asked_all(AWAITED)
-            writes = record_writes(nc)
-            await nc.publish("probe", b"before the ping")
-            assert nc.held == 1
             await nc.flush()
             assert (await setup.probed.get()).data == b"before the ping"
         held = next(i for i, w in enumerate(writes) if b"before the ping" in w)
         ping = next(i for i, w in enumerate(writes) if w.startswith(b"PING"))
         assert held < ping  # (so the PONG answers after the server read it)
-    finally:
-        await finish(requests)
 
 
 async def test_nothing_is_held_for_requests_written_before_a_reconnect(
     setup: Setup, cluster: Cluster
 ) -> None:
     nc = setup.nc
-    requests = setup.ask(AWAITED)
-    try:
+    async with setup.unanswered(AWAITED) as (requests, _):  # (never to be answered)
+        node = cluster.nodes[0]
+        node.kill()
+        node.start()
         async with asyncio.timeout(WITHIN):
-            await setup.asked_all(AWAITED)  # (their replies will never come)
-            node = cluster.nodes[0]
-            node.kill()
-            node.start()
             await setup.reconnected.wait()
             assert await setup.requests.publish("co.after", b"x", {}, 5.0) >= 1
         assert nc.held == 0
         assert not any(request.done() for request in requests)
-    finally:
-        await finish(requests)
 
 
 async def test_a_held_write_goes_out_even_if_the_flusher_is_gone(setup: Setup) -> None:
     nc = setup.nc
-    requests = setup.ask(AWAITED)
-    try:
+    async with setup.unanswered(AWAITED):
+        flusher = nc._flusher_task
+        assert flusher is not None
+        flusher.cancel()
+        await asyncio.gather(flusher, return_exceptions=True)
+        await nc.publish("probe", b"inline")
         async with asyncio.timeout(WITHIN):
-            await setup.asked_all(AWAITED)
-            flusher = nc._flusher_task
-            assert flusher is not None
-            flusher.cancel()
-            await asyncio.gather(flusher, return_exceptions=True)
-            await nc.publish("probe", b"inline")
             assert (await setup.probed.get()).data == b"inline"
-    finally:
-        await finish(requests)
 
 
 async def test_writers_in_step_lose_and_reorder_nothing(setup: Setup) -> None:
