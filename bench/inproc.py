@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
-import dataclasses
 import gc
 import math
 import statistics
@@ -43,6 +42,7 @@ from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest
 
 from a2a_grpc_server import A2AService, ServerConfig
 from a2a_grpc_server.app.card import default_card
+from a2a_grpc_server.app.settings import SETTINGS, SettingError, resolve, server_config
 
 from .agents import Workload
 
@@ -172,21 +172,25 @@ def exponent(counts: list[int], per_call: list[float]) -> float:
 
 
 def config_of(settings: list[str]) -> ServerConfig | None:
-    """``ServerConfig`` with ``NAME=VALUE`` settings changed (None: the defaults)."""
+    """``ServerConfig`` with ``NAME=VALUE`` settings changed (None: the defaults).
+
+    Each is read as ``serve`` reads the setting's environment variable
+    (``app.settings``: its kind, bounds and choices), so a value it would refuse is
+    refused here too.
+    """
     if not settings:
         return None
-    types = {field.name: field.type for field in dataclasses.fields(ServerConfig)}
-    changed: dict[str, object] = {}
+    server = {s.name: s for s in SETTINGS if s.group == "server"}
+    environ: dict[str, str] = {}
     for setting in settings:
         name, _, value = setting.partition("=")
-        kind = types.get(name)
-        if kind not in ("int", "float", "bool"):
-            raise SystemExit(f"--set {setting}: not a number or true/false setting")
-        if kind == "bool":
-            changed[name] = value.lower() in ("1", "true", "yes")
-        else:
-            changed[name] = int(value) if kind == "int" else float(value)
-    return ServerConfig(**changed)  # type: ignore[arg-type]
+        if name not in server:
+            raise SystemExit(f"--set {setting}: {name!r} is not a ServerConfig setting")
+        environ[server[name].env] = value
+    try:
+        return server_config(resolve({}, environ, None))
+    except SettingError as exc:
+        raise SystemExit(f"--set: {exc}") from None
 
 
 def main() -> None:
