@@ -90,11 +90,20 @@ def scenarios(seconds: float) -> list[Scenario]:
 
 
 async def run_kind(
-    kind: str, plan: list[Scenario], nats: str | None, uvloop: bool, profile: str = ""
+    kind: str,
+    plan: list[Scenario],
+    nats: natsserver.Node | None,
+    uvloop: bool,
+    profile: str = "",
 ) -> dict[str, Result]:
-    """Every scenario against one fresh server of ``kind`` (profiled into ``profile``)."""
+    """Every scenario against one fresh server of ``kind`` (profiled into ``profile``).
+
+    On NATS, the nats-server's CPU is reported beside the server's.
+    """
     extra = ("--profile", profile) if profile else ()
-    target = await load.start(kind, nats=nats, uvloop=uvloop, extra=extra)
+    url = nats.url if nats is not None else None
+    pid = nats.proc.pid if nats is not None and nats.proc and kind.startswith("ours-nats") else None
+    target = await load.start(kind, nats=url, nats_pid=pid, uvloop=uvloop, extra=extra)
     try:
         await load.send_message(target, 4, 0.5, 500)  # warm-up
         results = {}
@@ -106,13 +115,16 @@ async def run_kind(
         await load.stop(target)
 
 
-async def memory(kind: str, sizes: list[int], nats: str | None, uvloop: bool) -> dict[str, Result]:
+async def memory(
+    kind: str, sizes: list[int], nats: natsserver.Node | None, uvloop: bool
+) -> dict[str, Result]:
     """Resident bytes per parked task, alone and with a subscriber, each on a fresh server."""
     out = {}
     for size in sizes:
         for subscribe in (False, True):
             name = f"RSS per parked task{' + subscriber' if subscribe else ''} at {size}"
-            target = await load.start(kind, nats=nats, uvloop=uvloop)
+            url = nats.url if nats is not None else None
+            target = await load.start(kind, nats=url, uvloop=uvloop)
             try:
                 await load.send_message(target, 4, 0.5, 500)  # warm-up
                 out[name] = await load.parked_memory(
@@ -138,13 +150,13 @@ def _brief(result: Result) -> str:
 
 
 @contextlib.contextmanager
-def maybe_nats(wanted: bool) -> Iterator[str | None]:
+def maybe_nats(wanted: bool) -> Iterator[natsserver.Node | None]:
     """A nats-server for ``ours-nats``, if it is among the servers."""
     if not wanted:
         yield None
         return
     with natsserver.running(1) as cluster:
-        yield cluster.urls[0]
+        yield cluster.nodes[0]
 
 
 def summarize(
@@ -153,7 +165,14 @@ def summarize(
     """Median and spread per metric and server; paired ratios per repetition."""
     rows: list[dict[str, object]] = []
     for name, metrics in plan:
-        for metric in [*metrics, "server_cpu_us_per_unit", "server_cpu_pct", "client_cpu_pct"]:
+        for metric in [
+            *metrics,
+            "server_cpu_us_per_unit",
+            "nats_cpu_us_per_unit",
+            "server_cpu_pct",
+            "nats_cpu_pct",
+            "client_cpu_pct",
+        ]:
             row: dict[str, object] = {"scenario": name, "metric": metric}
             for kind in kinds:
                 values = [

@@ -45,6 +45,7 @@ from a2a_grpc_server.app.card import default_card
 from a2a_grpc_server.app.settings import SETTINGS, SettingError, resolve, server_config
 
 from .agents import Workload
+from .servers import settled
 
 WARM_UP = 200
 FULL_PASSES = 3
@@ -114,6 +115,8 @@ async def measure(
         cluster = await NatsCluster.connect(NatsConfig(servers=[nats], key=CLUSTER_KEY))
     service = A2AService(Workload(), default_card(), cluster=cluster, config=config)
     await service.start()
+    if cluster is not None:
+        await settled(cluster)
     servicer: Any = service.servicer
     text = "unary" if kind == "unary" else "stream"
 

@@ -36,6 +36,12 @@ TICK = os.sysconf("SC_CLK_TCK")
 Result = dict[str, float]
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) process ``pid`` used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
 @dataclass
 class Target:
     """One server process under test and clients of it."""
@@ -44,6 +50,8 @@ class Target:
     proc: asyncio.subprocess.Process
     address: str
     channels: list[grpc.aio.Channel] = field(default_factory=list)
+    nats_pid: int | None = None
+    """The nats-server it stores in, whose CPU is counted beside its own (None: none)."""
 
     def stub(self, i: int = 0) -> a2a_pb2_grpc.A2AServiceStub:
         """A stub on the ``i``-th channel (callers spread over a few connections)."""
@@ -51,8 +59,11 @@ class Target:
 
     def cpu(self) -> float:
         """CPU seconds the server process used so far."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICK
+        return cpu_seconds(self.proc.pid)
+
+    def nats_cpu(self) -> float:
+        """CPU seconds its nats-server used so far (0.0 without one)."""
+        return cpu_seconds(self.nats_pid) if self.nats_pid is not None else 0.0
 
     def rss(self) -> int:
         """The server's resident memory in bytes."""
@@ -66,6 +77,7 @@ async def start(
     kind: str,
     *,
     nats: str | None = None,
+    nats_pid: int | None = None,
     uvloop: bool = False,
     extra: tuple[str, ...] = (),
     wrapper: tuple[str, ...] = (),
@@ -107,7 +119,7 @@ async def start(
         raise
     address = f"127.0.0.1:{line[1]}"
     channels = [grpc.aio.insecure_channel(address) for _ in range(4)]
-    return Target(kind, proc, address, channels)
+    return Target(kind, proc, address, channels, nats_pid if nats else None)
 
 
 def _server_code(kind: str, checkout: str) -> str:
@@ -161,14 +173,20 @@ async def measured(target: Target, body: Callable[[], Awaitable[Result]]) -> Res
     then dropped.
     """
     cpu0, mine0, t0 = target.cpu(), time.process_time(), time.perf_counter()
+    nats0 = target.nats_cpu()
     result = await body()
     wall = time.perf_counter() - t0
     server_cpu = target.cpu() - cpu0
+    nats_cpu = target.nats_cpu() - nats0
     result["server_cpu_pct"] = 100 * server_cpu / wall
     result["client_cpu_pct"] = 100 * (time.process_time() - mine0) / wall
+    if target.nats_pid is not None:
+        result["nats_cpu_pct"] = 100 * nats_cpu / wall
     units = result.pop("units", 0)
     if units:
         result["server_cpu_us_per_unit"] = 1e6 * server_cpu / units
+        if target.nats_pid is not None:
+            result["nats_cpu_us_per_unit"] = 1e6 * nats_cpu / units
     return result
 
 

@@ -4,7 +4,8 @@ KIND is ``ours`` (A2AService, in-memory, on a grpc.aio server made as
 ``a2a-grpc-server serve`` makes it: ``grpc_options`` and the service's
 interceptors, per-RPC metrics and tracing), ``ours-bare`` (the same without
 the interceptors: their cost is the difference), ``ours-nats`` (A2AService joined to
-the NATS given by ``--nats``), ``ours-v10`` and ``ours-nats-v10`` (those two
+the NATS given by ``--nats``; ready once it writes as a running cluster does, a lease
+after it came up: ``settled``), ``ours-v10`` and ``ours-nats-v10`` (those two
 with ``generation`` and ``idempotency_window`` off), ``ours-unpaced`` (``loop_slice``
 0: the pacer off, to see what it costs a burst), ``sdk`` (a2a-sdk 1.3.0: ``GrpcHandler`` over
 ``DefaultRequestHandler`` and ``InMemoryTaskStore``, the same agent) or
@@ -55,6 +56,16 @@ settings off): the difference from ``ours`` is what the two cost. ``-unpaced``: 
 with ``loop_slice`` 0. Both change a setting on purpose, to measure it."""
 
 
+async def settled(cluster: Any) -> None:
+    """Until ``cluster`` writes as a running cluster does: the current format, with every
+    feature its instances share, once it has heard them all (a lease after it came up,
+    ``lease``: 10 s by default). Measured sooner, its first writes would be format 1's."""
+    from a2a_grpc_server.jetstream import formats
+
+    async with asyncio.timeout(cluster.conn.config.lease * 3):
+        await cluster.formats.wait_for(formats.CURRENT)
+
+
 async def build(
     kind: str, nats: str | None, push_to_loopback: bool = False
 ) -> tuple[grpc.aio.Server, A2AService | None]:
@@ -85,6 +96,8 @@ async def build(
             config = ServerConfig(loop_slice=0)
         service = A2AService(Workload(), default_card(), cluster=cluster, config=config)
         await service.start()
+        if cluster is not None:
+            await settled(cluster)  # (measured as a running cluster writes)
         interceptors = [] if kind == "ours-bare" else service.interceptors()
         server = grpc.aio.server(
             options=[*grpc_options(service.config), ("grpc.so_reuseport", 0)],

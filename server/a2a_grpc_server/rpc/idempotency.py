@@ -18,6 +18,15 @@ first request still starting waits for it (within its deadline, at most
 done). A first request refused before its run started (a bad task id, a
 quota) releases its key: a retry starts afresh. Keys are per scope: another
 caller's identical id is another key.
+
+Where the keys allow it (on NATS, once every instance reads such records), the
+claim of a request that starts a new task *reserves* the task's id
+(``journal.keys``): it names the task before its run, so nothing more is
+written once the run started; the starter confirms it only if the task is
+not recorded ``CONFIRM_AFTER`` seconds after its run started. A retry that
+finds a reservation whose task is not recorded yet waits for it like any
+other; if the key is let go meanwhile it runs, and once the task is
+``PENDING_FOR`` seconds late it takes the key over (``Retries.take_over``).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import contextlib
 import hashlib
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 
 from a2a.types.a2a_pb2 import AgentExtension, Message, SendMessageRequest
@@ -52,6 +62,9 @@ KEY_HEADER = "idempotency-key"
 MAX_KEY_CHARS = 256
 WAIT_FIRST = 10.0
 """Most seconds a retry waits for its first request to start."""
+CONFIRM_AFTER = 1.0
+"""Seconds a new task may take to be recorded, after its run started, before its claim's
+reservation is confirmed by a write (``Claim.new_id``)."""
 
 
 def extension(window: float) -> AgentExtension:
@@ -97,7 +110,7 @@ def _digest(*parts: bytes) -> str:
     return h.hexdigest()[:48]
 
 
-def _body(request: SendMessageRequest) -> str:
+def body_digest(request: SendMessageRequest) -> str:
     """A digest of what the request asks to run: its message, metadata and push config.
 
     How the answer is shaped (``return_immediately``, ``history_length``) is
@@ -140,6 +153,19 @@ class Claim:
     keys: SentKeys
     key: str
     record: KeyRecord
+
+    @property
+    def new_id(self) -> str:
+        """The id the new task must have: the one its claim reserved ("": any).
+
+        A reserved claim says where the answer will be from the start: once
+        the task is recorded, it reads as a started record and nothing more
+        is written. The starter confirms it (``started``) only if the task is
+        not recorded ``CONFIRM_AFTER`` seconds after its run started (a run
+        silent so far, or answered with a message), so that a retry never
+        takes over the key of a run that is alive (``SentKeys.take_over``).
+        """
+        return self.record.task_id if self.record.reserved else ""
 
     async def started(self, task_id: str, since: int) -> None:
         """The request's run started on ``task_id`` after its change ``since``."""
@@ -197,8 +223,7 @@ class Retries:
         if keys is None:
             return None, None
         field, ident = key_of(request, call)
-        key = _digest(call.scope.encode(), field.encode(), ident.encode())
-        mine = KeyRecord(_body(request), request.message.task_id, at=time.time())
+        key, mine = self._claim_of(request, call, keys, field, ident)
         patience: Patience | None = None  # (made when a first request is still starting)
         while True:
             prior = await keys.claim(key, mine)
@@ -214,3 +239,53 @@ class Retries:
                 raise MessageInProgressError(
                     f"the first request with {field} {quote(ident)} is still starting; retry"
                 )
+
+    async def take_over(
+        self, request: SendMessageRequest, call: Caller, found: KeyRecord
+    ) -> Claim | None:
+        """Claim the key of ``request`` from ``found``, a reserved record whose task never came.
+
+        Returns:
+            The claim (this request runs), or None: the key holds another
+            record now, or none (admit it again).
+
+        Raises:
+            StoreError: The keys could not be reached.
+        """
+        keys = self._keys
+        assert keys is not None and found.reserved
+        field, ident = key_of(request, call)
+        key, mine = self._claim_of(request, call, keys, field, ident)
+        if not await keys.take_over(key, found, mine):
+            return None
+        logger.warning(
+            "%s %s: its first request never started task %s; running it now",
+            field,
+            ident,
+            found.task_id,
+        )
+        return Claim(keys, key, mine)
+
+    @staticmethod
+    def _claim_of(
+        request: SendMessageRequest, call: Caller, keys: SentKeys, field: str, ident: str
+    ) -> tuple[str, KeyRecord]:
+        """The request's key, and the record its claim writes.
+
+        Reserved for a new task where the keys allow it.
+        """
+        key, body = stored_key(call.scope, field, ident), body_digest(request)
+        task_id = request.message.task_id
+        reserving = getattr(keys, "reserving", None)  # (an embedder's keys may not say)
+        if not task_id and reserving is not None and reserving():
+            return key, KeyRecord.reserving(body, str(uuid.uuid4()), time.time())
+        return key, KeyRecord(body, task_id, at=time.time())
+
+
+def stored_key(scope: str, field: str, ident: str) -> str:
+    """The key a request is kept under: a digest of the caller's scope and its key.
+
+    ``field`` is what keys it (``key_of``: the message id's field or the
+    metadata's name), ``ident`` its value.
+    """
+    return _digest(scope.encode(), field.encode(), ident.encode())
