@@ -3,7 +3,8 @@
 The claim is the key's only write; a retry that finds the reservation before its task
 exists waits for it, runs if the first request let the key go, and takes the key over if
 the task never came; while an instance that does not read reservations is in the cluster,
-claims are pending records settled once the run started, as before.
+claims are pending records settled once the run started, as before; and over seeded
+schedules of sends, cuts and retries each message runs once.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import nats
 from a2a.server.agent_execution import AgentExecutor, RequestContext
@@ -30,7 +33,7 @@ from a2a_grpc_server.jetstream.keys import JetStreamSentKeys
 from a2a_grpc_server.jetstream.retry import Retry
 from a2a_grpc_server.journal.keys import PENDING_FOR, KeyRecord
 from a2a_grpc_server.model.scope import scope_key
-from a2a_grpc_server.rpc.idempotency import body_digest, stored_key
+from a2a_grpc_server.rpc.idempotency import CONFIRM_AFTER, body_digest, stored_key
 from tests.support.clusterharness import Instance, instances
 from tests.support.harness import V1, send_request
 
@@ -257,3 +260,89 @@ async def test_a_run_silent_after_its_start_has_its_reservation_confirmed(
             task = (await first).task
             again = (await b.stub.SendMessage(copy(request), metadata=V1)).task
         assert task.id == again.id == claim.task_id and agent.runs == [task.id]
+
+
+class Paced(AgentExecutor):
+    """Silent for the seconds its message's text says, then WORKING and COMPLETED."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, int] = {}
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.message is not None
+        assert context.task_id is not None and context.context_id is not None
+        ident = context.message.message_id
+        self.runs[ident] = self.runs.get(ident, 0) + 1
+        await asyncio.sleep(float(context.get_user_input()))  # sync-ok: the agent's own pace
+        updater = TaskUpdater(event_queue, context.task_id, context.context_id)
+        await updater.start_work()
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.task_id is not None and context.context_id is not None
+        await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
+
+
+async def attempt(
+    instance: Instance, request: SendMessageRequest, streaming: bool, cut_after: float | None
+) -> str | None:
+    """One attempt: the task id it was answered (None: cut by its client first)."""
+    call = (
+        instance.stub.SendStreamingMessage(copy(request), metadata=V1)
+        if streaming
+        else instance.stub.SendMessage(copy(request), metadata=V1)
+    )
+    if cut_after is not None:
+        try:
+            async with asyncio.timeout(cut_after):
+                await (call.read() if streaming else call)  # type: ignore[union-attr]
+        except TimeoutError:
+            call.cancel()  # its connection broke
+            return None
+        call.cancel()
+        return None
+    if not streaming:
+        task = (await call).task  # type: ignore[misc]
+        assert task.status.state == S.TASK_STATE_COMPLETED
+        return str(task.id)
+    frames = [frame async for frame in call]  # type: ignore[union-attr]
+    assert frames[-1].WhichOneof("payload") in ("task", "status_update")
+    ids = {f.task.id if f.HasField("task") else f.status_update.task_id for f in frames}
+    assert len(ids) == 1, ids
+    return str(ids.pop())
+
+
+async def test_retries_of_new_tasks_run_each_message_once_over_seeded_schedules(
+    nats_url: str,
+) -> None:
+    """The promise under many interleavings: a new task's message sent, maybe cut, and
+    retried through the other instance or both at once, blocking or streaming, its agent
+    quick, slow, or silent past CONFIRM_AFTER: each runs once, every answer is its task."""
+    agent = Paced()
+    async with asyncio.timeout(90), instances(agent, [nats_url]) as (a, b):
+        await reserving(a, b)
+        answered: dict[str, set[str]] = {}
+        for seed in range(6):
+            rng = random.Random(seed)
+            schedules = []
+            for _ in range(8):
+                pace = rng.choice([0.0, 0.0, 0.005, 0.05, CONFIRM_AFTER + 0.2])
+                request = send_request(f"{pace}")
+                first, other = rng.sample([a, b], 2)
+                cut = rng.choice([None, 0.0, 0.01, 0.1])
+                tries = [(first, rng.random() < 0.5, cut)]
+                tries += [(other, rng.random() < 0.5, None) for _ in range(rng.randint(1, 2))]
+                schedules.append((request, tries, rng.random() < 0.5))
+
+            async def run(request: SendMessageRequest, tries: list[Any], together: bool) -> None:
+                ident = request.message.message_id
+                got = answered.setdefault(ident, set())
+                if together:  # every attempt at once
+                    found = await asyncio.gather(*(attempt(i, request, s, c) for i, s, c in tries))
+                else:  # one after another
+                    found = [await attempt(i, request, s, c) for i, s, c in tries]
+                got.update(f for f in found if f is not None)
+
+            await asyncio.gather(*(run(*s) for s in schedules))
+        assert answered and all(len(ids) == 1 for ids in answered.values()), answered
+        assert agent.runs == {ident: 1 for ident in answered}, "each message ran once"

@@ -33,11 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import time
 import uuid
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from a2a.types.a2a_pb2 import AgentExtension, Message, SendMessageRequest
 from google.protobuf import struct_pb2
@@ -54,6 +57,7 @@ from ..journal.keys import KeyRecord, SentKeys
 from ..model.caller import Caller
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 URI = "urn:a2a-grpc-server:extension:idempotency:v1"
 """The extension's URI, on the agent card."""
@@ -203,6 +207,8 @@ class Retries:
 
     def __init__(self, keys: SentKeys | None) -> None:
         self._keys = keys
+        self._letting_go: set[asyncio.Task[None]] = set()
+        """Releases of keys claimed for a caller who left meanwhile (``_shielded``)."""
 
     async def admit(
         self, request: SendMessageRequest, call: Caller
@@ -226,7 +232,7 @@ class Retries:
         key, mine = self._claim_of(request, call, keys, field, ident)
         patience: Patience | None = None  # (made when a first request is still starting)
         while True:
-            prior = await keys.claim(key, mine)
+            prior = await self._shielded(keys, key, keys.claim(key, mine), _claimed)
             if prior is None:
                 return Claim(keys, key, mine), None
             if prior.digest != mine.digest:
@@ -256,7 +262,7 @@ class Retries:
         assert keys is not None and found.reserved
         field, ident = key_of(request, call)
         key, mine = self._claim_of(request, call, keys, field, ident)
-        if not await keys.take_over(key, found, mine):
+        if not await self._shielded(keys, key, keys.take_over(key, found, mine), bool):
             return None
         logger.warning(
             "%s %s: its first request never started task %s; running it now",
@@ -265,6 +271,35 @@ class Retries:
             found.task_id,
         )
         return Claim(keys, key, mine)
+
+    async def _shielded(
+        self, keys: SentKeys, key: str, claiming: Coroutine[Any, Any, T], won: Callable[[T], bool]
+    ) -> T:
+        """Await ``claiming``; if the caller leaves meanwhile, let the key go once it is won.
+
+        A claim that lands for a caller who left (a cut connection) would
+        otherwise hold its key for a request that never runs: its retry would
+        wait ``PENDING_FOR`` (5 min) to take it over. Keys kept in this process
+        (``immediate``) are claimed without a pause: nothing to shield.
+        """
+        if getattr(keys, "immediate", False):
+            return await claiming
+        job = asyncio.ensure_future(claiming)
+        try:
+            return await asyncio.shield(job)
+        except asyncio.CancelledError:
+            job.add_done_callback(functools.partial(self._let_go, keys, key, won))
+            raise
+
+    def _let_go(
+        self, keys: SentKeys, key: str, won: Callable[[Any], bool], job: asyncio.Future[Any]
+    ) -> None:
+        if job.cancelled() or job.exception() is not None or not won(job.result()):
+            return
+        logger.info("a request left while claiming its key: its key is let go")
+        task = asyncio.ensure_future(_release(keys, key))
+        self._letting_go.add(task)
+        task.add_done_callback(self._letting_go.discard)
 
     @staticmethod
     def _claim_of(
@@ -280,6 +315,15 @@ class Retries:
         if not task_id and reserving is not None and reserving():
             return key, KeyRecord.reserving(body, str(uuid.uuid4()), time.time())
         return key, KeyRecord(body, task_id, at=time.time())
+
+
+def _claimed(prior: KeyRecord | None) -> bool:
+    return prior is None
+
+
+async def _release(keys: SentKeys, key: str) -> None:
+    with contextlib.suppress(StoreError):  # (best effort: it is taken over once abandoned)
+        await keys.release(key)
 
 
 def stored_key(scope: str, field: str, ident: str) -> str:
