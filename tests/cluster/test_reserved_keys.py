@@ -15,7 +15,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import nats
@@ -45,22 +45,31 @@ WINDOW = 86_400.0
 class QuietFirst(AgentExecutor):
     """Says nothing until ``gate`` (its task does not exist before), then COMPLETED.
 
-    ``runs`` lists the task id of each run; ``running`` is set when a run began.
+    ``runs`` lists the task id of each run, ``by_message`` counts runs per message id;
+    ``running`` is set when a run began.
     """
 
     def __init__(self) -> None:
         self.runs: list[str] = []
+        self.by_message: dict[str, int] = {}
         self.running = asyncio.Event()
         self.gate = asyncio.Event()
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.message is not None
         assert context.task_id is not None and context.context_id is not None
+        ident = context.message.message_id
         self.runs.append(context.task_id)
+        self.by_message[ident] = self.by_message.get(ident, 0) + 1
         self.running.set()
-        await self.gate.wait()
+        await self.silence(context)
         updater = TaskUpdater(event_queue, context.task_id, context.context_id)
         await updater.start_work()
         await updater.complete()
+
+    async def silence(self, context: RequestContext) -> None:
+        """What the run does before its first event."""
+        await self.gate.wait()
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.task_id is not None and context.context_id is not None
@@ -116,6 +125,25 @@ async def retries_waiting(writes: KeyWrites, first: KeyRecord) -> None:
             claims += 1
 
 
+@contextlib.asynccontextmanager
+async def cluster(
+    nats_url: str, *, gated: bool = False
+) -> AsyncIterator[tuple[QuietFirst, Instance, Instance]]:
+    """A ``QuietFirst`` agent (its gate open unless ``gated``) on two instances, both
+    reserving (within 30 s for the whole test)."""
+    agent = QuietFirst()
+    if not gated:
+        agent.gate.set()
+    async with asyncio.timeout(30), instances(agent, [nats_url]) as (a, b):
+        await reserving(a, b)
+        yield agent, a, b
+
+
+def keys_of(instance: Instance, clock: Callable[[], float] = time.time) -> JetStreamSentKeys:
+    """The shared keys, as another instance (on ``instance``'s connection) reads them."""
+    return JetStreamSentKeys(instance.cluster.conn.js, WINDOW, 1, Retry(5.0), clock)
+
+
 async def reserving(*some: Instance) -> None:
     """Until each instance has heard every instance, which all read reservations."""
     for instance in some:
@@ -126,10 +154,7 @@ async def reserving(*some: Instance) -> None:
 async def test_a_new_task_s_claim_reserves_its_id_and_is_the_key_s_only_write(
     nats_url: str,
 ) -> None:
-    agent = QuietFirst()
-    agent.gate.set()
-    async with asyncio.timeout(30), instances(agent, [nats_url]) as (a, b):
-        await reserving(a)
+    async with cluster(nats_url) as (agent, a, b):
         request = send_request("book it")
         async with key_writes(nats_url, key_for(request)) as writes:
             task = (await a.stub.SendMessage(copy(request), metadata=V1)).task
@@ -144,10 +169,7 @@ async def test_a_new_task_s_claim_reserves_its_id_and_is_the_key_s_only_write(
 async def test_claims_are_settled_as_before_while_an_instance_does_not_read_reservations(
     nats_url: str,
 ) -> None:
-    agent = QuietFirst()
-    agent.gate.set()
-    async with asyncio.timeout(30), instances(agent, [nats_url]) as (a, _):
-        await reserving(a)
+    async with cluster(nats_url) as (_, a, _b):
         older = {"formats": [1, 2], "version": "x", "features": sorted(FEATURES - {RESERVED_KEYS})}
         a.cluster.formats.heard("older", json.dumps(older).encode())  # (its heartbeat)
         assert not a.cluster.formats.everyone(RESERVED_KEYS)
@@ -168,9 +190,7 @@ async def test_claims_are_settled_as_before_while_an_instance_does_not_read_rese
 async def test_a_retry_that_finds_a_reservation_before_its_task_exists_waits_for_it(
     nats_url: str,
 ) -> None:
-    agent = QuietFirst()
-    async with asyncio.timeout(30), instances(agent, [nats_url]) as (a, b):
-        await reserving(a)
+    async with cluster(nats_url, gated=True) as (agent, a, b):
         request = send_request("quiet at first")
         async with key_writes(nats_url, key_for(request)) as writes:
             first = asyncio.ensure_future(a.stub.SendMessage(copy(request), metadata=V1))
@@ -189,13 +209,10 @@ async def test_a_retry_that_finds_a_reservation_before_its_task_exists_waits_for
 async def test_a_retry_runs_when_the_first_request_lets_its_reservation_go(
     nats_url: str,
 ) -> None:
-    agent = QuietFirst()
-    agent.gate.set()
-    async with asyncio.timeout(30), instances(agent, [nats_url]) as (a, b):
-        await reserving(a, b)
+    async with cluster(nats_url) as (agent, a, b):
         request = send_request("refused at first")
         key = key_for(request)
-        store = JetStreamSentKeys(a.cluster.conn.js, WINDOW, 1, Retry(5.0))
+        store = keys_of(a)
         async with key_writes(nats_url, key) as writes:
             # A first request's claim; it is then refused before its run (say, a quota).
             reserved = KeyRecord.reserving(body_digest(request), str(uuid.uuid4()), 0.0)
@@ -212,23 +229,16 @@ async def test_a_retry_runs_when_the_first_request_lets_its_reservation_go(
 async def test_a_reservation_whose_task_never_came_is_taken_over_by_a_retry(
     nats_url: str,
 ) -> None:
-    agent = QuietFirst()
-    agent.gate.set()
-    async with asyncio.timeout(30), instances(agent, [nats_url]) as (a, b):
-        await reserving(a, b)
+    async with cluster(nats_url) as (agent, a, b):
         request = send_request("its instance died")
         key = key_for(request)
-        past = JetStreamSentKeys(
-            a.cluster.conn.js, WINDOW, 1, Retry(5.0), clock=lambda: time.time() - PENDING_FOR - 1
-        )
+        past = keys_of(a, clock=lambda: time.time() - PENDING_FOR - 1)
         lost = KeyRecord.reserving(body_digest(request), str(uuid.uuid4()), 0.0)
         assert await past.claim(key, lost) is None  # (its instance died before the run)
         task = (await b.stub.SendMessage(copy(request), metadata=V1)).task
         assert task.status.state == S.TASK_STATE_COMPLETED
         assert task.id != lost.task_id and agent.runs == [task.id]
-        now = await JetStreamSentKeys(a.cluster.conn.js, WINDOW, 1, Retry(5.0)).claim(
-            key, KeyRecord("another body")
-        )
+        now = await keys_of(a).claim(key, KeyRecord("another body"))
         assert now is not None and (now.task_id, now.reserved) == (task.id, True)
         again = (await a.stub.SendMessage(copy(request), metadata=V1)).task
         assert again.id == task.id and agent.runs == [task.id]
@@ -239,9 +249,7 @@ async def test_a_run_silent_after_its_start_has_its_reservation_confirmed(
 ) -> None:
     """A retry never takes over the key of a run that is alive: a reservation whose task is
     not recorded soon after its run started is confirmed (a started record, as before)."""
-    agent = QuietFirst()
-    async with asyncio.timeout(30), instances(agent, [nats_url]) as (a, b):
-        await reserving(a)
+    async with cluster(nats_url, gated=True) as (agent, a, b):
         request = send_request("thinking")
         async with key_writes(nats_url, key_for(request)) as writes:
             first = asyncio.ensure_future(a.stub.SendMessage(copy(request), metadata=V1))
@@ -262,25 +270,11 @@ async def test_a_run_silent_after_its_start_has_its_reservation_confirmed(
         assert task.id == again.id == claim.task_id and agent.runs == [task.id]
 
 
-class Paced(AgentExecutor):
+class Paced(QuietFirst):
     """Silent for the seconds its message's text says, then WORKING and COMPLETED."""
 
-    def __init__(self) -> None:
-        self.runs: dict[str, int] = {}
-
-    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
-        assert context.message is not None
-        assert context.task_id is not None and context.context_id is not None
-        ident = context.message.message_id
-        self.runs[ident] = self.runs.get(ident, 0) + 1
+    async def silence(self, context: RequestContext) -> None:
         await asyncio.sleep(float(context.get_user_input()))  # sync-ok: the agent's own pace
-        updater = TaskUpdater(event_queue, context.task_id, context.context_id)
-        await updater.start_work()
-        await updater.complete()
-
-    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-        assert context.task_id is not None and context.context_id is not None
-        await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
 
 
 async def attempt(
@@ -345,4 +339,4 @@ async def test_retries_of_new_tasks_run_each_message_once_over_seeded_schedules(
 
             await asyncio.gather(*(run(*s) for s in schedules))
         assert answered and all(len(ids) == 1 for ids in answered.values()), answered
-        assert agent.runs == {ident: 1 for ident in answered}, "each message ran once"
+        assert agent.by_message == {ident: 1 for ident in answered}, "each message ran once"
