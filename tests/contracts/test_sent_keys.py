@@ -136,37 +136,3 @@ async def test_an_abandoned_pending_record_and_one_past_the_window_are_taken_ove
     assert await a.claim(key, KeyRecord("d3")) is not None, "settled, within the window"
     clock.now += 2
     assert await a.claim(key, KeyRecord("d3")) is None, "past the window: a new request"
-
-
-async def test_a_reserved_record_is_found_as_a_started_one_and_never_taken_over_by_a_claim(
-    stores: tuple[list[SentKeys], Clock],
-) -> None:
-    (a, b), clock = stores
-    key, mine = new_key(), KeyRecord.reserving("d1", "t1", clock.now)
-    assert await a.claim(key, mine) is None
-    clock.now += PENDING_FOR + 1  # (its task is judged by the servicer: see take_over)
-    found = await b.claim(key, KeyRecord("d2"))
-    assert found == mine and found is not None and not found.pending
-    assert (found.task_id, found.after, found.reserved) == ("t1", 0, True)
-
-
-async def test_a_reserved_record_is_taken_over_once_and_only_as_it_was_found(
-    stores: tuple[list[SentKeys], Clock],
-) -> None:
-    (a, b), clock = stores
-    key, first = new_key(), KeyRecord.reserving("d", "t1", clock.now)
-    assert await a.claim(key, first) is None
-    found = await b.claim(key, KeyRecord("d"))
-    assert found is not None
-    clock.now += PENDING_FOR + 1
-    outcomes = await asyncio.gather(
-        a.take_over(key, found, KeyRecord.reserving("d", "t2", 0.0)),
-        b.take_over(key, found, KeyRecord.reserving("d", "t3", 0.0)),
-    )
-    assert sorted(outcomes) == [False, True], "one retry takes it over"
-    now = await a.claim(key, KeyRecord("d"))
-    assert now is not None and now.task_id in ("t2", "t3") and now.at == clock.now
-    assert not await b.take_over(key, found, KeyRecord("d")), "not what it was found"
-    await a.release(key)
-    assert not await b.take_over(key, now, KeyRecord("d")), "released: nothing to take over"
-    assert await b.claim(key, KeyRecord("d")) is None

@@ -64,10 +64,6 @@ class Routed:
         """The task the message continues."""
         return self.snapshot.id
 
-    async def exists(self, within: float) -> bool:
-        """See ``ports.Outcome.exists``: a follow-up's task is recorded already."""
-        return True
-
     async def outcome(self, *, immediately: bool) -> tuple[Task | Message, int]:
         """Wait for what a blocking SendMessage answers (see ``Started.outcome``)."""
         reader = self.reader
@@ -103,7 +99,6 @@ class ClusterFront:
         *,
         subscribe: bool,
         resumable: bool = False,
-        new_id: str = "",
     ) -> Started | Routed:
         """``TaskEngine.send``; a follow-up for a task another instance owns goes to its owner.
 
@@ -112,9 +107,7 @@ class ClusterFront:
         """
         engine, message = self._engine, request.message
         if not engine.accepting or not message.task_id:
-            return await engine.send(
-                request, call, subscribe=subscribe, resumable=resumable, new_id=new_id
-            )
+            return await engine.send(request, call, subscribe=subscribe, resumable=resumable)
         started = time.monotonic()
         found = await engine.check_follow_up(message.task_id, message.context_id, call.scope)
         found = await self._take_if_free(found)

@@ -99,19 +99,6 @@ class Started:
         """The number of the task's last change before this message's run."""
         return self.start_seq
 
-    async def exists(self, within: float) -> bool:
-        """See ``ports.Outcome.exists``."""
-        live, log = self.live, self.live.log
-        if live.task is not None:
-            return True
-        try:
-            async with asyncio.timeout(within):
-                while live.task is None and not log.closed and not self.run.finished:
-                    await log.wait_changed()
-        except TimeoutError:
-            pass
-        return live.task is not None
-
     async def outcome(self, *, immediately: bool) -> tuple[Task | Message, int]:
         """Wait for what a blocking SendMessage answers.
 
@@ -189,7 +176,6 @@ class TaskEngine:
         subscribe: bool,
         resumable: bool = False,
         found: RecordedTask | None = None,
-        new_id: str = "",
     ) -> Started:
         """Start executing a message: a new task, or a follow-up to an interrupted one.
 
@@ -201,7 +187,6 @@ class TaskEngine:
                 frames are kept for the resume window).
             found: The follow-up's task as ``check_follow_up`` found it (None:
                 look it up here).
-            new_id: The id a new task gets ("": a new one).
 
         Raises:
             TaskNotFoundError: The message names a task the journal does not have.
@@ -214,7 +199,7 @@ class TaskEngine:
             raise ServerShuttingDownError("server is shutting down; retry on another instance")
         self._starting += 1  # (shutdown waits for it: see _wait_started)
         try:
-            return await self._send(request, call, subscribe, resumable, found, new_id)
+            return await self._send(request, call, subscribe, resumable, found)
         finally:
             self._starting -= 1
             if not self._starting:
@@ -227,11 +212,9 @@ class TaskEngine:
         subscribe: bool,
         resumable: bool,
         found: RecordedTask | None,
-        new_id: str,
     ) -> Started:
         message = request.message
         follow_up = bool(message.task_id)
-        assert not (follow_up and new_id), "a follow-up's task has its id"
         if follow_up:
             recorded = found or await self.check_follow_up(
                 message.task_id, message.context_id, call.scope
@@ -241,7 +224,7 @@ class TaskEngine:
         else:
             principal = call.principal.name if call.principal is not None else ""
             self.tasks.quotas.check_new_task(principal, self.tasks.parking)
-            live = self.tasks.new(message, call.scope, new_id)
+            live = self.tasks.new(message, call.scope)
         snapshot, reader = None, None
         try:
             if follow_up and self._config.generation:

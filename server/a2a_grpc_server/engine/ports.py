@@ -48,14 +48,6 @@ class Outcome(Protocol):
         """Wait for what a blocking SendMessage answers, and the seq of its last change."""
         ...
 
-    async def exists(self, within: float) -> bool:
-        """Whether the task is recorded within ``within`` seconds.
-
-        A new task is from its run's first event: False if none came in that
-        time, or the run ended without one.
-        """
-        ...
-
 
 class TaskOperations(Protocol):
     """What the gRPC face asks of tasks.
@@ -72,13 +64,8 @@ class TaskOperations(Protocol):
         *,
         subscribe: bool,
         resumable: bool = False,
-        new_id: str = "",
     ) -> Outcome:
-        """Start a new task, or continue an interrupted one, with a message.
-
-        ``new_id``: the id a new task gets ("": a new one), e.g. reserved by its
-        message's claim (``rpc.idempotency``).
-        """
+        """Start a new task, or continue an interrupted one, with a message."""
         ...
 
     async def cancel(self, task_id: str, call: Caller) -> Task:

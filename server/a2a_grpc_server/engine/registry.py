@@ -161,16 +161,14 @@ class LiveTasks:
         final = self.finals.final(task.id)
         return taskops.copy(final) if final is not None else task
 
-    def new(self, message: Message, scope: str, task_id: str = "") -> LiveTask:
+    def new(self, message: Message, scope: str) -> LiveTask:
         """A new task for ``message`` (its ids set), live from now on.
-
-        ``task_id``: its id, if chosen already (a new UUID otherwise).
 
         Raises:
             ParkedTasksLimitError: No room for it (see ``ParkingLot.make_room``).
         """
         self.parking.make_room()
-        task_id = task_id or str(uuid.uuid4())
+        task_id = str(uuid.uuid4())
         context_id = context_for(scope, message.context_id)
         message.task_id, message.context_id = task_id, context_id
         self.metrics.tasks_started += 1

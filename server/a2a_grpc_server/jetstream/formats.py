@@ -10,9 +10,7 @@ Everything one instance writes and another reads says its format:
   "version": "...", "features": [...]}``: the formats that instance reads,
   its version, and what it keeps that others rely on (``index``: it writes
   the listing index, see ``index``; ``shards``: it reads a task's record in
-  the event stream its snapshot names, see ``journal``; ``reserved-keys``:
-  it reads a sent key's reserved record, see ``journal.keys``; none before
-  that).
+  the event stream its snapshot names, see ``journal``; none before that).
 
 Format 1 is what versions before formats were versioned wrote: the same
 layouts without any of these marks (no header, no prefix, an empty
@@ -52,9 +50,7 @@ CURRENT = 2
 """The newest format this version writes (once every instance reads it)."""
 READS = frozenset({LEGACY, CURRENT})
 """The formats this version reads."""
-RESERVED_KEYS = "reserved-keys"
-"""The feature of an instance that reads a sent key's reserved record (``journal.keys``)."""
-FEATURES = frozenset({"deliverers", "index", "shards", RESERVED_KEYS})
+FEATURES = frozenset({"deliverers", "index", "shards"})
 """What this version keeps that others rely on (see ``heartbeat``)."""
 MAGIC = b"\x00a2a-format "
 """How a format-2 (or later) snapshot or push config value starts. No format-1 value can:

@@ -10,12 +10,6 @@ over by compare-and-set on its revision. The bucket's max age is the
 instance's setting stands, and a record older than the window is taken for
 absent whatever the bucket keeps), so the window survives restarts.
 
-A first request that starts a new task claims its key with a reserved
-record (``journal.keys``: the task's id chosen before its run, so no second
-write records it) once every live instance reads one (``reserving``: the
-heartbeat feature ``reserved-keys``); until then with a pending record,
-settled once the run started, as versions before did.
-
 A claim of a key never sent and a settled record go through the lean
 publish of ``requests`` (each is one publish with an ack; nats-py's KV
 methods cost about twice the CPU); anything else (a key that exists or was
@@ -32,7 +26,6 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from ..errors import UnknownFormatError
 from ..journal.keys import PENDING_FOR, KeyRecord
 from .conn import KEYS_BUCKET, ensure_kv
 from .pullread import bucket_of
@@ -51,8 +44,6 @@ class JetStreamSentKeys:
         clock: Wall clock (seconds since the epoch).
         requests: Lean publishes on the same connection, started (None: nats-py's
             KV for everything).
-        reserving: Whether claims may be reserved records now (every live
-            instance reads them).
     """
 
     def __init__(
@@ -63,13 +54,10 @@ class JetStreamSentKeys:
         retry: Retry,
         clock: Callable[[], float] = time.time,
         requests: JetStreamRequests | None = None,
-        reserving: Callable[[], bool] = lambda: False,
     ) -> None:
         self._js, self._window, self._replicas = js, window, replicas
         self._retry, self._clock = retry, clock
         self._requests = requests
-        self.reserving = reserving
-        """See ``journal.keys.SentKeys.reserving``."""
         self._kv: KeyValue | None = None
         self._opening = asyncio.Lock()
 
@@ -133,30 +121,6 @@ class JetStreamSentKeys:
         """See ``journal.keys.SentKeys.release``."""
         kv = await self._bucket()
         await self._retry(lambda: kv.delete(key), "release a message id")
-
-    async def take_over(self, key: str, found: KeyRecord, record: KeyRecord) -> bool:
-        """See ``journal.keys.SentKeys.take_over`` (compare-and-set on the key's revision)."""
-        kv = await self._bucket()
-        value = record.stamped(self._clock()).encode()
-
-        async def attempt() -> bool:
-            try:
-                entry = await kv.get(key)
-            except nats.js.errors.KeyNotFoundError:
-                return False
-            try:
-                current = KeyRecord.decode(entry.value or b"")
-            except UnknownFormatError:
-                return False
-            if current != found:
-                return False
-            try:
-                await kv.update(key, value, last=entry.revision)
-            except nats.js.errors.KeyWrongLastSequenceError:
-                return False  # (another retry took it over first)
-            return True
-
-        return await self._retry(attempt, "take over an abandoned message id")
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:

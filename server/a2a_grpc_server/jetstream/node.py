@@ -22,7 +22,7 @@ from ..log.tasklog import LogReader
 from ..model import taskops
 from ..model.caller import Caller
 from .conn import NatsConfig, NatsConnection, connect
-from .formats import RESERVED_KEYS, Formats
+from .formats import Formats
 from .journal import JetStreamJournal
 from .keys import JetStreamSentKeys
 from .lease import Lease
@@ -196,14 +196,8 @@ class NatsCluster:
     def sent_keys(self, window: float) -> JetStreamSentKeys:
         """The message ids sent, shared by every instance (``A2A_KEYS``), kept ``window`` s."""
         config = self.conn.config
-        formats = self.formats
         return JetStreamSentKeys(
-            self.conn.js,
-            window,
-            config.replicas,
-            Retry(config.retry_for),
-            requests=self._requests,
-            reserving=lambda: formats.everyone(RESERVED_KEYS),
+            self.conn.js, window, config.replicas, Retry(config.retry_for), requests=self._requests
         )
 
     async def _adopt_push(self, alive: set[str]) -> None:

@@ -10,18 +10,10 @@ request with that key was (a digest of its body) and where its answer is:
   change before its run (its outcome is the task's first final or
   interrupted state after that);
 * *answered*: the executor answered with a message and no task (the message
-  is kept);
-* *reserved* (a started record marked so): a new task's id, chosen before
-  its run, so that the claim also says where the answer will be and no
-  second write is needed once the run started (``SentKeys.reserving``: on
-  NATS, once every instance reads such records). The task may not exist yet:
-  a retry waits for it, and takes the key over (``SentKeys.take_over``) if
-  it has not appeared ``PENDING_FOR`` seconds after the claim (its writer
-  died before starting it).
+  is kept).
 
 A pending record whose writer died is taken over after ``PENDING_FOR``
-seconds (a reserved one by the retry that finds its task missing, see
-above). Records expire ``window`` seconds after they were claimed (the
+seconds. Records expire ``window`` seconds after they were claimed (the
 ``idempotency_window`` setting). The in-memory store keeps at most
 ``most`` records, and ``ANSWERS_KEPT_BYTES`` of answers (the oldest leave
 first: a retry later than that runs again); an answer over ``ANSWER_KEPT``
@@ -66,19 +58,11 @@ class KeyRecord:
     """When it was claimed (seconds since the epoch)."""
     dropped: bool = False
     """The executor answered with a message larger than ``ANSWER_KEPT``: not kept."""
-    reserved: bool = False
-    """``task_id`` is a new task's, chosen before its run: it may not exist yet (see the
-    module docstring)."""
 
     @property
     def pending(self) -> bool:
         """Whether the first request is still starting."""
         return self.after < 0 and not self.answer and not self.dropped
-
-    @classmethod
-    def reserving(cls, digest: str, task_id: str, at: float) -> KeyRecord:
-        """The claim of a first request that will start the new task ``task_id``."""
-        return cls(digest, task_id, 0, b"", at, False, True)
 
     def started(self, task_id: str, after: int) -> KeyRecord:
         """This record once the first request's run started."""
@@ -93,18 +77,11 @@ class KeyRecord:
 
     def stamped(self, at: float) -> KeyRecord:
         """This record, claimed at ``at``."""
-        return KeyRecord(
-            self.digest, self.task_id, self.after, self.answer, at, self.dropped, self.reserved
-        )
+        return KeyRecord(self.digest, self.task_id, self.after, self.answer, at, self.dropped)
 
     def encode(self) -> bytes:
-        """The record as stored (JSON, with its format).
-
-        ``reserved`` is written only when set: a reader that does not know it
-        reads a started record (the task, after change 0), as it is once the
-        task exists.
-        """
-        body: dict[str, object] = {
+        """The record as stored (JSON, with its format)."""
+        body = {
             "format": FORMAT,
             "digest": self.digest,
             "task_id": self.task_id,
@@ -113,8 +90,6 @@ class KeyRecord:
             "at": self.at,
             "dropped": self.dropped,
         }
-        if self.reserved:
-            body["reserved"] = True
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
@@ -139,16 +114,9 @@ class KeyRecord:
                 base64.b64decode(found["answer"]),
                 float(found["at"]),
                 bool(found.get("dropped", False)),
-                _flag(found.get("reserved", False)),
             )
         except (ValueError, TypeError, KeyError):
             raise UnknownFormatError("a sent key's record", repr(data[:40])) from None
-
-
-def _flag(value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(value)
-    return value
 
 
 class SentKeys(Protocol):
@@ -187,28 +155,8 @@ class SentKeys(Protocol):
         """
         ...
 
-    def reserving(self) -> bool:
-        """Whether a claim may be a reserved record now (``KeyRecord.reserving``).
 
-        True only once every instance sharing the keys reads one (an embedder's
-        store need not have this method: then never).
-        """
-        ...
-
-    async def take_over(self, key: str, found: KeyRecord, record: KeyRecord) -> bool:
-        """Replace ``found``, an abandoned reserved record, by ``record`` if it is still there.
-
-        Returns:
-            Whether ``record`` is the key's now (False: the key holds another
-            record, or none).
-
-        Raises:
-            StoreError: The store could not be reached.
-        """
-        ...
-
-
-_Kept = tuple[str, str, int, bytes, float, bool, bool]
+_Kept = tuple[str, str, int, bytes, float, bool]
 """A ``KeyRecord``'s fields, in order."""
 _ANSWER: Final = 3
 _AT: Final = 4
@@ -269,19 +217,6 @@ class MemorySentKeys:
         """See ``SentKeys.release``."""
         self._pop(key)
 
-    def reserving(self) -> bool:
-        """See ``SentKeys.reserving``: never (a record here costs no write to settle)."""
-        return False
-
-    async def take_over(self, key: str, found: KeyRecord, record: KeyRecord) -> bool:
-        """See ``SentKeys.take_over``."""
-        kept = self._records.get(key)
-        if kept is None or KeyRecord(*kept) != found:
-            return False
-        self._put(key, record.stamped(self._clock()))
-        self._bound()
-        return True
-
     def _put(self, key: str, record: KeyRecord, *, keep_place: bool = False) -> None:
         found = self._records.get(key)
         if found is not None:
@@ -296,7 +231,6 @@ class MemorySentKeys:
             record.answer,
             record.at,
             record.dropped,
-            record.reserved,
         )
         self._bytes += len(record.answer)
 

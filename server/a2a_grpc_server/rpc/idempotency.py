@@ -18,15 +18,6 @@ first request still starting waits for it (within its deadline, at most
 done). A first request refused before its run started (a bad task id, a
 quota) releases its key: a retry starts afresh. Keys are per scope: another
 caller's identical id is another key.
-
-Where the keys allow it (on NATS, once every instance reads such records), the
-claim of a request that starts a new task *reserves* the task's id
-(``journal.keys``): it names the task before its run, so nothing more is
-written once the run started; the starter confirms it only if the task is
-not recorded ``CONFIRM_AFTER`` seconds after its run started. A retry that
-finds a reservation whose task is not recorded yet waits for it like any
-other; if the key is let go meanwhile it runs, and once the task is
-``PENDING_FOR`` seconds late it takes the key over (``Retries.take_over``).
 """
 
 from __future__ import annotations
@@ -37,10 +28,7 @@ import functools
 import hashlib
 import logging
 import time
-import uuid
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
 from a2a.types.a2a_pb2 import AgentExtension, Message, SendMessageRequest
 from google.protobuf import struct_pb2
@@ -57,7 +45,6 @@ from ..journal.keys import KeyRecord, SentKeys
 from ..model.caller import Caller
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 URI = "urn:a2a-grpc-server:extension:idempotency:v1"
 """The extension's URI, on the agent card."""
@@ -66,9 +53,6 @@ KEY_HEADER = "idempotency-key"
 MAX_KEY_CHARS = 256
 WAIT_FIRST = 10.0
 """Most seconds a retry waits for its first request to start."""
-CONFIRM_AFTER = 1.0
-"""Seconds a new task may take to be recorded, after its run started, before its claim's
-reservation is confirmed by a write (``Claim.new_id``)."""
 
 
 def extension(window: float) -> AgentExtension:
@@ -114,7 +98,7 @@ def _digest(*parts: bytes) -> str:
     return h.hexdigest()[:48]
 
 
-def body_digest(request: SendMessageRequest) -> str:
+def _body(request: SendMessageRequest) -> str:
     """A digest of what the request asks to run: its message, metadata and push config.
 
     How the answer is shaped (``return_immediately``, ``history_length``) is
@@ -158,19 +142,6 @@ class Claim:
     key: str
     record: KeyRecord
 
-    @property
-    def new_id(self) -> str:
-        """The id the new task must have: the one its claim reserved ("": any).
-
-        A reserved claim says where the answer will be from the start: once
-        the task is recorded, it reads as a started record and nothing more
-        is written. The starter confirms it (``started``) only if the task is
-        not recorded ``CONFIRM_AFTER`` seconds after its run started (a run
-        silent so far, or answered with a message), so that a retry never
-        takes over the key of a run that is alive (``SentKeys.take_over``).
-        """
-        return self.record.task_id if self.record.reserved else ""
-
     async def started(self, task_id: str, since: int) -> None:
         """The request's run started on ``task_id`` after its change ``since``."""
         self.record = self.record.started(task_id, since)
@@ -208,7 +179,7 @@ class Retries:
     def __init__(self, keys: SentKeys | None) -> None:
         self._keys = keys
         self._letting_go: set[asyncio.Task[None]] = set()
-        """Releases of keys claimed for a caller who left meanwhile (``_shielded``)."""
+        """Releases of keys claimed for a caller who left meanwhile (``_claim``)."""
 
     async def admit(
         self, request: SendMessageRequest, call: Caller
@@ -229,10 +200,11 @@ class Retries:
         if keys is None:
             return None, None
         field, ident = key_of(request, call)
-        key, mine = self._claim_of(request, call, keys, field, ident)
+        key = _digest(call.scope.encode(), field.encode(), ident.encode())
+        mine = KeyRecord(_body(request), request.message.task_id, at=time.time())
         patience: Patience | None = None  # (made when a first request is still starting)
         while True:
-            prior = await self._shielded(keys, key, keys.claim(key, mine), _claimed)
+            prior = await self._claim(keys, key, mine)
             if prior is None:
                 return Claim(keys, key, mine), None
             if prior.digest != mine.digest:
@@ -246,90 +218,34 @@ class Retries:
                     f"the first request with {field} {quote(ident)} is still starting; retry"
                 )
 
-    async def take_over(
-        self, request: SendMessageRequest, call: Caller, found: KeyRecord
-    ) -> Claim | None:
-        """Claim the key of ``request`` from ``found``, a reserved record whose task never came.
-
-        Returns:
-            The claim (this request runs), or None: the key holds another
-            record now, or none (admit it again).
-
-        Raises:
-            StoreError: The keys could not be reached.
-        """
-        keys = self._keys
-        assert keys is not None and found.reserved
-        field, ident = key_of(request, call)
-        key, mine = self._claim_of(request, call, keys, field, ident)
-        if not await self._shielded(keys, key, keys.take_over(key, found, mine), bool):
-            return None
-        logger.warning(
-            "%s %s: its first request never started task %s; running it now",
-            field,
-            ident,
-            found.task_id,
-        )
-        return Claim(keys, key, mine)
-
-    async def _shielded(
-        self, keys: SentKeys, key: str, claiming: Coroutine[Any, Any, T], won: Callable[[T], bool]
-    ) -> T:
-        """Await ``claiming``; if the caller leaves meanwhile, let the key go once it is won.
+    async def _claim(self, keys: SentKeys, key: str, mine: KeyRecord) -> KeyRecord | None:
+        """``keys.claim``; if the caller leaves meanwhile, let the key go once it is won.
 
         A claim that lands for a caller who left (a cut connection) would
         otherwise hold its key for a request that never runs: its retry would
-        wait ``PENDING_FOR`` (5 min) to take it over. Keys kept in this process
-        (``immediate``) are claimed without a pause: nothing to shield.
+        be refused MESSAGE_IN_PROGRESS until the claim is taken for abandoned
+        (``PENDING_FOR``, 5 min). Keys kept in this process (``immediate``)
+        are claimed without a pause: nothing to shield.
         """
-        if getattr(keys, "immediate", False):
-            return await claiming
-        job = asyncio.ensure_future(claiming)
+        if getattr(keys, "immediate", False):  # (an embedder's keys may not say)
+            return await keys.claim(key, mine)
+        job = asyncio.ensure_future(keys.claim(key, mine))
         try:
             return await asyncio.shield(job)
         except asyncio.CancelledError:
-            job.add_done_callback(functools.partial(self._let_go, keys, key, won))
+            job.add_done_callback(functools.partial(self._let_go, keys, key))
             raise
 
-    def _let_go(
-        self, keys: SentKeys, key: str, won: Callable[[Any], bool], job: asyncio.Future[Any]
-    ) -> None:
-        if job.cancelled() or job.exception() is not None or not won(job.result()):
+    def _let_go(self, keys: SentKeys, key: str, job: asyncio.Future[KeyRecord | None]) -> None:
+        """Release the key a claim won for a caller who left (in the background)."""
+        if job.cancelled() or job.exception() is not None or job.result() is not None:
             return
         logger.info("a request left while claiming its key: its key is let go")
         task = asyncio.ensure_future(_release(keys, key))
         self._letting_go.add(task)
         task.add_done_callback(self._letting_go.discard)
 
-    @staticmethod
-    def _claim_of(
-        request: SendMessageRequest, call: Caller, keys: SentKeys, field: str, ident: str
-    ) -> tuple[str, KeyRecord]:
-        """The request's key, and the record its claim writes.
-
-        Reserved for a new task where the keys allow it.
-        """
-        key, body = stored_key(call.scope, field, ident), body_digest(request)
-        task_id = request.message.task_id
-        reserving = getattr(keys, "reserving", None)  # (an embedder's keys may not say)
-        if not task_id and reserving is not None and reserving():
-            return key, KeyRecord.reserving(body, str(uuid.uuid4()), time.time())
-        return key, KeyRecord(body, task_id, at=time.time())
-
-
-def _claimed(prior: KeyRecord | None) -> bool:
-    return prior is None
-
 
 async def _release(keys: SentKeys, key: str) -> None:
     with contextlib.suppress(StoreError):  # (best effort: it is taken over once abandoned)
         await keys.release(key)
-
-
-def stored_key(scope: str, field: str, ident: str) -> str:
-    """The key a request is kept under: a digest of the caller's scope and its key.
-
-    ``field`` is what keys it (``key_of``: the message id's field or the
-    metadata's name), ``ident`` its value.
-    """
-    return _digest(scope.encode(), field.encode(), ident.encode())

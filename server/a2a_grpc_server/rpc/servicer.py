@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -65,7 +64,7 @@ from ..errors import (
     QuotaExceededError,
 )
 from ..journal import InvalidPageTokenError, StoreError, TaskQuery
-from ..journal.keys import PENDING_FOR, KeyRecord
+from ..journal.keys import KeyRecord
 from ..log.tasklog import LogReader
 from ..model import generation, taskops
 from ..model.caller import EXTENSIONS_KEY, Caller, caller
@@ -73,7 +72,7 @@ from ..push.configs import check_config
 from . import resume, validation
 from .auth import AuthenticationError
 from .closing import Closing
-from .idempotency import CONFIRM_AFTER, Claim, Patience, Retries
+from .idempotency import Claim, Patience, Retries
 
 if TYPE_CHECKING:
     from ..push.service import PushService
@@ -210,8 +209,7 @@ class RpcServicer:
         claim, prior = await self._retries.admit(request, call)
         immediately = request.configuration.return_immediately
         if prior is not None:
-            claim, prior = await self._readable(prior, request, call)
-        if prior is not None:
+            prior = await self._readable(prior, request, call)
             answer, seq = await self._replayed(prior, call, numbered, immediately)
         else:
             started = await self._start(request, call, claim, subscribe=False, resumable=numbered)
@@ -236,8 +234,7 @@ class RpcServicer:
             numbered = await _activate_resume(call, context)
             claim, prior = await self._retries.admit(request, call)
             if prior is not None:
-                claim, prior = await self._readable(prior, request, call)
-            if prior is not None:
+                prior = await self._readable(prior, request, call)
                 await self._replay_stream(prior, call, context, numbered)
                 return
             started = await self._start(request, call, claim, subscribe=True, resumable=numbered)
@@ -490,15 +487,13 @@ class RpcServicer:
         async def start() -> Outcome:
             try:
                 started = await self._ops.send(
-                    request, call, subscribe=subscribe, resumable=resumable, new_id=claim.new_id
+                    request, call, subscribe=subscribe, resumable=resumable
                 )
             except BaseException as exc:
                 await claim.release(exc, request.message.task_id)
                 raise
             try:
-                # A reserved claim (``Claim.new_id``) needs no write once its task is recorded.
-                if not (claim.new_id and await started.exists(CONFIRM_AFTER)):
-                    await claim.started(started.task_id, started.since)
+                await claim.started(started.task_id, started.since)
             except StoreError as exc:  # (a retry takes the key over once it is abandoned)
                 logger.warning("task %s: its message id not recorded: %s", started.task_id, exc)
             return started
@@ -515,19 +510,11 @@ class RpcServicer:
 
     async def _readable(
         self, prior: KeyRecord, request: SendMessageRequest, call: Caller
-    ) -> tuple[Claim | None, KeyRecord | None]:
+    ) -> KeyRecord:
         """The first request's record once its task can be read, or it answered a message.
 
         A new task exists from its executor's first event: a retry that comes
         sooner waits for it (within its deadline, at most ``WAIT_FIRST`` s).
-        A reserved record (``journal.keys``) names a task that may never come:
-        if its first request let the key go meanwhile (refused before its
-        run), or its task has not appeared ``PENDING_FOR`` seconds after the
-        claim (its instance died before the run), this request claims the key
-        and runs instead.
-
-        Returns:
-            (None, the record) to answer from it; (a claim, None) to run.
 
         Raises:
             MessageInProgressError: The task did not appear in that time.
@@ -543,26 +530,19 @@ class RpcServicer:
                 )
             with contextlib.suppress(TaskNotFoundError):  # (its run has said nothing yet)
                 await self._ops.read(prior.task_id, call.scope)
-                return None, prior
-            if prior.reserved and time.time() - prior.at > PENDING_FOR:
-                taken = await self._retries.take_over(request, call, prior)
-                if taken is not None:
-                    return taken, None
-            elif not await patience.wait():
+                return prior
+            if not await patience.wait():
                 raise MessageInProgressError(
                     f"the first request's task {errors.quote(prior.task_id)} has not "
                     "started yet; retry"
                 )
             claim, again = await self._retries.admit(request, call)
-            if claim is not None:
-                if prior.reserved:  # (its first request let the key go: this one runs)
-                    return claim, None
-                # (its window ended meanwhile: nothing to answer)
+            if claim is not None:  # (its window ended meanwhile: nothing to answer)
                 await claim.release(TaskNotFoundError())
                 raise TaskNotFoundError(message=f"task {errors.quote(prior.task_id)} not found")
             assert again is not None
             prior = again
-        return None, prior
+        return prior
 
     async def _replayed(
         self, prior: KeyRecord, call: Caller, numbered: bool, immediately: bool
