@@ -46,7 +46,7 @@ from a2a.types.a2a_pb2 import CancelTaskRequest, StreamResponse, SubscribeToTask
 
 from tests.support import natsserver, serveproc
 
-from .load import TICK, pct, request
+from .load import cpu_seconds, pct, request
 
 ROOT = Path(__file__).resolve().parent.parent
 V1 = (("a2a-version", "1.0"),)
@@ -54,12 +54,6 @@ PHASE_LIMIT = 300.0
 """Seconds any one phase may take before the benchmark gives up."""
 MOST_TASKS = 200_000
 """Most tasks or streams one phase starts."""
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system, all threads) process ``pid`` used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 @dataclass

@@ -37,7 +37,7 @@ Result = dict[str, float]
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user and system) process ``pid`` used so far."""
+    """CPU seconds (user and system, all its threads) process ``pid`` used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
 

@@ -70,6 +70,7 @@ from a2a_grpc_server.obs.metrics import Metrics
 from tests.support import ROOT, cluster_key_file, natsserver
 
 from . import population
+from .load import cpu_seconds
 from .population import SCOPES
 
 V1 = (("a2a-version", "1.0"),)
@@ -97,14 +98,6 @@ INDEXED = "listing index"
 """What an instance logs once it reads the index (it built it, or found it built)."""
 MAX_LINES = 10_000
 """Lines of a server's output kept."""
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 @dataclass

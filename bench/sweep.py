@@ -37,7 +37,8 @@ from a2a_grpc_server.obs.metrics import Metrics
 from tests.support import ROOT, natsserver
 
 from . import population
-from .scale import cpu_seconds, exponent, nats_journal, running
+from .load import cpu_seconds
+from .scale import exponent, nats_journal, running
 
 LEASE = 2.0
 """The survivor's lease (seconds): its first sweep runs a lease after it starts."""
