@@ -233,19 +233,14 @@ class Retries:
         try:
             return await asyncio.shield(job)
         except asyncio.CancelledError:
-            job.add_done_callback(functools.partial(self._let_go, keys, key))
+            job.add_done_callback(functools.partial(self._let_go, Claim(keys, key, mine)))
             raise
 
-    def _let_go(self, keys: SentKeys, key: str, job: asyncio.Future[KeyRecord | None]) -> None:
+    def _let_go(self, claim: Claim, job: asyncio.Future[KeyRecord | None]) -> None:
         """Release the key a claim won for a caller who left (in the background)."""
         if job.cancelled() or job.exception() is not None or job.result() is not None:
             return
         logger.info("a request left while claiming its key: its key is let go")
-        task = asyncio.ensure_future(_release(keys, key))
+        task = asyncio.ensure_future(claim.release(asyncio.CancelledError()))
         self._letting_go.add(task)
         task.add_done_callback(self._letting_go.discard)
-
-
-async def _release(keys: SentKeys, key: str) -> None:
-    with contextlib.suppress(StoreError):  # (best effort: it is taken over once abandoned)
-        await keys.release(key)
