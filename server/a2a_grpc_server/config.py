@@ -106,12 +106,20 @@ class ServerConfig:
             ``GetTaskRequest.current_generation`` (a long-poll) and
             ``SendMessageConfiguration.if_generation_match`` (ABORTED
             TASK_GENERATION_MISMATCH). Off: none of the three.
-        idempotency_window: Seconds a SendMessage's message id (or its
-            ``idempotency-key`` metadata) is remembered per caller: a request
-            with the same id and body within it runs nothing again and is
+        idempotency_window: Seconds a retry key is remembered per caller. A
+            SendMessage is keyed when its call asks (it names the idempotency
+            extension in ``a2a-extensions`` or sends ``idempotency-key``
+            metadata; see ``idempotency_every_request``): a request with the
+            same key and body within the window runs nothing again and is
             answered the first one's task; another body is refused
             (MESSAGE_ID_REUSED). In cluster mode shared by every instance (the
-            bucket ``A2A_KEYS``, whose max age the first instance sets). 0: off.
+            bucket ``A2A_KEYS``, whose max age the first instance sets). 0: off
+            (the card does not declare the extension).
+        idempotency_every_request: Key every SendMessage by its message id,
+            asked or not: for meshes whose clients all retry with the same id
+            and never reuse one for another message. Off (the default), a call
+            that does not ask is run as sent, like any A2A server does. Set it
+            alike on every instance of a cluster.
         idempotency_max_keys: Most message ids remembered with the in-memory
             journal (a few hundred bytes each, and message-only answers up to
             64 MiB in all; the oldest are forgotten first).
@@ -196,6 +204,7 @@ class ServerConfig:
     push_ca_file: str = ""
     generation: bool = True
     idempotency_window: float = 86_400.0
+    idempotency_every_request: bool = False
     idempotency_max_keys: int = 100_000
     quota_live_tasks: int = 1000
     quota_parked_tasks: int = 1000

@@ -20,7 +20,7 @@ from a2a_grpc_server.journal.keys import ANSWER_KEPT, PENDING_FOR, KeyRecord, Me
 from a2a_grpc_server.journal.memory import MemoryJournal
 from a2a_grpc_server.rpc import idempotency
 from tests.support.agents import CountingAgent, InputAgent
-from tests.support.harness import V1, rich_status, send_request, serve
+from tests.support.harness import KEYED, V1, rich_status, send_request, serve
 
 S = TaskState
 
@@ -47,8 +47,8 @@ async def test_a_message_sent_twice_in_sequence_runs_once() -> None:
     agent.gate.set()
     async with asyncio.timeout(20), serve(agent) as h:
         request = send_request("book it")
-        first = (await h.stub.SendMessage(copy(request), metadata=V1)).task
-        again = (await h.stub.SendMessage(copy(request), metadata=V1)).task
+        first = (await h.stub.SendMessage(copy(request), metadata=KEYED)).task
+        again = (await h.stub.SendMessage(copy(request), metadata=KEYED)).task
         assert first.status.state == S.TASK_STATE_COMPLETED
         assert again.id == first.id and again.status.state == S.TASK_STATE_COMPLETED
         assert again.artifacts == first.artifacts
@@ -60,7 +60,8 @@ async def test_a_message_sent_twice_at_once_runs_once_and_both_get_its_outcome()
     async with asyncio.timeout(20), serve(agent) as h:
         request = send_request("book it")
         calls = [
-            asyncio.ensure_future(h.stub.SendMessage(copy(request), metadata=V1)) for _ in range(2)
+            asyncio.ensure_future(h.stub.SendMessage(copy(request), metadata=KEYED))
+            for _ in range(2)
         ]
         await agent.started.wait()
         agent.gate.set()
@@ -74,12 +75,12 @@ async def test_a_blocking_send_cut_mid_call_and_retried_runs_once() -> None:
     agent = CountingAgent()
     async with asyncio.timeout(20), serve(agent) as h:
         request = send_request("pay")
-        cut = h.stub.SendMessage(copy(request), metadata=V1)
+        cut = h.stub.SendMessage(copy(request), metadata=KEYED)
         await agent.started.wait()
         cut.cancel()  # the connection broke after the executor began
         with pytest.raises(asyncio.CancelledError):
             await cut
-        retry = asyncio.ensure_future(h.stub.SendMessage(copy(request), metadata=V1))
+        retry = asyncio.ensure_future(h.stub.SendMessage(copy(request), metadata=KEYED))
         agent.gate.set()
         task = (await retry).task
         assert task.status.state == S.TASK_STATE_COMPLETED and len(task.artifacts) == 1
@@ -90,12 +91,12 @@ async def test_a_stream_cut_mid_call_and_retried_streams_the_same_task_to_its_en
     agent = CountingAgent()
     async with asyncio.timeout(20), serve(agent) as h:
         request = send_request("send it")
-        cut = h.stub.SendStreamingMessage(copy(request), metadata=V1)
+        cut = h.stub.SendStreamingMessage(copy(request), metadata=KEYED)
         first: StreamResponse = await cut.read()
         task_id = first.task.id
         await agent.started.wait()
         cut.cancel()
-        retry = h.stub.SendStreamingMessage(copy(request), metadata=V1)
+        retry = h.stub.SendStreamingMessage(copy(request), metadata=KEYED)
         snapshot: StreamResponse = await retry.read()
         assert snapshot.task.id == task_id, "the retry streams the first request's task"
         agent.gate.set()
@@ -104,7 +105,7 @@ async def test_a_stream_cut_mid_call_and_retried_streams_the_same_task_to_its_en
         assert all(
             f.status_update.task_id == task_id for f in frames if f.HasField("status_update")
         )
-        again = h.stub.SendStreamingMessage(copy(request), metadata=V1)
+        again = h.stub.SendStreamingMessage(copy(request), metadata=KEYED)
         ended = [frame async for frame in again]  # once it ended: one frame, the task
         assert [f.task.status.state for f in ended] == [S.TASK_STATE_COMPLETED]
         assert agent.runs == [request.message.message_id]
@@ -112,10 +113,12 @@ async def test_a_stream_cut_mid_call_and_retried_streams_the_same_task_to_its_en
 
 async def test_a_retried_follow_up_is_added_and_run_once() -> None:
     async with asyncio.timeout(20), serve(InputAgent()) as h:
-        task = (await h.stub.SendMessage(send_request("hi"), metadata=V1)).task
+        task = (await h.stub.SendMessage(send_request("hi"), metadata=KEYED)).task
         assert task.status.state == S.TASK_STATE_INPUT_REQUIRED
         follow_up = send_request("ada", task_id=task.id)
-        answers = [(await h.stub.SendMessage(copy(follow_up), metadata=V1)).task for _ in range(2)]
+        answers = [
+            (await h.stub.SendMessage(copy(follow_up), metadata=KEYED)).task for _ in range(2)
+        ]
         assert [a.status.state for a in answers] == [S.TASK_STATE_COMPLETED] * 2
         ids = [m.message_id for m in answers[1].history]
         assert ids.count(follow_up.message.message_id) == 1, "the follow-up is in history once"
@@ -147,11 +150,11 @@ class HeldJournal(MemoryJournal):
 async def test_a_follow_up_cut_while_its_message_is_written_is_added_and_run_once() -> None:
     journal = HeldJournal()
     async with asyncio.timeout(20), serve(InputAgent(), journal=journal) as h:
-        task = (await h.stub.SendMessage(send_request("hi"), metadata=V1)).task
+        task = (await h.stub.SendMessage(send_request("hi"), metadata=KEYED)).task
         assert task.status.state == S.TASK_STATE_INPUT_REQUIRED
         follow_up = send_request("ada", task_id=task.id)
         journal.hold = True
-        call = h.stub.SendMessage(copy(follow_up), metadata=V1)
+        call = h.stub.SendMessage(copy(follow_up), metadata=KEYED)
         await journal.writing.wait()
         call.cancel()  # the caller leaves while its message is being written
         with contextlib.suppress(asyncio.CancelledError):
@@ -159,7 +162,7 @@ async def test_a_follow_up_cut_while_its_message_is_written_is_added_and_run_onc
         assert call.cancelled()
         await h.service.rpc_metrics.wait_quiet()  # the server let the call go
         journal.release.set()  # ... and the write lands after it
-        again = (await h.stub.SendMessage(copy(follow_up), metadata=V1)).task
+        again = (await h.stub.SendMessage(copy(follow_up), metadata=KEYED)).task
         assert again.status.state == S.TASK_STATE_COMPLETED
         ids = [m.message_id for m in again.history]
         assert ids.count(follow_up.message.message_id) == 1, "the follow-up is in history once"
@@ -170,11 +173,11 @@ async def test_a_reused_message_id_with_another_body_is_refused_naming_it() -> N
     agent.gate.set()
     async with asyncio.timeout(20), serve(agent) as h:
         request = send_request("book it")
-        await h.stub.SendMessage(copy(request), metadata=V1)
+        await h.stub.SendMessage(copy(request), metadata=KEYED)
         other = copy(request)
         other.message.parts[0].text = "book something else"
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await h.stub.SendMessage(other, metadata=V1)
+            await h.stub.SendMessage(other, metadata=KEYED)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         _, info = rich_status(caught.value)
         assert info.reason == "MESSAGE_ID_REUSED"
@@ -188,10 +191,10 @@ async def test_another_callers_identical_message_id_starts_its_own_task() -> Non
     agent.gate.set()
     async with asyncio.timeout(20), serve(agent) as h:
         request = send_request("book it")
-        mine = (await h.stub.SendMessage(copy(request), metadata=V1)).task
+        mine = (await h.stub.SendMessage(copy(request), metadata=KEYED)).task
         theirs_request = copy(request)
         theirs_request.tenant = "tenant-b"
-        theirs = (await h.stub.SendMessage(theirs_request, metadata=V1)).task
+        theirs = (await h.stub.SendMessage(theirs_request, metadata=KEYED)).task
         assert theirs.id != mine.id and len(agent.runs) == 2
 
 
@@ -220,17 +223,49 @@ async def test_an_idempotency_key_keys_the_request_instead_of_its_message_id() -
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+async def test_a_call_that_does_not_ask_is_run_as_sent_whatever_its_message_id() -> None:
+    """At the defaults a message id is not a retry key: kits and demos reuse ids."""
+    agent = CountingAgent()
+    agent.gate.set()
+    async with asyncio.timeout(20), serve(agent) as h:
+        request = send_request("book it", msg_id="m1")
+        first = (await h.stub.SendMessage(copy(request), metadata=V1)).task
+        again = (await h.stub.SendMessage(copy(request), metadata=V1)).task
+        edited = send_request("book something else", msg_id="m1")
+        other = (await h.stub.SendMessage(edited, metadata=V1)).task
+        assert len({first.id, again.id, other.id}) == 3
+        assert agent.runs == ["m1"] * 3
+        keyed = (await h.stub.SendMessage(copy(request), metadata=KEYED)).task
+        assert keyed.id not in {first.id, again.id}, "unasked calls left no key behind"
+        assert (await h.stub.SendMessage(copy(request), metadata=KEYED)).task.id == keyed.id
+        assert agent.runs == ["m1"] * 4
+
+
+async def test_every_request_keys_calls_that_do_not_ask() -> None:
+    agent = CountingAgent()
+    agent.gate.set()
+    config = ServerConfig(idempotency_every_request=True)
+    async with asyncio.timeout(20), serve(agent, config) as h:
+        [declared] = [e for e in h.service.card.capabilities.extensions if e.uri == idempotency.URI]
+        assert declared.params["every_request"] is True
+        request = send_request("book it")
+        first = (await h.stub.SendMessage(copy(request), metadata=V1)).task
+        again = (await h.stub.SendMessage(copy(request), metadata=V1)).task
+        assert again.id == first.id and len(agent.runs) == 1
+
+
 async def test_the_card_declares_the_extension_and_a_window_of_0_turns_it_off() -> None:
     agent = CountingAgent()
     agent.gate.set()
     async with asyncio.timeout(20), serve(agent) as h:
-        uris = [e.uri for e in h.service.card.capabilities.extensions]
-        assert idempotency.URI in uris
+        [declared] = [e for e in h.service.card.capabilities.extensions if e.uri == idempotency.URI]
+        assert declared.params["every_request"] is False
+        assert declared.params["key_header"] == "idempotency-key"
     async with asyncio.timeout(20), serve(agent, ServerConfig(idempotency_window=0)) as h:
         assert idempotency.URI not in [e.uri for e in h.service.card.capabilities.extensions]
         request = send_request("again")
         for _ in range(2):
-            await h.stub.SendMessage(copy(request), metadata=V1)
+            await h.stub.SendMessage(copy(request), metadata=KEYED)
         assert agent.runs[-2:] == [request.message.message_id] * 2, "off: it runs twice"
 
 

@@ -16,7 +16,7 @@ from a2a.server.tasks import TaskUpdater
 from a2a.types.a2a_pb2 import SendMessageRequest, TaskState
 
 from tests.support.clusterharness import Instance, instances
-from tests.support.harness import V1, send_request
+from tests.support.harness import KEYED, send_request
 
 S = TaskState
 
@@ -56,9 +56,9 @@ async def attempt(
 ) -> str | None:
     """One attempt: the task id it was answered (None: cut by its client first)."""
     call = (
-        instance.stub.SendStreamingMessage(copy(request), metadata=V1)
+        instance.stub.SendStreamingMessage(copy(request), metadata=KEYED)
         if streaming
-        else instance.stub.SendMessage(copy(request), metadata=V1)
+        else instance.stub.SendMessage(copy(request), metadata=KEYED)
     )
     if cut_after is not None:
         try:

@@ -32,7 +32,7 @@ from a2a_grpc_server.errors import ServerShuttingDownError
 from a2a_grpc_server.jetstream import formats
 from tests.support.agents import InputAgent
 from tests.support.clusterharness import Instance, instances
-from tests.support.harness import V1, rich_status, send_request, serve, user_message
+from tests.support.harness import KEYED, V1, rich_status, send_request, serve, user_message
 from tests.support.serveproc import logged, owner_process
 
 S = TaskState
@@ -66,10 +66,11 @@ async def frames_until_end(call: Any) -> tuple[list[StreamResponse], grpc.Status
 
 
 async def continued_through(b: Instance, task: Task) -> Task:
-    """Answer the task through ``b``, as a client would: UNAVAILABLE is retried."""
+    """Answer the task through ``b``, as a client would: UNAVAILABLE is retried, with
+    safe retries asked for (an attempt refused may have taken effect)."""
     for _ in range(200):  # (bounded by the caller's timeout too)
         try:
-            reply = await b.stub.SendMessage(answer_request(task), metadata=V1, timeout=10)
+            reply = await b.stub.SendMessage(answer_request(task), metadata=KEYED, timeout=10)
         except grpc.aio.AioRpcError as err:
             if err.code() != grpc.StatusCode.UNAVAILABLE:
                 raise AssertionError(f"not retryable: {err.code()} {err.details()}") from err

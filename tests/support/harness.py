@@ -31,6 +31,7 @@ from a2a_grpc_server import A2AService, ServerConfig
 from a2a_grpc_server.app.service import grpc_options
 from a2a_grpc_server.journal import TaskJournal
 from a2a_grpc_server.model import taskops
+from a2a_grpc_server.rpc import idempotency
 from a2a_grpc_server.rpc.auth import Authenticator, AuthInterceptor, TokenFile
 from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY, URI
 from a2a_grpc_server.testing import assert_nothing_left
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     from tests.support.agents import BurstAgent, ChunkAgent
 
 V1 = (("a2a-version", "1.0"),)
+KEYED = (*V1, ("a2a-extensions", idempotency.URI))
+"""A v1.0 call that asks for safe retries (the idempotency extension activated)."""
 
 
 @dataclass

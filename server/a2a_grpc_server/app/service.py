@@ -174,7 +174,8 @@ class A2AService:
         card = with_extension(card or default_card(), resume_extension(self.config.resume_window))
         window = self.config.idempotency_window
         if window:
-            card = with_extension(card, idempotency.extension(window))
+            every = self.config.idempotency_every_request
+            card = with_extension(card, idempotency.extension(window, every))
         self.card = with_capabilities(card, push_notifications=push)
         if extended_card is not None:
             self.card = with_extended_card(self.card)
@@ -222,7 +223,7 @@ class A2AService:
             self.operations,
             self.push,
             self.closing,
-            Retries(self._sent_keys(cluster)),
+            Retries(self._sent_keys(cluster), self.config.idempotency_every_request),
         )
 
     def _sent_keys(self, cluster: ClusterMember | None) -> SentKeys | None:

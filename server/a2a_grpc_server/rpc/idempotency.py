@@ -2,7 +2,13 @@
 
 Meshes and clients retry a SendMessage or SendStreamingMessage whose call
 failed, and the first attempt may have reached the executor before its
-connection broke. Each such request is keyed by the caller's scope and its
+connection broke. A client asks for safe retries per call (``asks``): it
+names ``URI`` in ``a2a-extensions``, or sends ``idempotency-key`` metadata.
+A call that does not ask is run as sent, as by any A2A server: conformance
+kits and demo clients send one message id with different messages, and a
+behaviour that changes what a request means is one the client opts into.
+(``idempotency_every_request`` keys every call, for meshes whose clients all
+retry.) Each keyed request is keyed by the caller's scope and its
 ``message.message_id`` (or the ``idempotency-key`` metadata, when a client
 sends one: for clients that reuse message ids by mistake). The first request
 with a key claims it (``journal.keys``; in cluster mode a compare-and-set in
@@ -55,20 +61,29 @@ WAIT_FIRST = 10.0
 """Most seconds a retry waits for its first request to start."""
 
 
-def extension(window: float) -> AgentExtension:
+def extension(window: float, every_request: bool = False) -> AgentExtension:
     """The extension as the agent card declares it."""
     params = struct_pb2.Struct()
-    params.update({"window_seconds": window, "key_header": KEY_HEADER})
+    params.update(
+        {"window_seconds": window, "key_header": KEY_HEADER, "every_request": every_request}
+    )
     return AgentExtension(
         uri=URI,
         description=(
-            "A SendMessage or SendStreamingMessage whose message_id (or idempotency-key "
-            "metadata) this caller sent within window_seconds runs nothing again: it is "
-            "answered the first request's task; another body under the same id is refused."
+            "Safe retries, for a call that names this extension in a2a-extensions or sends "
+            "idempotency-key metadata (every call when every_request is true): a SendMessage "
+            "or SendStreamingMessage whose message_id (or idempotency-key) this caller sent "
+            "within window_seconds runs nothing again: it is answered the first request's "
+            "task; another body under the same id is refused."
         ),
         required=False,
         params=params,
     )
+
+
+def asks(call: Caller) -> bool:
+    """Whether the call asks for safe retries (the extension, or an ``idempotency-key``)."""
+    return URI in call.extensions() or any(key == KEY_HEADER for key, _ in call.headers)
 
 
 def key_of(request: SendMessageRequest, call: Caller) -> tuple[str, str]:
@@ -174,10 +189,12 @@ class Retries:
 
     Args:
         keys: Where keys are kept (None: requests are not deduplicated).
+        every_request: Key every request, whether its call asks or not.
     """
 
-    def __init__(self, keys: SentKeys | None) -> None:
+    def __init__(self, keys: SentKeys | None, every_request: bool = False) -> None:
         self._keys = keys
+        self._every_request = every_request
         self._letting_go: set[asyncio.Task[None]] = set()
         """Releases of keys claimed for a caller who left meanwhile (``_claim``)."""
 
@@ -187,8 +204,9 @@ class Retries:
         """Claim the request's key, or find the first request's record.
 
         Returns:
-            (the claim, None) for the first request (or without keys: (None,
-            None)); (None, the first's record, started or answered) for a retry.
+            (the claim, None) for the first request; (None, the first's record,
+            started or answered) for a retry; (None, None) for a request that is
+            not keyed (no keys kept, or a call that does not ask).
 
         Raises:
             InvalidFieldError: The ``idempotency-key`` metadata is malformed.
@@ -197,7 +215,7 @@ class Retries:
             StoreError: The keys could not be reached.
         """
         keys = self._keys
-        if keys is None:
+        if keys is None or not (self._every_request or asks(call)):
             return None, None
         field, ident = key_of(request, call)
         key = _digest(call.scope.encode(), field.encode(), ident.encode())
