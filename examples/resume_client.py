@@ -6,9 +6,12 @@ Synchronous (grpc's blocking API). It subscribes with the resume extension
 active and remembers the number of the last frame it handled. When the stream
 breaks (UNAVAILABLE: the connection or the instance went away) it subscribes
 again with ``a2a-resume-after`` — on whichever instance the address reaches —
-so every frame is handled exactly once. If it fell so far behind that the
-frame after its cursor is no longer kept (OUT_OF_RANGE) it starts again from a
-snapshot: the next frame is the whole ``Task``. Any other status ends it.
+so every frame is handled exactly once. It asks for the snapshot fallback
+(``a2a-resume-fallback: snapshot``): where frames after its cursor are no
+longer kept, the server sends the whole ``Task`` as it stands instead, marked
+with the frames it stands for, and goes on after it. A server without the
+fallback answers OUT_OF_RANGE there (as it does for a cursor past the task's
+end); the client then starts again from a snapshot. Any other status ends it.
 """
 
 from __future__ import annotations
@@ -20,15 +23,32 @@ from collections.abc import Callable, Sequence
 import grpc
 from a2a.types.a2a_pb2 import StreamResponse, SubscribeToTaskRequest
 from a2a.types.a2a_pb2_grpc import A2AServiceStub
+from google.protobuf import json_format
 
 RESUME = "urn:a2a-grpc-server:extension:resume:v1"
 """The resume extension's URI (see the server's docs/resume.md)."""
+FALLBACK = ("a2a-resume-fallback", "snapshot")
+"""Call metadata asking for the task as it stands where frames are no longer kept."""
 
 
 def seq_of(frame: StreamResponse) -> int:
     """The frame's number in its task's log, as the extension put it in its metadata."""
     payload = getattr(frame, frame.WhichOneof("payload") or "task")
     return int(payload.metadata[RESUME]["seq"])
+
+
+def skipped(frame: StreamResponse) -> tuple[int, int] | None:
+    """The frames a ``Task`` frame stands in for, as (first, last), or None.
+
+    Set on the task the server sends where frames after the cursor were no
+    longer kept: the task as it stands includes what they carried.
+    """
+    if frame.WhichOneof("payload") != "task":
+        return None
+    marker = json_format.MessageToDict(frame.task.metadata).get(RESUME, {})
+    if "skipped" not in marker:
+        return None
+    return int(marker["skipped"]["from"]), int(marker["skipped"]["to"])
 
 
 def follow(
@@ -45,7 +65,8 @@ def follow(
         stub: A stub on a channel to the server (or its load balancer).
         task_id: The task to follow.
         handle: Called with each frame; a ``Task`` frame is the whole task
-            (the first frame, and the first after a restart from a snapshot).
+            (the first frame, one that stands in for frames no longer kept,
+            see ``skipped``, and the first after a restart from a snapshot).
         retries: Broken streams in a row to resume before giving up.
         backoff: Seconds before the first resumption; doubled each time.
 
@@ -57,7 +78,7 @@ def follow(
     last: int | None = None
     broken = 0
     while True:
-        metadata: list[tuple[str, str]] = [("a2a-version", "1.0"), ("a2a-extensions", RESUME)]
+        metadata = [("a2a-version", "1.0"), ("a2a-extensions", RESUME), FALLBACK]
         if last is not None:
             metadata.append(("a2a-resume-after", str(last)))
         try:
@@ -70,7 +91,7 @@ def follow(
         except grpc.RpcError as err:
             code = err.code()  # type: ignore[attr-defined]
             if code == grpc.StatusCode.OUT_OF_RANGE:
-                last = None  # too far behind: start again from a snapshot
+                last = None  # a cursor past the end (or a server without the fallback)
             elif code == grpc.StatusCode.UNAVAILABLE and broken < retries:
                 time.sleep(backoff * 2**broken)  # let the connection (or the instance) come back
                 broken += 1

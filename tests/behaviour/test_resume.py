@@ -7,16 +7,18 @@ from typing import Any
 
 import grpc
 import pytest
+from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import (
     GetTaskRequest,
     StreamResponse,
     SubscribeToTaskRequest,
     TaskState,
 )
+from google.protobuf import json_format
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY, URI
-from tests.support.agents import InputAgent, StepAgent
+from a2a_grpc_server.rpc.resume import FALLBACK_KEY, RESUME_AFTER_KEY, SNAPSHOT, URI
+from tests.support.agents import FloodAgent, InputAgent, StepAgent
 from tests.support.harness import (
     RESUME,
     V1,
@@ -38,6 +40,23 @@ async def collected(call: Any) -> list[StreamResponse]:
     return frames
 
 
+def fallback_call(stub: Any, task_id: str, after: int | None, *, size: int = 0) -> Any:
+    """SubscribeToTask with the snapshot fallback (resumed after ``after`` unless None)."""
+    cursor = () if after is None else ((RESUME_AFTER_KEY, str(after)),)
+    metadata = (*RESUME, (FALLBACK_KEY, SNAPSHOT), *cursor)
+    return stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=metadata)
+
+
+def skipped_of(frame: StreamResponse) -> tuple[int, int]:
+    """The frames a snapshot stands in for: the fallback's marker, as (from, to)."""
+    assert frame.WhichOneof("payload") == "task", "the fallback answers with the task"
+    marker = json_format.MessageToDict(frame.task.metadata)[URI]
+    assert set(marker) == {"seq", "skipped"}
+    skipped = marker["skipped"]
+    assert skipped["to"] == marker["seq"], "it skips up to the change it includes"
+    return int(skipped["from"]), int(skipped["to"])
+
+
 async def started(h: Harness, agent: StepAgent) -> tuple[str, Any]:
     """A streaming send with the extension active; returns once WORKING arrived."""
     sender = h.stub.SendStreamingMessage(send_request("go"), metadata=RESUME)
@@ -53,6 +72,8 @@ async def test_the_card_declares_the_extension_and_a_call_that_activates_it_hear
         extensions = [e for e in h.service.card.capabilities.extensions if e.uri == URI]
         assert len(extensions) == 1
         assert "resume" in URI and not extensions[0].required
+        params = json_format.MessageToDict(extensions[0].params)
+        assert (params["fallbackMetadataKey"], params["fallbacks"]) == (FALLBACK_KEY, [SNAPSHOT])
         call = h.stub.GetTask(GetTaskRequest(id="nope"), metadata=RESUME)
         with pytest.raises(grpc.aio.AioRpcError):
             await call
@@ -199,4 +220,119 @@ async def test_an_ended_task_no_resuming_client_followed_keeps_nothing() -> None
         assert await collected(resume_call(h.stub, task_id, 6)) == [], (
             "its final seq still ends at once"
         )
+        await h.settle()
+
+
+async def test_a_cursor_older_than_the_log_keeps_gets_the_task_marked_then_every_later_frame() -> (
+    None
+):
+    agent = StepAgent()
+    config = ServerConfig(cancel_timeout=1.0, log_max_frames=4)
+    async with asyncio.timeout(10), serve(agent, config) as h:
+        task_id, sender = await started(h, agent)
+        for seq in range(3, 9):  # one at a time: the sender keeps up with a 4-frame log
+            agent.step()
+            assert seq_of(await sender.read()) == seq
+        resumed = fallback_call(h.stub, task_id, 2)
+        snapshot = await resumed.read()
+        assert (seq_of(snapshot), skipped_of(snapshot)) == (8, (3, 8))
+        assert snapshot.task.status.state == S.TASK_STATE_WORKING
+        assert [a.artifact_id for a in snapshot.task.artifacts] == [f"step-{i}" for i in range(6)]
+        kept = fallback_call(h.stub, task_id, 5)  # still kept: replayed, no snapshot
+        assert [seq_of(await kept.read()) for _ in range(3)] == [6, 7, 8]
+        agent.step(2)
+        agent.finish()
+        rest, resumed_rest, kept_rest = await asyncio.gather(
+            collected(sender), collected(resumed), collected(kept)
+        )
+        assert [seq_of(f) for f in rest] == [9, 10, 11]
+        assert rest[-1].status_update.status.state == S.TASK_STATE_COMPLETED
+        assert resumed_rest == rest, "after the snapshot: exactly the frames after its seq"
+        assert kept_rest == rest
+        assert h.service.metrics.streams_ended["out_of_range"] == 0
+        await h.settle()
+
+
+async def test_an_ended_task_whose_frames_are_gone_answers_with_its_outcome_marked_then_ends() -> (
+    None
+):
+    agent = StepAgent()
+    async with asyncio.timeout(10), serve(agent) as h:
+        sender = h.client.send_message_streaming(
+            send_request("go")
+        )  # nobody resumable: kept nothing
+        task_id = (await anext(sender)).task.id
+        agent.step(3)
+        agent.finish()
+        assert len([f async for f in sender]) == 5
+        await h.settle()
+        assert h.service.engine.tasks.pool.retained_count == 0
+        (outcome,) = await collected(fallback_call(h.stub, task_id, 1))
+        assert (seq_of(outcome), skipped_of(outcome)) == (6, (2, 6))
+        assert outcome.task.status.state == S.TASK_STATE_COMPLETED
+        assert len(outcome.task.artifacts) == 3
+        assert await collected(fallback_call(h.stub, task_id, 6)) == [], "final cursor: at once"
+        with pytest.raises(grpc.aio.AioRpcError) as ahead:
+            await collected(fallback_call(h.stub, task_id, 7))
+        assert ahead.value.code() == grpc.StatusCode.OUT_OF_RANGE, "past the end: no snapshot"
+        assert "does not exist" in rich_status(ahead.value)[0].message
+        await h.settle()
+
+
+async def test_a_fallback_request_that_cannot_be_served_is_refused_naming_the_fix() -> None:
+    agent = StepAgent()
+    async with asyncio.timeout(10), serve(agent) as h:
+        task_id, sender = await started(h, agent)
+        for metadata, says in [
+            ((*V1, (FALLBACK_KEY, SNAPSHOT)), "a2a-extensions"),
+            ((*RESUME, (FALLBACK_KEY, "replay")), "snapshot"),
+            ((*RESUME, (FALLBACK_KEY, SNAPSHOT), (RESUME_AFTER_KEY, "-1")), "integer"),
+            ((*RESUME, (FALLBACK_KEY, SNAPSHOT), (RESUME_AFTER_KEY, "2x")), "integer"),
+        ]:
+            call = h.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=metadata)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await collected(call)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            status, info = rich_status(refused.value)
+            assert says in status.message and len(status.message) < 300
+            assert info.reason == "INVALID_PARAMS"
+        agent.finish()
+        await collected(sender)
+        await h.settle()
+
+
+async def test_a_stream_with_the_fallback_that_falls_behind_gets_the_task_instead_of_a_gap() -> (
+    None
+):
+    agent = FloodAgent(count=600, size=32 * 1024, window=16)  # 19 MB: past any transport buffer
+    config = ServerConfig(cancel_timeout=1.0, log_max_frames=64, max_task_bytes=32 << 20)
+    big = [("grpc.max_receive_message_length", 64 << 20)]  # the snapshot is the whole task
+    async with (
+        asyncio.timeout(30),
+        serve(agent, config) as h,
+        grpc.aio.insecure_channel(h.address, options=big) as channel,
+    ):
+        sender = h.client.send_message_streaming(send_request("go"))
+        task_id = (await anext(sender)).task.id
+        assert (await anext(sender)).status_update.status.state == S.TASK_STATE_WORKING
+        stalled = fallback_call(a2a_pb2_grpc.A2AServiceStub(channel), task_id, None)
+        assert (await stalled.read()).task.id == task_id  # attached; now it stops reading
+        agent.release.set()
+        frames = []
+        async for frame in sender:
+            frames.append(frame)
+            agent.credits.release()
+        final = frames[-1]
+        assert final.status_update.status.state == S.TASK_STATE_COMPLETED
+        got = await collected(stalled)  # it reads again: the frames kept, then the task
+        *before, outcome = got
+        assert before, "it read what was still kept first"
+        ids = [f.artifact_update.artifact.artifact_id for f in before]
+        assert ids == [f"chunk-{i}" for i in range(len(ids))], "in order, up to the gap"
+        gap_from = seq_of(before[-1]) + 1
+        assert skipped_of(outcome) == (gap_from, 603), "the task, 3 + 600 changes"
+        assert outcome.task.status.state == S.TASK_STATE_COMPLETED
+        assert len(outcome.task.artifacts) == 600
+        assert h.service.metrics.streams_ended["out_of_range"] == 0
+        assert h.service.metrics.frames_dropped > 0
         await h.settle()

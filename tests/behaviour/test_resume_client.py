@@ -28,16 +28,18 @@ from a2a.types.a2a_pb2 import (
     TaskStatusUpdateEvent,
 )
 from a2a.types.a2a_pb2_grpc import A2AServiceStub
-from examples.resume_client import RESUME, follow, seq_of
+from examples.resume_client import FALLBACK, RESUME, follow, seq_of, skipped
 
 SERVICE = a2a_pb2.DESCRIPTOR.services_by_name["A2AService"]
 SUBSCRIBE = SERVICE.methods_by_name["SubscribeToTask"]
 S = TaskState
 
 
-def snapshot(seq: int) -> StreamResponse:
+def snapshot(seq: int, skipped_from: int = 0) -> StreamResponse:
     task = Task(id="t1", context_id="c1", status=TaskStatus(state=S.TASK_STATE_WORKING))
     task.metadata[RESUME] = {"seq": seq}
+    if skipped_from:
+        task.metadata[RESUME] = {"seq": seq, "skipped": {"from": skipped_from, "to": seq}}
     return StreamResponse(task=task)
 
 
@@ -106,12 +108,14 @@ def test_a_broken_stream_resumes_after_the_last_frame_it_handled() -> None:
     with client() as c:
         metadata, rpc = c.next_call()
         assert metadata["a2a-extensions"] == RESUME and "a2a-resume-after" not in metadata
+        assert metadata[FALLBACK[0]] == FALLBACK[1], "it asks for the snapshot fallback"
         for frame in (snapshot(2), artifact(3)):
             rpc.send_response(frame)
         c.wait_handled(2)
         rpc.terminate((), grpc.StatusCode.UNAVAILABLE, "connection reset")
         metadata, rpc = c.next_call()
         assert metadata["a2a-resume-after"] == "3"
+        assert metadata[FALLBACK[0]] == FALLBACK[1]
         for frame in (artifact(4), completed(5)):
             rpc.send_response(frame)
         rpc.terminate((), grpc.StatusCode.OK, "")
@@ -119,7 +123,28 @@ def test_a_broken_stream_resumes_after_the_last_frame_it_handled() -> None:
     assert c.error is None
 
 
-def test_a_cursor_too_old_starts_again_from_a_snapshot() -> None:
+def test_a_cursor_too_old_gets_the_task_marked_and_the_cursor_goes_on_from_it() -> None:
+    with client() as c:
+        _, rpc = c.next_call()
+        rpc.send_response(snapshot(2))
+        c.wait_handled(1)
+        rpc.terminate((), grpc.StatusCode.UNAVAILABLE, "connection reset")
+        metadata, rpc = c.next_call()
+        assert metadata["a2a-resume-after"] == "2"
+        for frame in (snapshot(40, skipped_from=3), artifact(41)):  # 3 to 40 were not kept
+            rpc.send_response(frame)
+        c.wait_handled(3)
+        rpc.terminate((), grpc.StatusCode.UNAVAILABLE, "connection reset")
+        metadata, rpc = c.next_call()
+        assert metadata["a2a-resume-after"] == "41", "the snapshot's seq is a cursor like any"
+        rpc.send_response(completed(42))
+        rpc.terminate((), grpc.StatusCode.OK, "")
+    assert [seq_of(f) for f in c.handled] == [2, 40, 41, 42]
+    assert [skipped(f) for f in c.handled] == [None, (3, 40), None, None]
+    assert c.error is None
+
+
+def test_a_cursor_a_server_without_the_fallback_cannot_serve_starts_again_from_a_snapshot() -> None:
     with client() as c:
         _, rpc = c.next_call()
         rpc.send_response(snapshot(2))

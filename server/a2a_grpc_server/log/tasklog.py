@@ -316,6 +316,13 @@ class LogReader:
                 raise StopAsyncIteration
             await log.wait_changed()
 
+    def skip_to(self, seq: int) -> None:
+        """Read from frame ``seq`` on: the caller has every frame before it (never moves back).
+
+        A reader that is past the log's end waits for ``seq`` as for any next frame.
+        """
+        self._next = max(self._next, seq)
+
     def close(self) -> None:
         """Stop reading (the client is gone, or it read what it needed). Idempotent."""
         self._finish(EndReason.DETACHED)

@@ -16,6 +16,15 @@ declared in the agent card under ``capabilities.extensions`` with ``URI``:
   frames after N, without a snapshot first; it ends at once (OK) if N is the
   task's final frame, and fails OUT_OF_RANGE (reason ``FRAME_NOT_KEPT``) if
   frame N+1 is no longer kept.
+* ``SubscribeToTask`` with metadata ``a2a-resume-fallback: snapshot`` (with or
+  without a cursor) answers a frame no longer kept with the task as it stands
+  instead: a ``Task`` frame whose ``metadata[URI]`` is ``{"seq": S, "skipped":
+  {"from": F, "to": S}}`` (F the first frame the stream missed, S the last
+  change the task includes), then the frames after S. A cursor past the
+  task's last frame still fails OUT_OF_RANGE, and so does a stream that misses
+  again the frame a snapshot answered (it is not answered twice). It is the
+  client's choice, per call: a client that does not read the marker would miss
+  frames F..S without knowing, where OUT_OF_RANGE tells it.
 
 Numbers count the task's changes from 1 (the task itself) with no gap; a
 follow-up user message is a change without a frame, so a stream may skip a
@@ -27,13 +36,17 @@ from __future__ import annotations
 from a2a.types.a2a_pb2 import AgentExtension, StreamResponse, Task
 from google.protobuf.struct_pb2 import Struct
 
-from ..errors import InvalidFieldError
+from ..errors import FrameNotKeptError, InvalidFieldError
 from ..model.caller import Caller
 
 URI = "urn:a2a-grpc-server:extension:resume:v1"
 """The extension's URI: what clients name in ``a2a-extensions`` and find in metadata."""
 RESUME_AFTER_KEY = "a2a-resume-after"
 """The call metadata key of a resumption cursor (on SubscribeToTask)."""
+FALLBACK_KEY = "a2a-resume-fallback"
+"""The call metadata key that asks for a snapshot where frames are gone (on SubscribeToTask)."""
+SNAPSHOT = "snapshot"
+"""``FALLBACK_KEY``'s one value: the task as it stands, marked, then the frames after it."""
 
 _PAYLOADS = {1: "task", 2: "message", 3: "status_update", 4: "artifact_update"}
 """StreamResponse's payload field by number (a serialized frame starts with its tag)."""
@@ -42,13 +55,22 @@ _PAYLOADS = {1: "task", 2: "message", 3: "status_update", 4: "artifact_update"}
 def extension(window: float) -> AgentExtension:
     """The card's declaration of the extension (not required: plain clients are served)."""
     params = Struct()
-    params.update({"resumeAfterMetadataKey": RESUME_AFTER_KEY, "windowSeconds": window})
+    params.update(
+        {
+            "resumeAfterMetadataKey": RESUME_AFTER_KEY,
+            "windowSeconds": window,
+            "fallbackMetadataKey": FALLBACK_KEY,
+            "fallbacks": [SNAPSHOT],
+        }
+    )
     return AgentExtension(
         uri=URI,
         description=(
             "Stream resumption: each frame carries metadata[uri].seq, its number in the "
             f"task's log; SubscribeToTask with metadata '{RESUME_AFTER_KEY}: <seq>' streams "
-            "exactly the frames after it, on any instance."
+            "exactly the frames after it, on any instance; with "
+            f"'{FALLBACK_KEY}: {SNAPSHOT}', frames no longer kept are answered with the task as "
+            "it stands, marked metadata[uri].skipped, then the frames after it."
         ),
         required=False,
         params=params,
@@ -85,6 +107,38 @@ def resume_after(call: Caller) -> int | None:
     return int(value)
 
 
+def snapshot_fallback(call: Caller) -> bool:
+    """Whether a SubscribeToTask call asked for a snapshot where frames are gone.
+
+    Raises:
+        InvalidFieldError: The value is not ``SNAPSHOT``, or the call did not
+            activate the extension.
+    """
+    value = None
+    for key, text in call.headers:
+        if key == FALLBACK_KEY:
+            value = text.strip()
+    if value is None:
+        return False
+    if value.lower() != SNAPSHOT:
+        raise InvalidFieldError(
+            FALLBACK_KEY, f"the one fallback offered is {SNAPSHOT!r}, not {value[:32]!r}"
+        )
+    if not activated(call):
+        raise InvalidFieldError(
+            FALLBACK_KEY, f"needs the resume extension: send metadata 'a2a-extensions: {URI}'"
+        )
+    return True
+
+
+def past_end(error: FrameNotKeptError) -> bool:
+    """Whether a stream asked for a frame after the task's last one (a cursor past the end).
+
+    No snapshot answers that: the cursor is not one of this task's.
+    """
+    return error.wanted > error.last + 1
+
+
 def tag(frame: bytes, seq: int) -> bytes:
     """``frame`` with ``{"seq": seq}`` added to its payload's metadata under ``URI``.
 
@@ -100,6 +154,17 @@ def tag(frame: bytes, seq: int) -> bytes:
     return frame + extra.SerializeToString()
 
 
-def tag_task(task: Task, seq: int) -> None:
-    """Record in ``task.metadata`` that it includes the changes up to ``seq``."""
-    task.metadata[URI] = {"seq": seq}
+def tag_task(task: Task, seq: int, skipped_from: int = 0) -> None:
+    """Record in ``task.metadata`` that it includes the changes up to ``seq``.
+
+    Args:
+        task: The task answered or streamed.
+        seq: The number of the last change it includes.
+        skipped_from: The first frame the stream did not carry, when the task
+            stands in for frames ``skipped_from`` to ``seq`` that were no longer
+            kept (the snapshot fallback); 0 otherwise.
+    """
+    if skipped_from:
+        task.metadata[URI] = {"seq": seq, "skipped": {"from": skipped_from, "to": seq}}
+    else:
+        task.metadata[URI] = {"seq": seq}

@@ -65,7 +65,7 @@ from ..errors import (
 )
 from ..journal import InvalidPageTokenError, StoreError, TaskQuery
 from ..journal.keys import KeyRecord
-from ..log.tasklog import LogReader
+from ..log.tasklog import LogReader, TaskLog
 from ..model import generation, taskops
 from ..model.caller import EXTENSIONS_KEY, Caller, caller
 from ..push.configs import check_config
@@ -252,21 +252,64 @@ class RpcServicer:
         """Stream a live task: its snapshot first, then every frame until it ends.
 
         With the resume extension and ``a2a-resume-after: N``: exactly the
-        frames after N, no snapshot.
+        frames after N, no snapshot. With ``a2a-resume-fallback: snapshot``
+        too, frames no longer kept are answered with the task as it stands
+        (``_caught_up``), and the stream goes on after it.
         """
         call = caller(context, "SubscribeToTask", request.tenant)
         self._check_streaming("SubscribeToTask")
         validation.check_task_id(request.id)
         after = resume.resume_after(call)
+        fallback = call if resume.snapshot_fallback(call) else None
         async with self._stream_slot(call):
             numbered = await _activate_resume(call, context)
-            if after is not None:
-                reader = await self._ops.resume(request.id, after, call.scope)
-                await self._pump(reader, None, context, numbered=True, stop_at_interrupt=False)
-                return
             ops = self._ops
-            snapshot, reader = await ops.subscribe(request.id, call.scope, resumable=numbered)
-            await self._pump(reader, snapshot, context, numbered=numbered, stop_at_interrupt=False)
+            if after is None:
+                snapshot, reader = await ops.subscribe(request.id, call.scope, resumable=numbered)
+                await self._pump(reader, snapshot, context, numbered=numbered, fallback=fallback)
+                return
+            first: Task | None = None
+            caught_up_at = 0
+            try:
+                reader = await ops.resume(request.id, after, call.scope)
+            except FrameNotKeptError as exc:
+                if fallback is None or resume.past_end(exc):
+                    raise
+                caught_up_at = after + 1
+                first, reader = await self._caught_up(request.id, fallback, caught_up_at)
+            await self._pump(
+                reader, first, context, numbered=True, fallback=fallback, caught_up_at=caught_up_at
+            )
+
+    async def _caught_up(
+        self, task_id: str, call: Caller, wanted: int
+    ) -> tuple[Task | None, LogReader]:
+        """What answers a stream whose frame ``wanted`` is no longer kept (the snapshot fallback).
+
+        A plain subscription's snapshot and reader, taken together as ever (no
+        gap, no duplicate); for a task that has ended, the task as recorded and
+        a reader that ends at once.
+
+        Returns:
+            The task as it stands (None if it includes no change from ``wanted``
+            on: nothing was missed), and a reader of the frames after it (of
+            those from ``wanted`` on, when nothing was missed).
+
+        Raises:
+            As ``TaskOperations.subscribe`` and ``read``: TaskNotFoundError (the
+            task is gone), QuotaExceededError (``quota_subscribers``), and in a
+            cluster RelayLostError or StoreUnavailableError.
+        """
+        ops = self._ops
+        try:
+            snapshot, reader = await ops.subscribe(task_id, call.scope, resumable=True)
+        except UnsupportedOperationError:  # it has ended: the record is the whole answer
+            snapshot, seq = await ops.read(task_id, call.scope, resumable=True)
+            reader = TaskLog.ended(task_id, self._engine.tasks.pool, seq).reader(seq + 1)
+        if reader.next_seq > wanted:
+            return snapshot, reader
+        reader.skip_to(wanted)  # (the stream has every change before ``wanted``)
+        return None, reader
 
     @_handled
     async def GetTask(self, request: GetTaskRequest, context: Context) -> Task:
@@ -593,12 +636,16 @@ class RpcServicer:
             return
         await self._pump(reader, snapshot, context, numbered=numbered, stop_at_interrupt=True)
 
-    def _stamp(self, task: Task, seq: int, numbered: bool) -> None:
-        """Number a Task answered or streamed: its generation, and the resume extension's."""
+    def _stamp(self, task: Task, seq: int, numbered: bool, skipped_from: int = 0) -> None:
+        """Number a Task answered or streamed: its generation, and the resume extension's.
+
+        ``skipped_from``: the task stands in for the frames from that one to
+        ``seq`` (see ``resume.tag_task``).
+        """
         if self._generation:
             generation.tag_task(task, seq)
         if numbered:
-            resume.tag_task(task, seq)
+            resume.tag_task(task, seq, skipped_from)
 
     async def _pump(
         self,
@@ -607,31 +654,45 @@ class RpcServicer:
         context: Context,
         *,
         numbered: bool,
-        stop_at_interrupt: bool,
+        stop_at_interrupt: bool = False,
+        fallback: Caller | None = None,
+        caught_up_at: int = 0,
     ) -> None:
-        """Write the snapshot, then every frame ``reader`` yields, until the stream ends."""
+        """Write the snapshot, then every frame ``reader`` yields, until the stream ends.
+
+        Args:
+            reader: The stream's reader (the pump closes it).
+            first: The task to write first (None: none), as of ``reader``'s start.
+            context: The call.
+            numbered: Frames carry the resume extension's numbers.
+            stop_at_interrupt: End after an INPUT_REQUIRED or AUTH_REQUIRED frame.
+            fallback: The call asked for the snapshot fallback: a frame no
+                longer kept is answered with the task as it stands (``_caught_up``).
+            caught_up_at: ``reader`` and ``first`` answer a stream that missed this
+                frame (0: they do not); ``first`` stands in for the frames from it on.
+
+        A catch-up is not repeated for the frame it answered: a reader that then
+        misses that same frame (a record that cannot tell the task past an older
+        snapshot) ends OUT_OF_RANGE, so the stream never loops.
+        """
         metrics = self._engine.tasks.metrics
         metrics.streams_open += 1
         reason = "error"
         try:
-            if first is not None:
-                self._stamp(first, reader.next_seq - 1, numbered)
-                await context.write(StreamResponse(task=first))
-            pacer = self._engine.runs.pacer
-            stamped = self._generation
-            async for seq, frame, state in reader:
-                if pacer.due():  # a burst: the loop polls its I/O first (see ``pacing``)
-                    await pacer.wait()
-                if stamped:
-                    frame = generation.tag(_frame_bytes(frame), seq)
-                await context.write(resume.tag(frame, seq) if numbered else frame)
-                if stop_at_interrupt and state in taskops.INTERRUPTED:
-                    reason = "interrupted"
+            while True:
+                if first is not None:
+                    self._stamp(first, reader.next_seq - 1, numbered, caught_up_at)
+                    await context.write(StreamResponse(task=first))
+                try:
+                    reason = await self._write_frames(reader, context, numbered, stop_at_interrupt)
                     return
-            reason = "finished"
-        except FrameNotKeptError:
-            reason = "out_of_range"
-            raise
+                except FrameNotKeptError as exc:
+                    if fallback is None or resume.past_end(exc) or exc.wanted <= caught_up_at:
+                        reason = "out_of_range"
+                        raise
+                    reader.close()
+                    caught_up_at = exc.wanted
+                    first, reader = await self._caught_up(reader.task_id, fallback, caught_up_at)
         except grpc.aio.InternalError:
             # A write to a call whose client left (grpc raises ExecuteBatchError, a
             # grpc.aio.InternalError, rather than cancelling us, depending on timing):
@@ -645,6 +706,26 @@ class RpcServicer:
             reader.close()
             metrics.streams_open -= 1
             metrics.streams_ended[reason] += 1
+
+    async def _write_frames(
+        self, reader: LogReader, context: Context, numbered: bool, stop_at_interrupt: bool
+    ) -> str:
+        """Write every frame ``reader`` yields; return why the stream ended.
+
+        Raises:
+            FrameNotKeptError: The reader's next frame is no longer kept.
+        """
+        pacer = self._engine.runs.pacer
+        stamped = self._generation
+        async for seq, frame, state in reader:
+            if pacer.due():  # a burst: the loop polls its I/O first (see ``pacing``)
+                await pacer.wait()
+            if stamped:
+                frame = generation.tag(_frame_bytes(frame), seq)
+            await context.write(resume.tag(frame, seq) if numbered else frame)
+            if stop_at_interrupt and state in taskops.INTERRUPTED:
+                return "interrupted"
+        return "finished"
 
 
 def _past(state: int, seq: int, after: int) -> bool:
