@@ -235,7 +235,9 @@ async def test_a_call_that_does_not_ask_is_run_as_sent_whatever_its_message_id()
         other = (await h.stub.SendMessage(edited, metadata=V1)).task
         assert len({first.id, again.id, other.id}) == 3
         assert agent.runs == ["m1"] * 3
-        keyed = (await h.stub.SendMessage(copy(request), metadata=KEYED)).task
+        call = h.stub.SendMessage(copy(request), metadata=KEYED)
+        assert (await call.initial_metadata())["a2a-extensions"] == idempotency.URI
+        keyed = (await call).task
         assert keyed.id not in {first.id, again.id}, "unasked calls left no key behind"
         assert (await h.stub.SendMessage(copy(request), metadata=KEYED)).task.id == keyed.id
         assert agent.runs == ["m1"] * 4

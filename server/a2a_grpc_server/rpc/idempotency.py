@@ -198,6 +198,10 @@ class Retries:
         self._letting_go: set[asyncio.Task[None]] = set()
         """Releases of keys claimed for a caller who left meanwhile (``_claim``)."""
 
+    def activated(self, call: Caller) -> bool:
+        """Whether the call named the extension and this server keeps keys (it is activated)."""
+        return self._keys is not None and URI in call.extensions()
+
     async def admit(
         self, request: SendMessageRequest, call: Caller
     ) -> tuple[Claim | None, KeyRecord | None]:

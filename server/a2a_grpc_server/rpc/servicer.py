@@ -69,7 +69,7 @@ from ..log.tasklog import LogReader, TaskLog
 from ..model import generation, taskops
 from ..model.caller import EXTENSIONS_KEY, Caller, caller
 from ..push.configs import check_config
-from . import resume, validation
+from . import idempotency, resume, validation
 from .auth import AuthenticationError
 from .closing import Closing
 from .idempotency import Claim, Patience, Retries
@@ -205,7 +205,7 @@ class RpcServicer:
         call = caller(context, "SendMessage", request.tenant)
         validation.check_send(request, self._config, self._input_modes)
         self._check_inline_push(request)
-        numbered = await _activate_resume(call, context)
+        numbered = await self._activate_send(call, context)
         claim, prior = await self._retries.admit(request, call)
         immediately = request.configuration.return_immediately
         if prior is not None:
@@ -231,7 +231,7 @@ class RpcServicer:
         validation.check_send(request, self._config, self._input_modes)
         self._check_inline_push(request)
         async with self._stream_slot(call):
-            numbered = await _activate_resume(call, context)
+            numbered = await self._activate_send(call, context)
             claim, prior = await self._retries.admit(request, call)
             if prior is not None:
                 prior = await self._readable(prior, request, call)
@@ -635,6 +635,16 @@ class RpcServicer:
             await context.write(StreamResponse(task=snapshot))
             return
         await self._pump(reader, snapshot, context, numbered=numbered, stop_at_interrupt=True)
+
+    async def _activate_send(self, call: Caller, context: Context) -> bool:
+        """Say which extensions a send activated (resume, idempotency); whether it is numbered."""
+        numbered = resume.activated(call)
+        uris = [resume.URI] if numbered else []
+        if self._retries.activated(call):
+            uris.append(idempotency.URI)
+        if uris:
+            await context.send_initial_metadata(((EXTENSIONS_KEY, ", ".join(uris)),))
+        return numbered
 
     def _stamp(self, task: Task, seq: int, numbered: bool, skipped_from: int = 0) -> None:
         """Number a Task answered or streamed: its generation, and the resume extension's.
