@@ -7,11 +7,11 @@ mutation. Our task log's sequence numbers are that counter (``resume``: the
 task itself is 1, each change one more, a follow-up user message included),
 so every Task and update frame this server sends carries its number in those
 fields. a2a-sdk's types are v1.0 and have no such fields: the number is
-appended to the serialized frame as a field of its payload (protobuf merges
-concatenated messages), so a v1.0 client keeps it as an unknown field and a
-v1.1 client reads it. Which answers carry it: every streamed frame and the
-Task that starts a stream, and the Task of SendMessage and GetTask (not
-those of ListTasks and CancelTask, nor push deliveries).
+added to the serialized frame's payload as one more field, so a v1.0 client
+keeps it as an unknown field and a v1.1 client reads it. Which answers carry
+it: every streamed frame and the Task that starts a stream, and the Task of
+SendMessage and GetTask (not those of ListTasks and CancelTask, nor push
+deliveries).
 
 Two requests read v1.1 fields, from the request's unknown fields while the
 types are v1.0: ``GetTaskRequest.current_generation`` (4) makes GetTask wait
@@ -29,6 +29,8 @@ import functools
 from a2a.types.a2a_pb2 import GetTaskRequest, SendMessageConfiguration, Task
 from google.protobuf.message import Message as ProtoMessage
 from google.protobuf.unknown_fields import UnknownFieldSet
+
+from . import wire
 
 TASK_FIELD = 7
 """``Task.generation``."""
@@ -49,43 +51,34 @@ _BY_PAYLOAD = {1: TASK_FIELD, 3: STATUS_FIELD, 4: ARTIFACT_FIELD}
 """StreamResponse's payload field (task, status_update, artifact_update) -> its generation."""
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(low | 0x80)
-        else:
-            out.append(low)
-            return bytes(out)
-
-
 def _number(field: int, value: int) -> bytes:
-    return _varint(field << 3) + _varint(value)
+    return wire.varint(field << 3) + wire.varint(value)
 
 
 def tag(frame: bytes, generation: int) -> bytes:
-    """``frame`` (a serialized StreamResponse) with its payload's generation appended.
+    """``frame`` (a serialized StreamResponse) with its payload's generation added.
 
-    A message frame (no task) is returned as it is.
+    The number goes inside the payload (``wire``). A message frame (no task) is
+    returned as it is.
     """
     tail = _tail(frame[0] >> 3 if frame else 0, generation)
-    return frame + tail if tail else frame
+    if not tail:
+        return frame
+    added = wire.add_to_payload(frame, tail)
+    if added is None:  # (never for our frames) more than the payload: a merge appended
+        return frame + frame[:1] + wire.varint(len(tail)) + tail
+    return added
 
 
 @functools.lru_cache(maxsize=4096)
 def _tail(payload: int, generation: int) -> bytes:
-    """The bytes ``tag`` appends to a frame of ``payload`` (b"" for none).
+    """The field ``tag`` adds to the payload of a frame of ``payload`` (b"" for none).
 
     Cached: every task's frames carry the same small generations (1, 2, 3, ...),
-    so a frame costs a lookup, not four varint encodings.
+    so a frame costs a lookup, not two varint encodings.
     """
     field = _BY_PAYLOAD.get(payload)
-    if field is None:
-        return b""
-    inner = _number(field, generation)
-    return _varint(payload << 3 | 2) + _varint(len(inner)) + inner
+    return b"" if field is None else _number(field, generation)
 
 
 def tag_task(task: Task, generation: int) -> None:

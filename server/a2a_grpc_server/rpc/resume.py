@@ -33,10 +33,20 @@ number. They are the same on every instance.
 
 from __future__ import annotations
 
-from a2a.types.a2a_pb2 import AgentExtension, StreamResponse, Task
+import functools
+
+from a2a.types.a2a_pb2 import (
+    AgentExtension,
+    Message,
+    StreamResponse,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskStatusUpdateEvent,
+)
 from google.protobuf.struct_pb2 import Struct
 
 from ..errors import FrameNotKeptError, InvalidFieldError
+from ..model import wire
 from ..model.caller import Caller
 
 URI = "urn:a2a-grpc-server:extension:resume:v1"
@@ -50,6 +60,16 @@ SNAPSHOT = "snapshot"
 
 _PAYLOADS = {1: "task", 2: "message", 3: "status_update", 4: "artifact_update"}
 """StreamResponse's payload field by number (a serialized frame starts with its tag)."""
+_METADATA = {
+    number: kind.DESCRIPTOR.fields_by_name["metadata"].number
+    for number, kind in (
+        (1, Task),
+        (2, Message),
+        (3, TaskStatusUpdateEvent),
+        (4, TaskArtifactUpdateEvent),
+    )
+}
+"""Each payload's ``metadata`` field number, by the payload's field number."""
 
 
 def extension(window: float) -> AgentExtension:
@@ -142,16 +162,34 @@ def past_end(error: FrameNotKeptError) -> bool:
 def tag(frame: bytes, seq: int) -> bytes:
     """``frame`` with ``{"seq": seq}`` added to its payload's metadata under ``URI``.
 
-    Serialized protobuf messages concatenate as a merge, so the tag is a small
-    frame of the same payload kind appended to the bytes: the frame is neither
-    parsed nor copied. (A key the agent set under ``URI`` is replaced.)
+    The entry is added inside the payload as one more ``metadata`` field
+    (``model.wire``: the frame is neither parsed nor copied but once), which
+    protobuf merges into the payload's metadata. A payload that has metadata
+    already (the agent set some) is parsed and written again instead: some
+    clients (ts-proto, protobuf.js) keep only the last occurrence of a field.
+    (A key the agent set under ``URI`` is replaced.)
     """
-    kind = _PAYLOADS.get(frame[0] >> 3) if frame else None
-    if kind is None:
+    payload = frame[0] >> 3 if frame else 0
+    field = _METADATA.get(payload)
+    if field is None:
         return frame
-    extra = StreamResponse()
-    getattr(extra, kind).metadata[URI] = {"seq": seq}
-    return frame + extra.SerializeToString()
+    bounds = wire.payload_bounds(frame)
+    if bounds is not None and not wire.has_field(frame, *bounds, field):
+        added = wire.add_to_payload(frame, _entry(field, seq))
+        assert added is not None  # (its bounds were found above)
+        return added
+    parsed = StreamResponse.FromString(frame)
+    getattr(parsed, _PAYLOADS[payload]).metadata[URI] = {"seq": seq}
+    return parsed.SerializeToString()
+
+
+@functools.lru_cache(maxsize=4096)
+def _entry(field: int, seq: int) -> bytes:
+    """The ``metadata`` field (number ``field``) holding ``{URI: {"seq": seq}}``."""
+    entry = Struct()
+    entry[URI] = {"seq": seq}
+    data = entry.SerializeToString()
+    return wire.varint(field << 3 | 2) + wire.varint(len(data)) + data
 
 
 def tag_task(task: Task, seq: int, skipped_from: int = 0) -> None:
