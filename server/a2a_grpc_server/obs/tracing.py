@@ -1,11 +1,17 @@
 """Tracing with OpenTelemetry: optional, and free when no tracer provider is configured.
 
+Span and attribute names follow OpenTelemetry's draft conventions for A2A
+(``docs/gen-ai/a2a.md`` in open-telemetry/semantic-conventions-genai, status
+Development) where the draft has a name; ``docs/telemetry.md`` lists every
+name, the draft's and ours side by side.
+
 When ``opentelemetry-api`` is importable *and* the application configured a
 tracer provider (the SDK, e.g. under ``opentelemetry-instrument``), then:
 
-* ``rpc.tracing.traced`` (in ``A2AService.interceptors()``) makes one SERVER span per RPC, whose
-  parent is the W3C ``traceparent`` (and ``tracestate``) the client sent in
-  its metadata;
+* ``rpc.tracing`` (in ``A2AService.interceptors()``) makes the draft's
+  ``a2a.server`` span for each call of ``lf.a2a.v1.A2AService``: named by the
+  bare method (``SendMessage``), kind SERVER, whose parent is the W3C
+  ``traceparent`` (and ``tracestate``) the client sent in its metadata;
 * ``execution`` makes one span per run of a task's executor, current while
   the executor runs, so an agent's own spans (its LLM and tool calls) join
   the caller's trace; the task's state changes are events on it
@@ -17,9 +23,11 @@ tracer provider (the SDK, e.g. under ``opentelemetry-instrument``), then:
 Otherwise every function here returns at once (one check of the global
 provider), and nothing is imported beyond the API.
 
-a2a-sdk's own instrumentation (a span per enqueued event) is off unless
-``OTEL_INSTRUMENTATION_A2A_SDK_ENABLED`` is set (see ``a2a_grpc_server``'s
-``__init__``, which sets its default before a2a-sdk is imported).
+Nothing here, nor anywhere in the package, writes to ``os.environ``.
+a2a-sdk's own instrumentation (a span per enqueued event, on its
+``EventQueueLegacy`` and request handlers) stays as the application set it:
+the executor writes to this server's queue, which a2a-sdk does not trace, so
+no such span is made per frame either way.
 """
 
 from __future__ import annotations
@@ -28,8 +36,6 @@ import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
-
-import grpc
 
 try:
     from opentelemetry import propagate, trace
@@ -42,20 +48,33 @@ except ImportError:  # pragma: no cover - the API is not installed
     trace = None  # type: ignore[assignment]
 
 TRACER_NAME = "a2a_grpc_server"
-SERVER_ERRORS = frozenset(
-    {
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.UNIMPLEMENTED,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DATA_LOSS,
-    }
-)
-"""The codes that mark a SERVER span as an error (OpenTelemetry's gRPC conventions; a
-NOT_FOUND or INVALID_ARGUMENT is the client's, not the server's)."""
 PROPAGATED = ("traceparent", "tracestate")
 """The W3C trace-context metadata keys."""
+
+# The draft's attribute names (see docs/telemetry.md for when each is set).
+METHOD_NAME = "a2a.method.name"
+PROTOCOL_VERSION = "a2a.protocol.version"
+TENANT = "a2a.tenant"
+MESSAGE_ID = "a2a.message.id"
+REFERENCE_TASK_IDS = "a2a.message.reference_task_ids"
+TASK_ID = "a2a.task.id"
+TASK_STATE = "a2a.task.state"
+CONVERSATION_ID = "gen_ai.conversation.id"
+"""The A2A ``context_id`` (the draft's name for it)."""
+AGENT_NAME = "gen_ai.agent.name"
+AGENT_DESCRIPTION = "gen_ai.agent.description"
+AGENT_VERSION = "gen_ai.agent.version"
+ERROR_TYPE = "error.type"
+CLIENT_ADDRESS = "client.address"
+CLIENT_PORT = "client.port"
+# Not in the draft: OpenTelemetry's gRPC conventions' name for the status of the call.
+STATUS_CODE = "rpc.response.status_code"
+
+# Ours, where the draft names nothing.
+EXECUTE_SPAN = "a2a.task.execute"
+CANCEL_SPAN = "a2a.task.cancel"
+STATE_EVENT = "a2a.task.state"
+ROUTED_SPAN = "a2a.routed/{op}"
 
 
 _ENVIRONMENT_PROVIDER = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
@@ -89,8 +108,8 @@ def execution(task_id: str, context_id: str, *, cancel: bool = False) -> Iterato
     if not active():
         yield
         return
-    name = "a2a.task.cancel" if cancel else "a2a.task.execute"
-    attributes = {"a2a.task.id": task_id, "a2a.context.id": context_id}
+    name = CANCEL_SPAN if cancel else EXECUTE_SPAN
+    attributes = {TASK_ID: task_id, CONVERSATION_ID: context_id}
     with tracer().start_as_current_span(name, attributes=attributes):
         yield
 
@@ -101,7 +120,7 @@ def state_event(state_name: str) -> None:
         return
     span = trace.get_current_span()
     if span.is_recording():
-        span.add_event("a2a.task.state", {"a2a.task.state": state_name})
+        span.add_event(STATE_EVENT, {TASK_STATE: state_name})
 
 
 def inject(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -123,5 +142,6 @@ def routed(op: str, headers: Sequence[tuple[str, str]]) -> Iterator[None]:
         yield
         return
     parent = propagate.extract({k: v for k, v in headers if k in PROPAGATED})
-    with tracer().start_as_current_span(f"a2a.routed/{op}", context=parent, kind=SpanKind.SERVER):
+    name = ROUTED_SPAN.format(op=op)
+    with tracer().start_as_current_span(name, context=parent, kind=SpanKind.SERVER):
         yield
