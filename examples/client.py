@@ -2,13 +2,10 @@
 
     python -m examples.client 127.0.0.1:50051 "hello" [--token TOKEN]
 
-Generate the stubs once (what ``generate()`` does when they are missing)::
-
-    python -m grpc_tools.protoc -I proto -I GRPC_TOOLS/_proto -I GOOGLEAPIS
-        --python_out=examples/gen --grpc_python_out=examples/gen lf/a2a/v1/a2a.proto
-
-(one line; GRPC_TOOLS is the grpc_tools package's directory, GOOGLEAPIS the
-site-packages directory holding googleapis-common-protos' ``google/api``).
+It generates the stubs itself when they are missing (``generate()``). By
+hand, from the checkout: the commands under "With stubs generated from proto/"
+in docs/calling.md, which a test runs as written (they find googleapis' protos
+through ``google.api.annotations_pb2``: ``google.api.__file__`` is None).
 
 ``ask`` sends one message and waits for the task's outcome, and shows how a
 client handles each status the server answers (docs/errors.md):

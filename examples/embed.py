@@ -4,10 +4,11 @@
 
 The server here already serves health (think of it as yours, with its own
 services); the A2A service joins it with its options (message sizes,
-transport settings), its per-RPC metrics interceptor (first, so it counts
-every call) and its collector in the process's Prometheus registry. On
-SIGTERM/SIGINT: A2A first (every open stream gets its final frame), then the
-server.
+transport settings), its interceptors (per-RPC metrics and, with OpenTelemetry
+configured, a span per call; first, so they see every call) and its collector
+in the process's Prometheus registry; ``a2a.start()`` before serving (it joins
+the cluster, when there is one). On SIGTERM/SIGINT: A2A first (every open
+stream gets its final frame), then the server.
 """
 
 from __future__ import annotations
@@ -34,15 +35,14 @@ async def serve(port: int, stop: asyncio.Event, ready: Callable[[int], None]) ->
         ready: Called with the bound port once serving.
     """
     a2a = A2AService(EchoAgent())
-    server = grpc.aio.server(
-        options=grpc_options(a2a.config), interceptors=[a2a.metrics_interceptor()]
-    )
+    server = grpc.aio.server(options=grpc_options(a2a.config), interceptors=a2a.interceptors())
     yours = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(yours, server)
     a2a.add_to_server(server)
     collector = a2a.collector()
     REGISTRY.register(collector)  # your /metrics now has the A2A metrics too
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    await a2a.start()  # before serving: joins the cluster, if any
     await server.start()
     await yours.set("", health_pb2.HealthCheckResponse.SERVING)
     ready(bound)

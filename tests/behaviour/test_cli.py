@@ -6,6 +6,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import grpc
 import pytest
@@ -201,7 +202,9 @@ async def test_a_port_in_use_exits_1_with_a_message(flag: str) -> None:
         code, err = await serve_until_exit(flag, port, other, "0")
     assert code == 1
     assert f"127.0.0.1:{port}" in err.decode()
+    assert f"choose another port with {flag} / A2A_GRPC_SERVER_" in err.decode()
     assert b"Traceback" not in err
+    assert b"add_port" not in err, "our message alone, not grpc core's before it"
 
 
 async def test_an_unreachable_nats_exits_1_with_a_message_not_a_retry_loop() -> None:
@@ -213,3 +216,46 @@ async def test_an_unreachable_nats_exits_1_with_a_message_not_a_retry_loop() -> 
     assert code == 1
     assert f"cannot connect to NATS at {url}".encode() in err
     assert b"Traceback" not in err
+
+
+async def ready_line(*args: str) -> str:
+    """Start ``serve`` on free ports with ``args``; its ready line, once it stopped on SIGTERM."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "a2a_grpc_server.cli", "serve", "--port", "0", "--http-port", "0",
+        *args, cwd=ROOT, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    said: list[str] = []
+    try:
+        async with asyncio.timeout(30):
+            while "ready:" not in (line := (await proc.stderr.readline()).decode()):
+                assert line, "exited before it was ready:\n" + "".join(said)
+                said.append(line)
+            card_url = urlsplit(line.split("agent card ")[1].split(",")[0])
+            status, _, body = await http_get(card_url.netloc, card_url.path)
+            assert status == 200, f"the card is at the URL the ready line gives: {line}"
+            assert json_format.Parse(body, AgentCard()).name
+            proc.send_signal(signal.SIGTERM)
+            await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return "".join(said) + line
+
+
+async def test_the_ready_line_gives_the_cards_whole_url_and_says_in_memory() -> None:
+    said = await ready_line()
+    last = said.splitlines()[-1]
+    assert "/.well-known/agent-card.json, in-memory (one instance)" in last
+    assert "cluster" not in last
+
+
+async def test_in_cluster_mode_the_ready_line_names_nats_and_the_instance(nats_url: str) -> None:
+    key = ("--nats-key-file", str(cluster_key_file()))
+    said = await ready_line("--nats", nats_url, *key, "--instance-id", "first-hour-1")
+    last = said.splitlines()[-1]
+    assert f"cluster mode: NATS {nats_url}, instance first-hour-1" in last
+    # The size note comes first, at INFO at the default sizes (nats-server's 1 MiB max_payload).
+    [note] = [line for line in said.splitlines() if "max_payload" in line]
+    assert " INFO " in note and "tasks are limited to 983040 bytes" in note

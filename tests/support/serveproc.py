@@ -15,7 +15,7 @@ from a2a.client.transports.grpc import GrpcTransport
 
 from tests.support import ROOT, cluster_key_file
 
-READY = re.compile(r"ready: grpc (\S+) \((?:plaintext|TLS|mTLS)\), agent card https?://(\S+)")
+READY = re.compile(r"ready: grpc (\S+) \((?:plaintext|TLS|mTLS)\), agent card https?://([^/\s]+)")
 
 
 class Process:

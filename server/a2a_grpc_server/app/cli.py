@@ -34,14 +34,17 @@ from ..obs import logs
 from ..rpc.auth import Authenticator, ClientCertificate, TokenFile, TrustedHeader
 from ..rpc.jwtauth import JwtAuthenticator
 from . import settings
-from .service import WILDCARDS, A2AServer
-from .settings import SettingError
+from .preflight import check_advertised, check_port_free, warn_if_loopback_advertised
+from .service import A2AServer
+from .settings import SettingError, spelled
 from .tls import TlsFiles
 
 logger = logging.getLogger("a2a_grpc_server")
 
 EXIT_FORCED = 3
 """Exit status after a second signal cut the drain short (2 is a usage error)."""
+DESCRIPTION = "Run an agent as a standalone A2A gRPC server."
+"""What ``--help`` says first (plain text: argparse shows it as it is)."""
 
 
 class AgentLoadError(Exception):
@@ -59,18 +62,19 @@ def load_agent(ref: str) -> tuple[AgentExecutor, AgentCard | None]:
     Raises:
         AgentLoadError: The reference is malformed or names something else.
     """
+    where = spelled("agent", repr(ref))
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:
-        raise AgentLoadError(f"--agent {ref!r}: expected module:attr, e.g. my_agent:MyExecutor")
+        raise AgentLoadError(f"{where}: expected module:attr, e.g. my_agent:MyExecutor")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise AgentLoadError(f"--agent {ref!r}: cannot import {module_name!r}: {exc}") from exc
+        raise AgentLoadError(f"{where}: cannot import {module_name!r}: {exc}") from exc
     target = getattr(module, attr, None)
     if target is None:
-        raise AgentLoadError(f"--agent {ref!r}: module {module_name!r} has no {attr!r}")
+        raise AgentLoadError(f"{where}: module {module_name!r} has no {attr!r}")
     executor = (
         target()
         if inspect.isclass(target) or (not isinstance(target, AgentExecutor) and callable(target))
@@ -78,12 +82,26 @@ def load_agent(ref: str) -> tuple[AgentExecutor, AgentCard | None]:
     )
     if not isinstance(executor, AgentExecutor):
         raise AgentLoadError(
-            f"--agent {ref!r}: {attr!r} is not an AgentExecutor, a subclass, or a factory of one"
+            f"{where}: {attr!r} is not an AgentExecutor, a subclass, or a factory of one"
         )
     card = getattr(module, "agent_card", None)
+    if card is None:
+        logger.warning(
+            "%s: module %r defines no agent_card, so clients get a generic card "
+            "(name 'A2A agent', one generic skill); define agent_card in it (an AgentCard, "
+            "or a function returning one) to describe the agent",
+            where,
+            module_name,
+        )
+        return executor, None
     if callable(card):
         card = card()
-    return executor, card if isinstance(card, AgentCard) else None
+    if not isinstance(card, AgentCard):
+        raise AgentLoadError(
+            f"{where}: {module_name}.agent_card is a {type(card).__name__}, not an "
+            "AgentCard (a2a.types.a2a_pb2.AgentCard) or a function returning one"
+        )
+    return executor, card
 
 
 def _authenticator(args: argparse.Namespace) -> Authenticator | None:
@@ -99,12 +117,13 @@ def _authenticator(args: argparse.Namespace) -> Authenticator | None:
         bool(args.auth_jwt_jwks),
     ]
     if sum(chosen) > 1:
-        raise SettingError(
-            "choose one of --auth-tokens, --auth-mtls, --auth-trusted-header, --auth-jwt-jwks"
-        )
+        raise SettingError(f"choose one of {_any_of(AUTH_SETTINGS)}")
     if args.auth_jwt_jwks:
         if not (args.auth_jwt_issuer and args.auth_jwt_audience):
-            raise SettingError("--auth-jwt-jwks needs --auth-jwt-issuer and --auth-jwt-audience")
+            raise SettingError(
+                f"{spelled('auth_jwt_jwks')} needs {spelled('auth_jwt_issuer')} and "
+                f"{spelled('auth_jwt_audience')}"
+            )
         try:
             return JwtAuthenticator(
                 args.auth_jwt_jwks,
@@ -114,10 +133,13 @@ def _authenticator(args: argparse.Namespace) -> Authenticator | None:
                 allow_http_loopback=args.auth_jwt_allow_http_loopback,
             )
         except ValueError as exc:
-            raise SettingError(str(exc)) from None
+            raise SettingError(f"{spelled('auth_jwt_jwks')}: {exc}") from None
     if args.auth_mtls:
         if not args.tls_client_ca:
-            raise SettingError("--auth-mtls needs --tls-client-ca (and --tls-cert, --tls-key)")
+            raise SettingError(
+                f"{spelled('auth_mtls')} needs {spelled('tls_client_ca')} (and "
+                f"{spelled('tls_cert')}, {spelled('tls_key')})"
+            )
         return ClientCertificate()
     if args.auth_trusted_header:
         return TrustedHeader(args.auth_trusted_header)
@@ -126,7 +148,16 @@ def _authenticator(args: argparse.Namespace) -> Authenticator | None:
     try:
         return TokenFile(Path(args.auth_tokens))
     except ValueError as exc:
-        raise SettingError(str(exc)) from None
+        raise SettingError(f"{spelled('auth_tokens')}: {exc}") from None
+
+
+AUTH_SETTINGS = ("auth_tokens", "auth_mtls", "auth_trusted_header", "auth_jwt_jwks")
+"""The authentication settings, of which one at most is given."""
+
+
+def _any_of(names: Sequence[str]) -> str:
+    """``names`` spelled (see ``settings.spelled``), as a list to choose from."""
+    return ", ".join(spelled(name) for name in names[:-1]) + f" or {spelled(names[-1])}"
 
 
 def _extended_card(args: argparse.Namespace) -> AgentCard | None:
@@ -139,15 +170,14 @@ def _extended_card(args: argparse.Namespace) -> AgentCard | None:
         return None
     if not (args.auth_tokens or args.auth_mtls or args.auth_trusted_header or args.auth_jwt_jwks):
         raise SettingError(
-            "--extended-card is for authenticated callers: add one of --auth-tokens, "
-            "--auth-mtls, --auth-trusted-header, --auth-jwt-jwks"
+            f"{spelled('extended_card')} is for authenticated callers: add {_any_of(AUTH_SETTINGS)}"
         )
     path = Path(args.extended_card)
     try:
         return json_format.Parse(path.read_text(), AgentCard(), ignore_unknown_fields=False)
     except (OSError, json_format.ParseError) as exc:
         raise SettingError(
-            f"--extended-card {path}: not a readable AgentCard (JSON): {exc}"
+            f"{spelled('extended_card', path)}: not a readable AgentCard (JSON): {exc}"
         ) from None
 
 
@@ -160,7 +190,16 @@ def _tls_files(args: argparse.Namespace) -> TlsFiles | None:
     if not (args.tls_cert or args.tls_key or args.tls_client_ca):
         return None
     if not (args.tls_cert and args.tls_key):
-        raise SettingError("--tls-cert and --tls-key go together (and --tls-client-ca needs both)")
+        raise SettingError(
+            f"{spelled('tls_cert')} and {spelled('tls_key')} go together (and "
+            f"{spelled('tls_client_ca')} needs both)"
+        )
+    named = {"tls_cert": args.tls_cert, "tls_key": args.tls_key}
+    if args.tls_client_ca:
+        named["tls_client_ca"] = args.tls_client_ca
+    for name, path in named.items():
+        if not Path(path).is_file():
+            raise SettingError(f"{spelled(name, path)}: the file does not exist")
     files = TlsFiles(
         Path(args.tls_cert),
         Path(args.tls_key),
@@ -169,13 +208,13 @@ def _tls_files(args: argparse.Namespace) -> TlsFiles | None:
     try:
         files.check()
     except ValueError as exc:
-        raise SettingError(str(exc)) from None
+        raise SettingError(f"{' and '.join(spelled(name) for name in named)}: {exc}") from None
     return files
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: ``serve`` and ``check-config``, with every setting's flag."""
-    parser = argparse.ArgumentParser(prog="a2a-grpc-server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="a2a-grpc-server", description=DESCRIPTION)
     parser.add_argument(
         "--version",
         action="version",
@@ -221,15 +260,20 @@ def prepare(values: dict[str, tuple[Any, str]]) -> A2AServer:
     """
     args = argparse.Namespace(**{name: value for name, (value, _) in values.items()})
     if args.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
-        raise SettingError("--loop uvloop: uvloop is not installed (pip install uvloop)")
+        raise SettingError(NO_UVLOOP)
     if args.admin and importlib.util.find_spec("grpc_channelz") is None:
-        raise SettingError("--admin needs the admin extra (pip install '.[admin]')")
+        raise SettingError(
+            f"{spelled('admin')} needs the admin extra: pip install 'a2a-grpc-server[admin]'"
+        )
     if args.nats and importlib.util.find_spec("nats") is None:
         raise SettingError(
-            "--nats needs the cluster extra (nats-py): pip install 'a2a-grpc-server[cluster]'"
+            f"{spelled('nats')} needs the cluster extra (nats-py): "
+            "pip install 'a2a-grpc-server[cluster]'"
         )
     if args.advertise is not None:
         check_advertised(args.advertise)
+    else:
+        warn_if_loopback_advertised(args.host)
     executor, card = load_agent(args.agent)
     return A2AServer(
         executor,
@@ -247,21 +291,7 @@ def prepare(values: dict[str, tuple[Any, str]]) -> A2AServer:
     )
 
 
-def check_advertised(address: str) -> None:
-    """Refuse an ``--advertise`` that is not ``HOST:PORT`` (port 1-65535, host not a wildcard).
-
-    Raises:
-        SettingError: Saying what is wrong with it.
-    """
-    host, sep, port = address.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise SettingError(f"--advertise {address!r}: not HOST:PORT (a port from 1 to 65535)")
-    if host in WILDCARDS:
-        raise SettingError(
-            f"--advertise {address!r}: {host} is where a server binds, not an address "
-            "clients can reach; give this instance's name or its Service's"
-        )
+NO_UVLOOP = f"{spelled('loop', 'uvloop')}: uvloop is not installed (pip install uvloop)"
 
 
 async def serve(server: A2AServer) -> None:
@@ -310,9 +340,7 @@ def _run(main: Coroutine[Any, Any, None], loop: str) -> None:
         except ImportError:
             if loop == "uvloop":
                 main.close()
-                raise ValueError(
-                    "--loop uvloop: uvloop is not installed (pip install uvloop)"
-                ) from None
+                raise ValueError(NO_UVLOOP) from None
         else:
             uvloop.run(main)
             return
@@ -329,6 +357,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check-config":
             print(settings.render(values), end="")
             return 0
+        host = values["host"][0]
+        check_port_free(host, values["port"][0], "port", "gRPC")
+        check_port_free(host, values["http_port"][0], "http_port", "HTTP")
         _run(serve(server), values["loop"][0])
     except (AgentLoadError, ValueError) as exc:
         print(f"a2a-grpc-server: {exc}", file=sys.stderr)

@@ -35,7 +35,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from ..cluster import Cluster, Local
 from ..cluster.front import ClusterFront
-from ..config import ServerConfig
+from ..config import DEFAULT_MAX_TASK_BYTES, ServerConfig
 from ..engine.engine import TaskEngine
 from ..engine.ports import TaskOperations
 from ..engine.registry import LiveTasks
@@ -52,7 +52,7 @@ from ..rpc.idempotency import Retries
 from ..rpc.metrics import MetricsInterceptor, RpcMetrics
 from ..rpc.resume import extension as resume_extension
 from ..rpc.servicer import RpcServicer
-from ..rpc.tracing import traced
+from ..rpc.tracing import server_spans
 from .card import (
     WELL_KNOWN_PATH,
     default_card,
@@ -155,10 +155,17 @@ class A2AService:
         wanted = config or ServerConfig()
         self.config = wanted.fitted(cluster.max_record_bytes if cluster is not None else None)
         if self.config is not wanted:
-            logger.warning(
-                "the cluster's NATS servers carry one task in at most one message: tasks are "
-                "limited to %d bytes and requests to %d (asked: %d and %d); raise max_payload "
-                "in the NATS servers' configuration (up to 64 MiB) to allow more",
+            # At nats-server's default max_payload (1 MiB) this happens to every instance
+            # left at the default sizes: nothing to act on unless larger tasks are needed
+            # (INFO). Sizes someone set and did not get are worth a WARNING.
+            asked = (wanted.max_task_bytes, wanted.max_message_bytes)
+            defaults = (DEFAULT_MAX_TASK_BYTES, DEFAULT_MAX_TASK_BYTES // 2)
+            logger.log(
+                logging.INFO if asked == defaults else logging.WARNING,
+                "cluster mode: a task is kept in one NATS message, so tasks are limited to %d "
+                "bytes and requests to %d (asked: %d and %d) by the NATS servers' max_payload; "
+                "for larger tasks raise max_payload in the nats-server configuration (up to "
+                "64 MiB; see docs/troubleshooting.md)",
                 self.config.max_task_bytes,
                 self.config.max_message_bytes,
                 wanted.max_task_bytes,
@@ -266,7 +273,7 @@ class A2AService:
 
         Add an ``auth.AuthInterceptor`` after it, if any.
         """
-        return [MetricsInterceptor(self.rpc_metrics, inner=traced)]
+        return [MetricsInterceptor(self.rpc_metrics, inner=server_spans(self.card))]
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register the A2A servicer on ``server`` (made with ``grpc_options(config)``)."""
@@ -322,6 +329,12 @@ def _add_channelz(server: grpc.aio.Server) -> None:
     except ImportError as exc:
         raise ValueError(f"--admin needs the admin extra (pip install '.[admin]'): {exc}") from None
     channelz.add_channelz_servicer(server)  # type: ignore[no-untyped-call]
+
+
+def _without_userinfo(url: str) -> str:
+    """``url`` without a ``user:password@`` part (the ready line is logged)."""
+    scheme, sep, rest = url.rpartition("://")
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}"
 
 
 def _says_no_push(card: AgentCard) -> bool:
@@ -539,15 +552,22 @@ class A2AServer:
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         scheme = "https" if certificates is not None else "http"
-        http = f"{scheme}://{host}:{self.http_port}" if self.http_port is not None else "off"
+        http = "off"
+        if self.http_port is not None:
+            http = f"{scheme}://{host}:{self.http_port}{WELL_KNOWN_PATH}"
         security = "plaintext"
         if certificates is not None:
             security = "mTLS" if certificates.files.client_ca is not None else "TLS"
+        mode = "in-memory (one instance)"
+        if self.service.cluster is not None and self._nats is not None:
+            nats = ", ".join(_without_userinfo(url) for url in self._nats.servers)
+            mode = f"cluster mode: NATS {nats}, instance {self.service.cluster.instance_id}"
         logger.info(
-            "a2a-grpc-server ready: grpc %s (%s), agent card %s",
+            "a2a-grpc-server ready: grpc %s (%s), agent card %s, %s",
             self.grpc_address,
             security,
             http,
+            mode,
         )
 
     async def drain(self) -> None:

@@ -286,6 +286,42 @@ SETTINGS: tuple[Setting, ...] = (
     *_from_dataclass(NatsConfig, "cluster"),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
+BY_FIELD = {s.field: s for s in SETTINGS if s.group == "cluster"}
+"""The cluster settings by ``NatsConfig`` field."""
+
+
+def spelled(name: str, value: object = None) -> str:
+    """A setting as the user may have given it: ``--flag / ENV_VAR (key)``.
+
+    Error messages name settings this way, so whoever typed a flag, set a
+    variable or wrote the TOML key finds what they typed.
+
+    Args:
+        name: The setting's name (its TOML key).
+        value: Its value, shown beside the key (``(key = value)``); None: not shown.
+    """
+    s = BY_NAME[name]
+    shown = name if value is None else f"{name} = {value}"
+    return f"{s.flags[0]} / {s.env} ({shown})"
+
+
+_KEYS = re.compile(
+    r"(?<![\w(-])("
+    + "|".join(sorted((re.escape(s.name) for s in SETTINGS if "_" in s.name), key=len)[::-1])
+    + r")(?![\w-])(?: \(([^()\s]+)\))?"
+)
+"""Setting names in a message (those with an underscore: ``host`` or ``push`` could be
+plain words), each with the ``(value)`` that may follow it; not one in parentheses, as
+``spelled`` leaves it."""
+
+
+def spell_settings(message: str) -> str:
+    """``message`` with every setting it names spelled as ``spelled`` does.
+
+    For the messages of the layers below (``ServerConfig``, the cluster's
+    signer), which know the settings only by their keys.
+    """
+    return _KEYS.sub(lambda m: spelled(m.group(1), m.group(2)), message)
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -367,7 +403,7 @@ def server_config(values: Mapping[str, tuple[Any, str]]) -> ServerConfig:
     try:
         return ServerConfig(**kwargs)
     except ValueError as exc:
-        raise SettingError(str(exc)) from None
+        raise SettingError(spell_settings(str(exc))) from None
 
 
 def nats_config(values: Mapping[str, tuple[Any, str]]) -> NatsConfig | None:
@@ -381,20 +417,72 @@ def nats_config(values: Mapping[str, tuple[Any, str]]) -> NatsConfig | None:
     kwargs = {s.field: _value(values, s) for s in SETTINGS if s.group == "cluster"}
     if not kwargs["instance_id"]:
         del kwargs["instance_id"]  # a new one per process
-    if kwargs["lease"] <= 0 or kwargs["replicas"] < 1:
-        raise SettingError("lease must be > 0 and nats_replicas >= 1")
+    if kwargs["lease"] <= 0:
+        raise SettingError(f"{spelled('lease', kwargs['lease'])}: must be > 0")
+    if kwargs["replicas"] < 1:
+        raise SettingError(f"{spelled('nats_replicas', kwargs['replicas'])}: must be >= 1")
     if not 1 <= kwargs["event_streams"] <= MAX_EVENT_STREAMS:
-        raise SettingError(f"nats_event_streams must be 1 to {MAX_EVENT_STREAMS}")
+        streams = spelled("nats_event_streams", kwargs["event_streams"])
+        raise SettingError(f"{streams}: must be 1 to {MAX_EVENT_STREAMS}")
+    if kwargs["routed_in_flight"] < 1:
+        in_flight = spelled("nats_routed_in_flight", kwargs["routed_in_flight"])
+        raise SettingError(f"{in_flight}: must be positive")
     if kwargs["user"] and not kwargs["password_file"]:
-        raise SettingError("nats_user needs nats_password_file")
+        raise SettingError(f"{spelled('nats_user')} needs {spelled('nats_password_file')}")
     if bool(kwargs["tls_cert"]) != bool(kwargs["tls_key"]):
-        raise SettingError("nats_tls_cert and nats_tls_key go together")
+        raise SettingError(f"{spelled('nats_tls_cert')} and {spelled('nats_tls_key')} go together")
+    _check_cluster_key(kwargs["key_file"], kwargs["trust_bus"])
+    for field in NATS_FILES:
+        if kwargs[field]:
+            _check_readable(BY_FIELD[field].name, kwargs[field])
     config = NatsConfig(**kwargs)
     try:
         signer_for(config)
     except ValueError as exc:
-        raise SettingError(str(exc)) from None
+        raise SettingError(f"{spelled('nats_key_file')}: {exc}") from None
     return config
+
+
+NATS_FILES = (
+    "creds_file",
+    "nkey_seed_file",
+    "token_file",
+    "password_file",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+)
+"""``NatsConfig`` fields naming files read when the instance connects: checked at start."""
+
+
+def _check_readable(name: str, path: str) -> None:
+    """Refuse a file setting whose file cannot be read, naming the setting.
+
+    Raises:
+        SettingError: The file cannot be opened.
+    """
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise SettingError(f"{spelled(name)}: {path} cannot be read: {exc}") from None
+
+
+def _check_cluster_key(key_file: str | None, trust_bus: bool) -> None:
+    """Refuse cluster mode with neither a key nor a trusted bus (see ``jetstream.signing``).
+
+    Raises:
+        SettingError: Naming both settings, and how to make a key.
+    """
+    if key_file or trust_bus:
+        return
+    raise SettingError(
+        f"cluster mode needs the cluster's shared key: {spelled('nats_key_file')} names a "
+        "file holding the same secret on every instance (openssl rand -hex 32 > FILE), so "
+        "that a client of the NATS bus cannot act as an instance; or, if NATS permissions "
+        f"already keep every other client off the a2a.ctl subjects, {spelled('nats_trust_bus')}"
+        " (see docs/cluster.md)"
+    )
 
 
 def render(values: Mapping[str, tuple[Any, str]]) -> str:

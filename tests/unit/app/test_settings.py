@@ -95,13 +95,13 @@ def test_every_setting_has_a_flag_a_variable_and_a_description() -> None:
         ),  # a typo is not ignored
         ([], {}, "log_format = 'xml'", "choose one of text, json"),
         ([], {}, "port = ", "not TOML"),
-        (["--cancel-timeout", "0"], {}, "", "cancel_timeout must be positive"),
-        (["--max-message-bytes", "4000000"], {}, "", "at most half of max_task_bytes"),
-        (["--nats", "nats://127.0.0.1:1", "--lease", "0"], {}, "", "lease must be > 0"),
+        (["--cancel-timeout", "0"], {}, "", "(cancel_timeout) must be positive"),
+        (["--max-message-bytes", "4000000"], {}, "", "at most half of --max-task-bytes"),
+        (["--nats", "nats://127.0.0.1:1", "--lease", "0"], {}, "", "(lease = 0.0): must be > 0"),
         # Combinations and files: the checks serve makes before it starts.
         (["--auth-mtls", "--auth-trusted-header", "x-p"], {}, "", "choose one of"),
         (["--extended-card", "/nonexistent"], {}, "", "is for authenticated callers"),
-        (["--tls-cert", "/nonexistent"], {}, "", "--tls-cert and --tls-key go together"),
+        (["--tls-cert", "/nonexistent"], {}, "", "(tls_cert) and --tls-key / "),
         (["--agent", "no_such_module:Agent"], {}, "", "cannot import 'no_such_module'"),
         (
             [],
