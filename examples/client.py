@@ -43,6 +43,8 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 VERSION = (("a2a-version", "1.0"),)
+SAFE_RETRIES = (("a2a-extensions", "urn:a2a-grpc-server:extension:idempotency:v1"),)
+"""Ask the server to run a retried message once (its id is the key)."""
 RETRIED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
 QUOTAS = {"LIVE_TASKS_QUOTA", "PARKED_TASKS_QUOTA", "STREAMS_QUOTA", "SUBSCRIBERS_QUOTA"}
 GENERATED = Path(__file__).resolve().parent / "gen"
@@ -101,13 +103,12 @@ def ask(
     Raises:
         ClientError: The server refused it (after the retries, for the statuses retried).
     """
-    metadata = VERSION + ((("authorization", f"Bearer {token}"),) if token else ())
+    metadata = VERSION + SAFE_RETRIES + ((("authorization", f"Bearer {token}"),) if token else ())
     request = pb2.SendMessageRequest(
         message=pb2.Message(
-            # The same id on every retry. This server does not deduplicate by it: its
-            # UNAVAILABLE (draining, owner out of reach) means nothing was started, but a
-            # connection lost after the message was sent may have started a task
-            # (ListTasks by context tells); a receiver that deduplicates can use the id.
+            # The same id on every retry: with SAFE_RETRIES in the metadata, a retry of
+            # a message the server already took is answered its task, never run twice
+            # (docs/calling.md, "Safe retries").
             message_id=str(uuid.uuid4()),
             role=pb2.ROLE_USER,
             parts=[pb2.Part(text=text)],
