@@ -168,7 +168,7 @@ async def test_cursors_too_old_or_past_the_end_are_out_of_range_with_what_is_kep
         await h.settle()
 
 
-async def test_a_resume_without_the_extension_or_a_number_is_refused_naming_the_fix() -> None:
+async def test_a_resume_or_fallback_that_cannot_be_served_is_refused_naming_the_fix() -> None:
     agent = StepAgent()
     async with asyncio.timeout(10), serve(agent) as h:
         task_id, sender = await started(h, agent)
@@ -176,6 +176,10 @@ async def test_a_resume_without_the_extension_or_a_number_is_refused_naming_the_
             ((*V1, (RESUME_AFTER_KEY, "1")), "a2a-extensions"),
             ((*RESUME, (RESUME_AFTER_KEY, "-1")), "integer"),
             ((*RESUME, (RESUME_AFTER_KEY, "x" * 5000)), "integer"),
+            ((*V1, (FALLBACK_KEY, SNAPSHOT)), "a2a-extensions"),
+            ((*RESUME, (FALLBACK_KEY, "replay")), "snapshot"),
+            ((*RESUME, (FALLBACK_KEY, SNAPSHOT), (RESUME_AFTER_KEY, "-1")), "integer"),
+            ((*RESUME, (FALLBACK_KEY, SNAPSHOT), (RESUME_AFTER_KEY, "2x")), "integer"),
         ]:
             call = h.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=metadata)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -276,28 +280,6 @@ async def test_an_ended_task_whose_frames_are_gone_answers_with_its_outcome_mark
             await collected(fallback_call(h.stub, task_id, 7))
         assert ahead.value.code() == grpc.StatusCode.OUT_OF_RANGE, "past the end: no snapshot"
         assert "does not exist" in rich_status(ahead.value)[0].message
-        await h.settle()
-
-
-async def test_a_fallback_request_that_cannot_be_served_is_refused_naming_the_fix() -> None:
-    agent = StepAgent()
-    async with asyncio.timeout(10), serve(agent) as h:
-        task_id, sender = await started(h, agent)
-        for metadata, says in [
-            ((*V1, (FALLBACK_KEY, SNAPSHOT)), "a2a-extensions"),
-            ((*RESUME, (FALLBACK_KEY, "replay")), "snapshot"),
-            ((*RESUME, (FALLBACK_KEY, SNAPSHOT), (RESUME_AFTER_KEY, "-1")), "integer"),
-            ((*RESUME, (FALLBACK_KEY, SNAPSHOT), (RESUME_AFTER_KEY, "2x")), "integer"),
-        ]:
-            call = h.stub.SubscribeToTask(SubscribeToTaskRequest(id=task_id), metadata=metadata)
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await collected(call)
-            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            status, info = rich_status(refused.value)
-            assert says in status.message and len(status.message) < 300
-            assert info.reason == "INVALID_PARAMS"
-        agent.finish()
-        await collected(sender)
         await h.settle()
 
 

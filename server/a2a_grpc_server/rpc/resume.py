@@ -109,10 +109,7 @@ def resume_after(call: Caller) -> int | None:
         InvalidFieldError: The cursor is not a non-negative integer, or the
             call did not activate the extension.
     """
-    value = None
-    for key, text in call.headers:
-        if key == RESUME_AFTER_KEY:
-            value = text.strip()
+    value = _sent(call, RESUME_AFTER_KEY)
     if value is None:
         return None
     if not value.isdigit() or len(value) > 18:
@@ -120,11 +117,24 @@ def resume_after(call: Caller) -> int | None:
             RESUME_AFTER_KEY,
             f"must be the seq of the last frame received (an integer >= 0), not {value[:32]!r}",
         )
-    if not activated(call):
-        raise InvalidFieldError(
-            RESUME_AFTER_KEY, f"needs the resume extension: send metadata 'a2a-extensions: {URI}'"
-        )
     return int(value)
+
+
+def _sent(call: Caller, header: str) -> str | None:
+    """The value (its last, stripped) of ``header`` in the call's metadata, if sent.
+
+    Raises:
+        InvalidFieldError: It was sent by a call that did not activate the extension.
+    """
+    value = None
+    for key, text in call.headers:
+        if key == header:
+            value = text.strip()
+    if value is not None and not activated(call):
+        raise InvalidFieldError(
+            header, f"needs the resume extension: send metadata 'a2a-extensions: {URI}'"
+        )
+    return value
 
 
 def snapshot_fallback(call: Caller) -> bool:
@@ -134,19 +144,12 @@ def snapshot_fallback(call: Caller) -> bool:
         InvalidFieldError: The value is not ``SNAPSHOT``, or the call did not
             activate the extension.
     """
-    value = None
-    for key, text in call.headers:
-        if key == FALLBACK_KEY:
-            value = text.strip()
+    value = _sent(call, FALLBACK_KEY)
     if value is None:
         return False
     if value.lower() != SNAPSHOT:
         raise InvalidFieldError(
             FALLBACK_KEY, f"the one fallback offered is {SNAPSHOT!r}, not {value[:32]!r}"
-        )
-    if not activated(call):
-        raise InvalidFieldError(
-            FALLBACK_KEY, f"needs the resume extension: send metadata 'a2a-extensions: {URI}'"
         )
     return True
 
