@@ -331,12 +331,6 @@ def _add_channelz(server: grpc.aio.Server) -> None:
     channelz.add_channelz_servicer(server)  # type: ignore[no-untyped-call]
 
 
-def _without_userinfo(url: str) -> str:
-    """``url`` without a ``user:password@`` part (the ready line is logged)."""
-    scheme, sep, rest = url.rpartition("://")
-    return f"{scheme}{sep}{rest.rpartition('@')[2]}"
-
-
 def _says_no_push(card: AgentCard) -> bool:
     """Whether the agent's own card says, explicitly, that it sends no push notifications."""
     capabilities = card.capabilities
@@ -560,7 +554,9 @@ class A2AServer:
             security = "mTLS" if certificates.files.client_ca is not None else "TLS"
         mode = "in-memory (one instance)"
         if self.service.cluster is not None and self._nats is not None:
-            nats = ", ".join(_without_userinfo(url) for url in self._nats.servers)
+            from ..jetstream.natsconfig import without_userinfo
+
+            nats = ", ".join(without_userinfo(url) for url in self._nats.servers)
             mode = f"cluster mode: NATS {nats}, instance {self.service.cluster.instance_id}"
         logger.info(
             "a2a-grpc-server ready: grpc %s (%s), agent card %s, %s",

@@ -43,6 +43,7 @@ from nats.js.kv import KeyValue
 
 from .coalesce import CoalescingClient
 from .natsconfig import NatsConfig as NatsConfig
+from .natsconfig import without_userinfo
 
 logger = logging.getLogger(__name__)
 
@@ -309,7 +310,7 @@ async def _ensure_index(js: JetStreamContext, config: NatsConfig) -> None:
 
 def _why_not(config: NatsConfig, errors: list[Exception]) -> str:
     """Why the first connect failed, as an operator can act on it."""
-    where = ", ".join(config.servers)
+    where = ", ".join(without_userinfo(url) for url in config.servers)  # (logged)
     texts = [f"{type(e).__name__}: {e}" for e in errors]
     if any("authorization" in t.lower() or "authentication" in t.lower() for t in texts):
         return (

@@ -13,6 +13,14 @@ MAX_EVENT_STREAMS = 64
 """The most event streams a cluster's record is spread over (``NatsConfig.event_streams``)."""
 
 
+def without_userinfo(url: str) -> str:
+    """``url`` without a ``user:password@`` or ``token@`` part, for logs and errors."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}"
+
+
 def new_instance_id() -> str:
     """A fresh id for this process (ownership does not survive a restart)."""
     return uuid.uuid4().hex[:16]
