@@ -191,41 +191,52 @@ def _end(
 
 
 class _Watched:
-    """A stream's context, noting its first frame and the last one that carried a state."""
+    """A stream's context, noting what its first frame and its last stated frame say.
 
-    __slots__ = ("_context", "first", "stated")
+    No frame the stream wrote is held past its write but the last stated one
+    as bytes (a frame of the task's log, which keeps it anyway): a Task
+    snapshot may be as large as a task.
+    """
+
+    __slots__ = ("_context", "_first", "_stated")
 
     def __init__(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         self._context = context
-        self.first: StreamResponse | bytes | None = None
-        self.stated: StreamResponse | bytes | None = None
+        self._first: Attributes | None = None
+        self._stated: Attributes | bytes | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
 
     async def write(self, frame: StreamResponse | bytes) -> None:
-        """Note ``frame`` (by its first byte, not parsed), then write it."""
-        if self.first is None:
-            self.first = frame
+        """Note ``frame`` (a byte frame by its first byte, not parsed), then write it."""
+        if self._first is None:
+            self._first = _attributes_of(frame)
         if isinstance(frame, bytes):
             if frame and frame[0] in STATE_TAGS:
-                self.stated = frame
+                self._stated = frame
         elif frame.WhichOneof("payload") in ("task", "status_update"):
-            self.stated = frame
+            self._stated = _attributes_of(frame)
         await self._context.write(frame)
 
     def attributes(self) -> Attributes:
         """What the stream's first frame and its last stated frame say about the task."""
-        found: Attributes = {}
-        for frame in (self.first, self.stated):
-            if isinstance(frame, bytes):
-                try:
-                    frame = StreamResponse.FromString(frame)
-                except DecodeError:
-                    continue
-            if frame is not None:
-                _frame(frame, found)
+        found: Attributes = dict(self._first or {})
+        stated = self._stated
+        found.update(_attributes_of(stated) if isinstance(stated, bytes) else stated or {})
         return found
+
+
+def _attributes_of(frame: StreamResponse | bytes) -> Attributes:
+    """What one frame says about the task (nothing if it does not decode)."""
+    if isinstance(frame, bytes):
+        try:
+            frame = StreamResponse.FromString(frame)
+        except DecodeError:
+            return {}
+    found: Attributes = {}
+    _frame(frame, found)
+    return found
 
 
 def request_attributes(request: Any) -> Attributes:

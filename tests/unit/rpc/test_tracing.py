@@ -8,9 +8,16 @@ from typing import Any
 
 import grpc
 import pytest
-from a2a.types.a2a_pb2 import GetTaskRequest, Message, SendMessageRequest
+from a2a.types.a2a_pb2 import (
+    GetTaskRequest,
+    Message,
+    SendMessageRequest,
+    StreamResponse,
+    TaskState,
+)
 
 from a2a_grpc_server.model.names import MAX_ID_CHARS
+from a2a_grpc_server.rpc import tracing
 from a2a_grpc_server.rpc.tracing import client_attributes, request_attributes, server_spans
 
 
@@ -56,3 +63,30 @@ def test_calls_of_other_services_are_left_untraced() -> None:
     wrap = server_spans()
     assert wrap("/grpc.health.v1.Health/Check", "unary", _behavior) is _behavior
     assert wrap("/lf.a2a.v1.A2AService/GetTask", "unary", _behavior) is not _behavior
+
+
+class _Sink:
+    """What a stream's context is to ``_Watched``: something frames are written to."""
+
+    def __init__(self) -> None:
+        self.written: list[StreamResponse | bytes] = []
+
+    async def write(self, frame: StreamResponse | bytes) -> None:
+        self.written.append(frame)
+
+
+async def test_a_traced_stream_keeps_what_its_frames_say_not_the_frames() -> None:
+    sink = _Sink()
+    watched = tracing._Watched(sink)  # type: ignore[arg-type]
+    snapshot = StreamResponse(task={"id": "t1", "context_id": "c1", "status": {"state": 2}})
+    snapshot.task.artifacts.add().parts.add().text = "x" * 100_000
+    await watched.write(snapshot)
+    done = StreamResponse(status_update={"task_id": "t1", "context_id": "c1"})
+    done.status_update.status.state = TaskState.TASK_STATE_COMPLETED
+    await watched.write(done)
+    held = [getattr(watched, name) for name in tracing._Watched.__slots__]
+    assert not any(isinstance(value, StreamResponse) for value in held), "no frame kept"
+    found = watched.attributes()
+    assert found["a2a.task.id"] == "t1" and found["gen_ai.conversation.id"] == "c1"
+    assert found["a2a.task.state"] == "TASK_STATE_COMPLETED"
+    assert sink.written == [snapshot, done]
