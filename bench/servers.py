@@ -7,7 +7,8 @@ the interceptors: their cost is the difference), ``ours-nats`` (A2AService joine
 the NATS given by ``--nats``; ready once it writes as a running cluster does, a lease
 after it came up: ``settled``), ``ours-v10`` and ``ours-nats-v10`` (those two
 with ``generation`` and ``idempotency_window`` off), ``ours-unpaced`` (``loop_slice``
-0: the pacer off, to see what it costs a burst), ``sdk`` (a2a-sdk 1.3.0: ``GrpcHandler`` over
+0: the pacer off, to see what it costs a burst), ``ours-nats-plain`` (``ours-nats``
+with ``coalesce_writes`` off: what coalescing gains), ``sdk`` (a2a-sdk 1.3.0: ``GrpcHandler`` over
 ``DefaultRequestHandler`` and ``InMemoryTaskStore``, the same agent) or
 ``raw`` (``bench.raw``). Each binds 127.0.0.1 on a free port, prints
 ``ready <port>`` on stdout and serves until SIGTERM. ``--uvloop`` runs it on
@@ -48,12 +49,14 @@ KINDS = (
     "ours-v10",
     "ours-nats-v10",
     "ours-unpaced",
+    "ours-nats-plain",
     "sdk",
     "raw",
 )
 """``-v10``: ours without the v1.1 generation and the idempotency of retries (both
 settings off): the difference from ``ours`` is what the two cost. ``-unpaced``: ours
-with ``loop_slice`` 0. Both change a setting on purpose, to measure it."""
+with ``loop_slice`` 0. ``-plain``: ``ours-nats`` without coalesced writes. Each changes a
+setting on purpose, to measure it."""
 
 
 async def settled(cluster: Any) -> None:
@@ -86,7 +89,10 @@ async def build(
             from tests.support import CLUSTER_KEY
 
             # The defaults, and the cluster key every instance must now be given (issue 22).
-            config_nats = NatsConfig(servers=[nats], key=CLUSTER_KEY)
+            # (``-plain``: a setting changed on purpose, to measure what coalescing gains)
+            config_nats = NatsConfig(
+                servers=[nats], key=CLUSTER_KEY, coalesce_writes=not kind.endswith("-plain")
+            )
             cluster = await NatsCluster.connect(config_nats)
         # The defaults a user gets (but for the one the push benchmark must change).
         config = ServerConfig(push_allow_private=True) if push_to_loopback else None

@@ -30,11 +30,18 @@ Who runs what: ``JetStreamRequests`` says when it publishes a request
 (``abandoned``); nats-py calls ``_flush_pending`` from ``publish`` and
 ``_send_ping``, in the caller's task; a hold ends in a timer callback or in
 the reply's.
+
+It leans on nats-py's private internals: the two methods it overrides and
+the attributes it reads. ``why_not`` checks them, and the installed version
+against ``TESTED``, when an instance connects; if anything is off, the plain
+client is used and one WARNING says why (``NatsConfig.coalesce_writes`` turns
+it off outright). Kept by measurement: docs/decisions/0002-coalesced-nats-writes.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 from typing import Any
 
 from nats.aio.client import Client
@@ -46,6 +53,50 @@ HOLD_BYTES = 64 * 1024
 AWAITED = 3
 """Unanswered requests from which a write waits for company. With fewer, the next reply
 may be far off for a caller alone (a lone SendMessage has up to two requests in flight)."""
+
+TESTED = ((2, 16), (2, 17))
+"""The nats-py versions this is tested with: from the first, up to (not including) the
+second. pyproject.toml pins the same range."""
+HOOKS = ("_flush_pending", "_send_ping")
+"""nats-py's private methods overridden here."""
+ATTRIBUTES = (
+    "_flusher_task",
+    "_flush_queue",
+    "_pending",
+    "_pending_data_size",
+    "_transport",
+    "stats",
+)
+"""nats-py's private attributes read or written here (set by ``Client.__init__``)."""
+
+
+def why_not(version: str | None = None) -> str | None:
+    """Why ``CoalescingClient`` cannot be used with the installed nats-py (None: it can).
+
+    Args:
+        version: The nats-py version to judge (default: the installed one).
+    """
+    if version is None:
+        try:
+            version = importlib.metadata.version("nats-py")
+        except importlib.metadata.PackageNotFoundError:
+            return "the nats-py version is unknown"
+    try:
+        found = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return f"nats-py {version} is not a version this was tested with"
+    low, high = TESTED
+    if not low <= found < high:
+        tested = f"{low[0]}.{low[1]} to {high[0]}.{high[1]}"
+        return f"nats-py {version} is outside the tested range {tested}"
+    missing = [name for name in HOOKS if not callable(getattr(Client, name, None))]
+    client = Client()
+    missing += [name for name in ATTRIBUTES if not hasattr(client, name)]
+    if "stats" not in missing and "reconnects" not in client.stats:
+        missing.append("stats['reconnects']")
+    if missing:
+        return f"nats-py {version} lacks {', '.join(missing)}"
+    return None
 
 
 class CoalescingClient(Client):

@@ -41,6 +41,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
+from . import coalesce
 from .coalesce import CoalescingClient
 from .natsconfig import NatsConfig as NatsConfig
 from .natsconfig import without_userinfo
@@ -169,9 +170,23 @@ async def _connect(
         "disconnected_cb": events.disconnected,
         "reconnected_cb": events.reconnected,
     }
-    nc = CoalescingClient()  # (nats.connect's, its writes coalesced: ``coalesce``)
+    nc = _client(config)
     await nc.connect(servers=config.servers, name=name, **arguments)
     return nc
+
+
+def _client(config: NatsConfig) -> Client:
+    """nats-py's client, its writes coalesced if ``config`` asks and nats-py allows it."""
+    if not config.coalesce_writes:
+        return Client()
+    why = coalesce.why_not()
+    if why is not None:
+        logger.warning(
+            "NATS writes are not coalesced: %s (set nats_coalesce_writes off to silence this)",
+            why,
+        )
+        return Client()
+    return CoalescingClient()
 
 
 def _auth_options(config: NatsConfig) -> dict[str, Any]:

@@ -81,6 +81,11 @@ class NatsConfig:
             (the client gets UNAVAILABLE ``OWNER_UNAVAILABLE`` and retries); a
             push config waits for room (refusing it would leave its webhook
             without a deliverer while the owner lives).
+        coalesce_writes: Hold a write to NATS for up to a millisecond while
+            replies are on their way, so writes under load share a socket write
+            (see ``coalesce``; it overrides two private methods of nats-py, checked
+            at start-up: if they are missing, the plain client with one WARNING).
+            Off: nats-py's own writes.
     """
 
     servers: list[str] = field(default_factory=lambda: ["nats://127.0.0.1:4222"])
@@ -105,6 +110,7 @@ class NatsConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     routed_in_flight: int = 256
+    coalesce_writes: bool = True
     key: bytes | None = None
     """The shared key itself, for embedders and tests (instead of ``key_file``; not a
     setting)."""

@@ -276,3 +276,31 @@ async def test_writers_in_step_lose_and_reorder_nothing(setup: Setup) -> None:
     info = await setup.nc.jetstream().stream_info(STREAM)
     assert info.state.messages == writers * each
     assert (setup.nc.unanswered, setup.nc.queued) == (0, 0)
+
+
+def test_the_installed_nats_py_has_every_hook_it_overrides() -> None:
+    assert coalesce.why_not() is None
+    for name in coalesce.HOOKS:
+        assert name in vars(CoalescingClient)  # (each one it overrides is checked)
+
+
+@pytest.mark.parametrize("version", ["2.15.0", "2.17.0", "3.0.1", "next"])
+def test_a_nats_py_outside_the_tested_range_is_not_coalesced(version: str) -> None:
+    why = coalesce.why_not(version)
+    assert why is not None and version in why
+
+
+def test_the_client_is_plain_when_asked_or_when_nats_py_lacks_a_hook(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from a2a_grpc_server.jetstream import conn
+    from a2a_grpc_server.jetstream.natsconfig import NatsConfig
+
+    assert type(conn._client(NatsConfig())) is CoalescingClient
+    assert type(conn._client(NatsConfig(coalesce_writes=False))) is Client
+    assert not caplog.records
+    # (a nats-py without one of the hooks cannot be installed beside this one: hidden)
+    monkeypatch.delattr(Client, "_send_ping")
+    assert type(conn._client(NatsConfig())) is Client
+    [warning] = caplog.records
+    assert warning.levelname == "WARNING" and "_send_ping" in warning.getMessage()
