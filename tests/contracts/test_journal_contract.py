@@ -20,7 +20,8 @@ from a2a_grpc_server.jetstream.conn import (
     events_stream,
 )
 from a2a_grpc_server.jetstream.formats import Formats
-from a2a_grpc_server.jetstream.journal import JetStreamJournal, Snapshot, _messages, encode
+from a2a_grpc_server.jetstream.journal import JetStreamJournal, Snapshot, encode
+from a2a_grpc_server.jetstream.records import messages as _messages
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
 from a2a_grpc_server.journal import (
     Change,

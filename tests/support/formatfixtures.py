@@ -29,7 +29,8 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server.jetstream import formats, pushstore
-from a2a_grpc_server.jetstream.journal import _messages, encode
+from a2a_grpc_server.jetstream.records import encode
+from a2a_grpc_server.jetstream.records import messages as _messages
 from a2a_grpc_server.journal import Change
 from tests.support import ROOT
 

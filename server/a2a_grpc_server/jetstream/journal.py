@@ -1,26 +1,7 @@
 """The task journal on JetStream: the event stream is the record, a KV bucket holds snapshots.
 
-Record: stream ``A2A_EVENTS``, subject ``a2a.events.<task id>``, one message
-per write of the task: the changes written together (one, or the events
-a burst committed at once), at most ``max_payload`` bytes per message (a
-write too large for one message takes several). Headers:
-
-* ``A2a-Seq``: the number of the message's first change in the task's log
-  (changes are numbered 1, 2, 3, … with no gap; the same numbers every
-  instance's readers get); ``A2a-Count``: how many changes it holds;
-* ``A2a-State``: the state its last frame carries (a number; 0 for none), so
-  a final change is seen without decoding it;
-* ``Nats-Msg-Id``: ``<task id>:<first seq>:<writer's instance id>:<nonce>`` (how a
-  retried write recognises its own earlier attempt; the nonce, drawn once per write,
-  keeps another write of the same change number by the same writer, such as the final
-  state after a change whose outcome is not known yet, from passing for it);
-* ``A2a-Format``: the format (see ``formats``; none: format 1). A change of a
-  kind this version does not know is refused, not read as a frame.
-
-The payload is the changes one after the other, each ``kind`` (one byte:
-``f`` for a frame, the ``StreamResponse`` readers get; ``m`` for a follow-up
-user message, a change without a frame, the ``Message``), ``state`` (one
-byte) and the length of its data (4 bytes, big-endian), then the data.
+The record is stream ``A2A_EVENTS``, one message per write of a task, each
+naming the number of its first change (``records`` has the format).
 
 A task's version is the stream sequence of its last message. Every message
 carries ``Nats-Expected-Last-Subject-Sequence`` set to the version the writer
@@ -34,12 +15,7 @@ journal, and every journal remembers the final versions it has seen
 (bounded) and refuses to extend them with ``FinalTaskError``; a writer whose
 compare-and-set fails on a final change gets the same.
 
-Snapshots: KV bucket ``A2A_TASKS``, one key per task, value (in format 2
-after the ``formats.MAGIC`` prefix and the format's number): owner, state,
-seq, stream sequence and ``s:`` with the scope (whose task it is, see
-``scope``; a one-line key), each ended by a newline, then the ``Task`` (a
-value written before scopes existed has no scope line: the anonymous scope;
-a serialized ``Task`` never starts with ``s``); written
+Snapshots are in the KV bucket ``A2A_TASKS``, one key per task (``records``): written
 right after the task's first changes are in the stream, when its state
 changes, every ``snapshot_every`` changes, and when it ends (each a
 compare-and-set on the key's revision). Reading a task is its
@@ -67,24 +43,20 @@ from __future__ import annotations
 import asyncio
 import builtins
 import dataclasses
-import hashlib
 import logging
-import os
 import re
-import struct
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import nats.js.errors
-from a2a.types.a2a_pb2 import Message, StreamResponse, Task
+from a2a.types.a2a_pb2 import StreamResponse, Task
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
-from ..errors import UnknownFormatError
 from ..journal import (
     Change,
     FinalTaskError,
@@ -103,10 +75,9 @@ from ..journal import (
     status_ns,
 )
 from ..model import taskops
-from .conn import TASKS_BUCKET, events_stream, events_subjects
+from .conn import events_stream
 from .formats import CURRENT as CURRENT_FORMAT
-from .formats import HEADER as FORMAT
-from .formats import LEGACY, Formats, check_header, mark, unmark
+from .formats import Formats
 from .index import (
     CLOCK_SKEW,
     FEATURE,
@@ -120,32 +91,29 @@ from .index import (
     listing,
 )
 from .index import HEADER as INDEX_HEADER
-from .natsconfig import MAX_EVENT_STREAMS
 from .pullread import PullRead, after, last_per_subject
+from .records import (
+    MSG_ID,
+    PAYLOAD_SLACK,
+    PENDING,
+    SHARDS,
+    STATE,
+    STREAM_SEQ,
+    TASKS_ALL,
+    TASKS_STREAM,
+    messages,
+    snapshot_subject,
+)
+from .records import SHARD as SHARD
+from .records import Entry as Entry
+from .records import Snapshot as Snapshot
+from .records import encode as encode
+from .records import shard_for as shard_for
+from .records import subject as subject
 from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError
 from .retry import Retry
 
 logger = logging.getLogger(__name__)
-
-SEQ = "A2a-Seq"
-COUNT = "A2a-Count"
-STATE = "A2a-State"
-FRAME = "frame"
-MESSAGE = "message"
-_KINDS = {FRAME: ord("f"), MESSAGE: ord("m")}
-_NAMES = {code: name for name, code in _KINDS.items()}
-_RECORD = struct.Struct(">BBI")
-"""A change's head in a message: kind, state, length of its data."""
-PAYLOAD_SLACK = 1024
-"""Bytes of a server's ``max_payload`` left for a message's headers."""
-MSG_ID = "Nats-Msg-Id"
-STREAM_SEQ = "Nats-Sequence"
-PENDING = "Nats-Num-Pending"
-TASKS_STREAM = f"KV_{TASKS_BUCKET}"
-"""The stream behind the snapshot bucket."""
-TASKS_ALL = f"$KV.{TASKS_BUCKET}.>"
-"""Every key of the snapshot bucket, as stream subjects."""
-
 
 FOLD_BATCH = 256
 """Messages one direct get returns at most."""
@@ -156,122 +124,7 @@ _KEY = re.compile(r"^[A-Za-z0-9_=-]+$")
 _KNOWN_FINAL = 4096
 
 
-def subject(task_id: str, shard: int = 0) -> str:
-    """The subject that carries ``task_id``'s changes (in event stream ``shard``)."""
-    return f"{events_subjects(shard)}.{task_id}"
-
-
-SHARD = "A2a-Shard"
-"""A snapshot's header: the event stream its task's record is in (absent: 0)."""
-SHARDS = "shards"
-"""The feature of an instance that reads a task's record where its snapshot says."""
 _KNOWN_SHARDS = 65_536
-
-
-def _snapshot_subject(task_id: str) -> str:
-    """The stream subject of a task's snapshot (its key in the snapshot bucket)."""
-    return f"$KV.{TASKS_BUCKET}.{task_id}"
-
-
-def shard_for(task_id: str, streams: int) -> int:
-    """The event stream a new task goes to, of ``streams``: by its id's hash."""
-    if streams <= 1:
-        return 0
-    return int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:4], "big") % streams
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One change of a task as the stream holds it."""
-
-    pos: int
-    """The stream sequence of the message that holds it."""
-    seq: int
-    """Its number in the task's log."""
-    kind: str
-    data: bytes
-    state: int
-
-    @classmethod
-    def unpack(cls, msg: Msg, pos: int) -> list[Entry]:
-        """The changes a stream message (delivered or read directly) holds."""
-        check_header(msg.headers, "a message of the task record")
-        seq = int((msg.headers or {}).get(SEQ, "0"))
-        data, offset, found = memoryview(msg.data), 0, list[Entry]()
-        while offset < len(data):
-            kind, state, size = _RECORD.unpack_from(data, offset)
-            offset += _RECORD.size
-            body = bytes(data[offset : offset + size])
-            offset += size
-            name = _NAMES.get(kind)
-            if name is None:
-                raise UnknownFormatError("a change of the task record", f"kind {kind}")
-            found.append(cls(pos, seq + len(found), name, body, state))
-        return found
-
-    @property
-    def final(self) -> bool:
-        """Whether the change ended the task."""
-        return taskops.is_final_state(self.state)  # type: ignore[arg-type]
-
-    @property
-    def frame(self) -> bytes:
-        """The frame readers get for it (empty for a change without one)."""
-        return self.data if self.kind == FRAME else b""
-
-    def apply(self, task: Task, index: taskops.ArtifactIndex | None = None) -> Task:
-        """``task`` after this change (see ``taskops.apply_frame``)."""
-        if self.kind == MESSAGE:
-            taskops.add_user_message(task, Message.FromString(self.data))
-            return task
-        return taskops.apply_frame(task, StreamResponse.FromString(self.data), index)
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """A task's snapshot in the KV bucket."""
-
-    owner: str
-    state: int
-    seq: int
-    """The last change it includes."""
-    pos: int
-    """That change's stream sequence (0 if it was not known when written)."""
-    scope: str
-    """Whose task it is (see ``scope``)."""
-    body: bytes
-    rev: int
-    """The key's revision."""
-    index: Positions | None = None
-    """Its entries in the listing index (see ``index``; None: written without)."""
-    shard: int = 0
-    """The event stream its task's record is in (header ``A2a-Shard``)."""
-
-    @classmethod
-    def decode(cls, value: bytes, rev: int, headers: Mapping[str, str] | None = None) -> Snapshot:
-        """Parse a stored value (format 1 or 2, see ``formats``) and its message's headers.
-
-        Raises:
-            UnknownFormatError: It is in a format this version does not read.
-        """
-        owner, state, seq, pos, rest = unmark(value, "a task's snapshot").split(b"\n", 4)
-        scope = b""
-        if rest.startswith(SCOPE_MARK):
-            scope, rest = rest[len(SCOPE_MARK) :].split(b"\n", 1)
-        index = Positions.read((headers or {}).get(INDEX_HEADER))
-        shard = _shard_header((headers or {}).get(SHARD))
-        return cls(
-            owner.decode(), int(state), int(seq), int(pos), scope.decode(), rest, rev, index, shard
-        )
-
-    @property
-    def final(self) -> bool:
-        """Whether the snapshot is of an ended task."""
-        return taskops.is_final_state(self.state)  # type: ignore[arg-type]
-
-    def task(self) -> Task:
-        """The task it holds."""
-        return Task.FromString(self.body)
 
 
 class _Ahead:
@@ -309,81 +162,10 @@ class _Ahead:
         return taken
 
 
-def _shard_header(value: str | None) -> int:
-    """The event stream an ``A2a-Shard`` header names (0 when absent).
-
-    Raises:
-        UnknownFormatError: Not a number this version can read.
-    """
-    if value is None:
-        return 0
-    if not value.isdigit() or int(value) >= MAX_EVENT_STREAMS:
-        raise UnknownFormatError("a snapshot's event stream", value[:16])
-    return int(value)
-
-
 def _new(positions: Positions, kept: Positions | None) -> tuple[int, ...]:
     """The positions of ``positions`` that ``kept`` does not name too."""
     keep = set(kept.all()) if kept is not None else set()
     return tuple(p for p in positions.all() if p not in keep)
-
-
-def _record(change: Change) -> bytes:
-    """One change as it goes into a message (see the module docstring)."""
-    if change.message is not None:
-        data = change.message.SerializeToString()
-        return _RECORD.pack(_KINDS[MESSAGE], 0, len(data)) + data
-    return _RECORD.pack(_KINDS[FRAME], change.state, len(change.frame)) + change.frame
-
-
-def _messages(
-    task_id: str,
-    changes: Sequence[Change],
-    most: int,
-    writer: str,
-    fmt: int = LEGACY,
-    nonce: str | None = None,
-) -> list[tuple[int, bytes, dict[str, str]]]:
-    """The changes as stream messages of at most ``most`` bytes: (changes, payload, headers).
-
-    ``nonce`` ends each message id (None: drawn now, once for the whole write; "": none,
-    as versions before it wrote, for the committed format samples).
-    """
-    runs: list[list[bytes]] = [[]]
-    size = 0
-    for change in changes:
-        record = _record(change)
-        if runs[-1] and size + len(record) > most:
-            runs.append([])
-            size = 0
-        runs[-1].append(record)
-        size += len(record)
-    out, seq = [], changes[0].seq
-    if nonce is None:
-        nonce = os.urandom(4).hex()  # (one per write: its retries keep it)
-    suffix = f":{nonce}" if nonce else ""
-    for run in runs:
-        last = changes[seq - changes[0].seq + len(run) - 1]
-        headers = {
-            SEQ: str(seq),
-            COUNT: str(len(run)),
-            STATE: str(last.state if last.message is None else 0),
-            MSG_ID: f"{task_id}:{seq}:{writer}{suffix}",
-            FORMAT: str(fmt),
-        }
-        out.append((len(run), b"".join(run), headers))
-        seq += len(run)
-    return out
-
-
-SCOPE_MARK = b"s:"
-"""Starts a snapshot's scope line (see the module docstring)."""
-
-
-def encode(owner: str, task: Task, seq: int, pos: int, scope: str, fmt: int = LEGACY) -> bytes:
-    """A snapshot value in format ``fmt`` (see the module docstring and ``formats``)."""
-    head = f"{owner}\n{task.status.state}\n{seq}\n{pos}\ns:{scope}\n".encode()
-    return mark(head + task.SerializeToString(), fmt)
 
 
 @dataclass(slots=True)
@@ -981,11 +763,11 @@ class JetStreamJournal:
             StoreUnavailableError: NATS did not answer.
         """
         owners = await self._index.owners()
-        for owner, subject in owners.items():
+        for owner, owned in owners.items():
             if not lost(owner):
                 continue
             pending: builtins.list[IndexEntry] = []
-            async for entries in self._index.batches(subject):
+            async for entries in self._index.batches(owned):
                 pending.extend(entries)
                 while len(pending) >= size:
                     batch, pending = pending[:size], pending[size:]
@@ -1287,7 +1069,7 @@ class JetStreamJournal:
         """
         most = max(self._requests.max_payload - PAYLOAD_SLACK, 1)
         version, done = expected, 0
-        for count, payload, headers in _messages(
+        for count, payload, headers in messages(
             task_id, changes, most, self._owner, self._formats.writing
         ):
             try:
@@ -1554,7 +1336,7 @@ class JetStreamJournal:
             nonlocal attempts
             attempts += 1
             return await self._requests.publish(
-                _snapshot_subject(key), value, dict(headers), self._retry.timeout
+                snapshot_subject(key), value, dict(headers), self._retry.timeout
             )
 
         try:
@@ -1572,7 +1354,7 @@ class JetStreamJournal:
         async def attempt() -> api.RawStreamMsg | None:
             try:
                 async with asyncio.timeout(self._retry.timeout):
-                    return await self._js.get_msg(TASKS_STREAM, subject=_snapshot_subject(key))
+                    return await self._js.get_msg(TASKS_STREAM, subject=snapshot_subject(key))
             except nats.js.errors.NotFoundError:
                 return None
 
