@@ -205,7 +205,7 @@ async def test_the_index_is_used_only_while_every_instance_keeps_it(cluster: Clu
     # The old instance writes a task: a snapshot without entries, as that version does.
     old = task("olds", "c", S.TASK_STATE_COMPLETED)
     value = encode("old-1", old, 1, 0, ALICE, 2)
-    await journal._write_snapshot("olds", value, 0)
+    await journal.snapshots.write("olds", value, 0)
     scanning = await journal.list(TaskQuery(scope=ALICE))
     assert [t.id for t in scanning.tasks] == ["olds", "first"]
     formats.gone("old-1")
@@ -286,7 +286,7 @@ async def test_a_marker_not_renewed_for_ten_minutes_is_rebuilt(cluster: Cluster)
     await journal.keep_index({"i-1"})
     assert await journal.index_fresh()
     old = task("old", "c", S.TASK_STATE_WORKING)  # written with no entries, as 0.1.0 does
-    await journal._write_snapshot("old", encode("gone", old, 1, 0, ALICE, 2), 0)
+    await journal.snapshots.write("old", encode("gone", old, 1, 0, ALICE, 2), 0)
     stale = json.dumps({"format": 1, "by": "i-1", "at": time.time_ns() - 601 * 10**9, "kv_seq": 0})
     await journal._requests.publish(MARKER, stale.encode(), {"Nats-Rollup": "sub"}, 5.0)
     restarted = JetStreamJournal(
@@ -365,7 +365,7 @@ async def test_a_fresh_marker_after_an_older_version_ran_alone_is_rebuilt(
     await journal.create(before, [change(1, before)], scope=ALICE)
     assert await journal.index_fresh()
     old = task("olds", "c", S.TASK_STATE_WORKING)  # written with no entries, as 0.1.0 does
-    await journal._write_snapshot("olds", encode("old-1", old, 1, 0, ALICE, 2), 0)
+    await journal.snapshots.write("olds", encode("old-1", old, 1, 0, ALICE, 2), 0)
     restarted = JetStreamJournal(
         journal._requests, journal._js, journal._kv, "i-1", formats=cluster.formats
     )
@@ -432,7 +432,7 @@ async def test_a_task_written_while_a_listing_reads_it_is_listed(cluster: Cluste
         versions[t.id] = await journal.create(t, [change(1, t)], scope=ALICE)
         tasks[t.id] = t
     held, go = asyncio.Event(), asyncio.Event()
-    write = journal._write_snapshot
+    write = journal.snapshots.write
 
     async def held_back(key: str, *args: object) -> int:
         if key == "t2":
@@ -440,7 +440,7 @@ async def test_a_task_written_while_a_listing_reads_it_is_listed(cluster: Cluste
             await go.wait()
         return await write(key, *args)  # type: ignore[arg-type]
 
-    journal._write_snapshot = held_back  # type: ignore[method-assign, assignment]
+    journal.snapshots.write = held_back  # type: ignore[method-assign, assignment]
     t2 = tasks["t2"]
     t2.status.state = S.TASK_STATE_INPUT_REQUIRED
     update = asyncio.create_task(journal.update(t2, versions["t2"], [change(2, t2)]))
@@ -462,7 +462,7 @@ async def test_a_task_written_while_a_listing_reads_it_is_listed(cluster: Cluste
         listed = [t.id for t in (await journal.list(TaskQuery(scope=ALICE))).tasks]
     finally:
         journal.snapshot = read  # type: ignore[method-assign]
-        journal._write_snapshot = write  # type: ignore[method-assign]
+        journal.snapshots.write = write  # type: ignore[method-assign]
         go.set()
         await update
     assert reads == 2, "both of t2's entries were read"
@@ -524,14 +524,14 @@ async def test_a_page_token_never_issued_is_refused_without_reading_the_bucket(
         t = task(f"t{n}", "c", S.TASK_STATE_COMPLETED)
         await journal.create(t, [change(1, t)], scope=ALICE)
     scans = 0
-    scan = journal._scan
+    scan = journal.snapshots.scan
 
     async def counted() -> object:
         nonlocal scans
         scans += 1
         return await scan()
 
-    journal._scan = counted  # type: ignore[method-assign, assignment]
+    journal.snapshots.scan = counted  # type: ignore[method-assign, assignment]
     for token in ("garbage", "AAAA", "x" * 40):
         with pytest.raises(InvalidPageTokenError):
             await journal.list(TaskQuery(scope=ALICE, page_token=token))
@@ -559,13 +559,13 @@ async def test_a_sweep_ends_every_task_of_a_lost_owner_a_batch_at_a_time(
 
     lease = Lease(survivor_conn, survivor, metrics, on_swept=on_swept, formats=cluster.formats)
     batches: list[tuple[int, int]] = []
-    read_batch = survivor._owned_snapshots
+    read_batch = survivor.ownership._owned_snapshots
 
     async def counted(entries: Sequence[IndexEntry]) -> list[Snapshot]:
         batches.append((len(entries), metrics.tasks_reaped + metrics.tasks_released))
         return await read_batch(entries)
 
-    survivor._owned_snapshots = counted  # type: ignore[method-assign]
+    survivor.ownership._owned_snapshots = counted  # type: ignore[method-assign]
     try:
         states = [S.TASK_STATE_WORKING] * 590 + [S.TASK_STATE_INPUT_REQUIRED] * 10
         for at in range(0, len(states), 50):

@@ -42,16 +42,11 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import dataclasses
 import logging
-import re
-import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
-import nats.js.errors
 from a2a.types.a2a_pb2 import StreamResponse, Task
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
@@ -60,7 +55,6 @@ from nats.js.kv import KeyValue
 from ..journal import (
     Change,
     FinalTaskError,
-    InvalidPageTokenError,
     PageTokens,
     PartialWriteError,
     RecordedTask,
@@ -71,27 +65,17 @@ from ..journal import (
     TaskQuery,
     UnknownTaskError,
     VersionConflictError,
-    paginate,
-    status_ns,
 )
 from ..model import taskops
 from .conn import events_stream
-from .formats import CURRENT as CURRENT_FORMAT
 from .formats import Formats
 from .index import (
-    CLOCK_SKEW,
-    FEATURE,
-    MARKER_RENEW,
-    STALE_AFTER,
-    IndexEntry,
     Positions,
     TaskIndex,
-    ahead,
-    digest,
-    listing,
 )
-from .index import HEADER as INDEX_HEADER
-from .pullread import PullRead, after, last_per_subject
+from .listing import Coverage, Listing
+from .ownership import SWEEP_BATCH as SWEEP_BATCH
+from .ownership import Ownership
 from .records import (
     MSG_ID,
     PAYLOAD_SLACK,
@@ -99,10 +83,7 @@ from .records import (
     SHARDS,
     STATE,
     STREAM_SEQ,
-    TASKS_ALL,
-    TASKS_STREAM,
     messages,
-    snapshot_subject,
 )
 from .records import SHARD as SHARD
 from .records import Entry as Entry
@@ -112,6 +93,7 @@ from .records import shard_for as shard_for
 from .records import subject as subject
 from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError
 from .retry import Retry
+from .snapshots import SnapshotStore, new_positions
 
 logger = logging.getLogger(__name__)
 
@@ -120,52 +102,10 @@ FOLD_BATCH = 256
 IDLE_HEARTBEAT = 1.0
 """Seconds between JetStream heartbeats of a follower's consumer (how soon a lost one
 is noticed)."""
-_KEY = re.compile(r"^[A-Za-z0-9_=-]+$")
 _KNOWN_FINAL = 4096
 
 
 _KNOWN_SHARDS = 65_536
-
-
-class _Ahead:
-    """A listing's reader of the ``f`` entries: tasks whose status is later than their write.
-
-    Read down alongside the listing's walk, a batch at a time, never all at once.
-    """
-
-    def __init__(self, index: TaskIndex, subject: str, before: int | None, *, enabled: bool):
-        self._index, self._subject, self._cursor = index, subject, before
-        self._pending: builtins.list[IndexEntry] = []
-        self.done = not enabled
-        """Every ``f`` entry below the page token has been read from the index."""
-
-    @property
-    def exhausted(self) -> bool:
-        """Every ``f`` entry below the page token has been handed out."""
-        return self.done and not self._pending
-
-    async def down_to(self, low: int, most: int) -> builtins.list[IndexEntry]:
-        """The entries at ``low`` or above not handed out yet, newest first.
-
-        With ``low`` 0 (the walk has ended), at most ``most`` of the rest.
-        """
-        taken: builtins.list[IndexEntry] = []
-        while not (self.done and not self._pending):
-            while self._pending and self._pending[0].pos >= low and (low or len(taken) < most):
-                taken.append(self._pending.pop(0))
-            if self._pending or (not low and len(taken) >= most):
-                break
-            entries, more = await self._index.below(self._subject, self._cursor, INDEX_BATCH)
-            self._pending.extend(entries)
-            self._cursor = entries[-1].pos if entries else self._cursor
-            self.done = not more or not entries
-        return taken
-
-
-def _new(positions: Positions, kept: Positions | None) -> tuple[int, ...]:
-    """The positions of ``positions`` that ``kept`` does not name too."""
-    keep = set(kept.all()) if kept is not None else set()
-    return tuple(p for p in positions.all() if p not in keep)
 
 
 @dataclass(slots=True)
@@ -179,35 +119,6 @@ class _Snapshotted:
     index: Positions | None = None
     owner: str = ""
     shard: int = 0
-
-
-INDEXED = "i"
-"""The mark of page tokens issued through the index (``n``: by reading every snapshot)."""
-INDEX_BATCH = 256
-"""Entries a count by status timestamp, or a read of ``f`` entries, reads at once."""
-INDEX_CONCURRENCY = 16
-"""Snapshots ``index_unindexed`` writes at once."""
-MARKER_FRESH = 600 * 1_000_000_000
-"""Nanoseconds after its last renewal past which the marker is not trusted."""
-UNINDEXED_CHECK = 100_000
-"""Most snapshot writes since the marker's last renewal an instance that starts checks."""
-
-SWEEP_BATCH = 500
-"""Snapshots a sweep reads at a time through the index (it ends them before reading more)."""
-RELEASE_ATTEMPTS = 2
-"""Reads of a task ``release`` makes when its snapshot moves under it."""
-
-
-class Coverage(Protocol):
-    """Another marker the lease keeps with the index's (``DeliveryCoverage``)."""
-
-    def due(self) -> bool:
-        """Whether ``keep`` has something to do (cheap: no request)."""
-        ...
-
-    async def keep(self, live: set[str]) -> None:
-        """Remove, build or renew the marker."""
-        ...
 
 
 class JetStreamJournal:
@@ -252,14 +163,27 @@ class JetStreamJournal:
         self._snapshotted: dict[str, _Snapshotted] = {}
         self._final: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._index = TaskIndex(requests, self._retry)
-        self.coverage: Coverage | None = None
-        """Another marker kept with the index's (the push configs' deliverers)."""
-        self._built = False
-        """Whether this instance has seen the index's marker (see ``keep_index``)."""
-        self._unmarked = False
-        """Whether this instance removed the marker since it heard one that does not keep it."""
-        self._renew_at = 0.0
-        """When (monotonic) ``keep_index`` next renews the marker, or notes it was renewed."""
+        self._store = SnapshotStore(requests, js, self._index, self._retry, task_ttl)
+        # (each through this façade at call time, so the components read as it does)
+        self._listing = Listing(
+            self._store,
+            self._index,
+            self._tokens,
+            self._formats,
+            owner,
+            lambda task_id: self.snapshot(task_id),
+            lambda task_id, snap: self._fold(task_id, snap),
+        )
+        self._ownership = Ownership(
+            self._store,
+            self._index,
+            self._formats,
+            owner,
+            lambda task_id: self.snapshot(task_id),
+            lambda task_id, snap: self._fold(task_id, snap),
+            lambda task_id: self.last_entry(task_id),
+            self._forget,
+        )
 
     @property
     def owner(self) -> str:
@@ -269,6 +193,130 @@ class JetStreamJournal:
     def scope_of(self, task_id: str) -> str | None:
         """None: a task's scope is in its snapshot, read over the network like its body."""
         return None
+
+    @property
+    def snapshots(self) -> SnapshotStore:
+        """The snapshot bucket and the index entries each snapshot names."""
+        return self._store
+
+    @property
+    def index(self) -> TaskIndex:
+        """The listing index (shared with the push configs' delivery entries)."""
+        return self._index
+
+    @property
+    def listing(self) -> Listing:
+        """``ListTasks`` and the index's marker."""
+        return self._listing
+
+    @property
+    def ownership(self) -> Ownership:
+        """Sweeps, releases and claims."""
+        return self._ownership
+
+    @property
+    def indexed(self) -> bool:
+        """Whether a first page is read through the listing index now."""
+        return self._listing.indexed
+
+    @property
+    def coverage(self) -> Coverage | None:
+        """Another marker kept with the index's (the push configs' deliverers)."""
+        return self._listing.coverage
+
+    @coverage.setter
+    def coverage(self, coverage: Coverage | None) -> None:
+        self._listing.coverage = coverage
+
+    async def list(self, query: TaskQuery) -> TaskPage:
+        """One page, most recently updated first (``Listing.list``).
+
+        Raises:
+            InvalidPageTokenError: The token is malformed.
+            StoreUnavailableError: NATS did not answer.
+        """
+        return await self._listing.list(query)
+
+    def index_due(self) -> bool:
+        """Whether ``keep_index`` has something to do (cheap: no request)."""
+        return self._listing.index_due()
+
+    async def keep_index(self, live: set[str]) -> None:
+        """Keep the index's marker true (``Listing.keep_index``; run by the lease).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        await self._listing.keep_index(live)
+
+    async def index_fresh(self) -> bool:
+        """Whether the index's marker can be trusted now (``Listing.index_fresh``).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        return await self._listing.index_fresh()
+
+    async def index_unindexed(self) -> int:
+        """Index every snapshot written without entries (``Listing.index_unindexed``).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        return await self._listing.index_unindexed()
+
+    async def owned_unfinished(self, lost: Callable[[str], bool]) -> builtins.list[Snapshot]:
+        """The unfinished tasks of the owners ``lost`` picks (``Ownership``).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        return await self._ownership.owned_unfinished(lost)
+
+    def owned_unfinished_batches(
+        self, lost: Callable[[str], bool], size: int = SWEEP_BATCH
+    ) -> AsyncGenerator[builtins.list[Snapshot]]:
+        """The same, ``size`` snapshots at a time (``Ownership.owned_unfinished_batches``)."""
+        return self._ownership.owned_unfinished_batches(lost, size)
+
+    async def unfinished(self) -> builtins.list[Snapshot]:
+        """The snapshot of every task that is not final, read from the whole bucket.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        return await self._ownership.unfinished()
+
+    async def release(self, task_id: str, owner: str) -> Released:
+        """Record a waiting task of ``owner``'s as owned by nobody (``Ownership.release``).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        return await self._ownership.release(task_id, owner)
+
+    async def claim(self, task_id: str) -> RecordedTask | None:
+        """Take over a waiting task nobody owns (``Ownership.claim``).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        return await self._ownership.claim(task_id)
+
+    async def snapshot(self, task_id: str) -> Snapshot | None:
+        """The task's snapshot, or None (and where its record is, remembered).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        snap = await self._store.read(task_id)
+        if snap is not None:
+            self._remember_shard(task_id, snap.shard)
+        return snap
+
+    def _forget(self, task_id: str) -> None:
+        """Forget what is known of the task's snapshot (rewritten elsewhere: read it again)."""
+        self._snapshotted.pop(task_id, None)
 
     async def get(self, task_id: str) -> RecordedTask | None:
         """Return the task (its snapshot and the changes after it), or None.
@@ -280,21 +328,6 @@ class JetStreamJournal:
         if snap is None:
             return None
         return await self._fold(task_id, snap)
-
-    async def snapshot(self, task_id: str) -> Snapshot | None:
-        """The task's snapshot, or None.
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        if not _KEY.match(task_id):
-            return None  # such an id was never created here
-        entry = await self._kv_entry(task_id)
-        if entry is None:
-            return None
-        snap = Snapshot.decode(*entry)
-        self._remember_shard(task_id, snap.shard)
-        return snap
 
     def _remember_shard(self, task_id: str, shard: int) -> None:
         self._shards[task_id] = shard
@@ -338,7 +371,7 @@ class JetStreamJournal:
         if not keep_frames and taskops.is_final(task):
             value = encode(self._owner, task, changes[-1].seq, 0, scope, self._formats.writing)
             try:
-                await self._put_snapshot(task, value, 0, scope, self._owner, None, "", shard)
+                await self._store.put(task, value, 0, scope, self._owner, None, "", shard)
             except VersionConflictError:
                 self._shards.pop(task.id, None)  # (someone else's, wherever its snapshot says)
                 raise TaskExistsError(task.id) from None
@@ -352,11 +385,11 @@ class JetStreamJournal:
         except PartialWriteError as exc:
             # Snapshot what stands from the task as it was created (its first frame).
             initial = StreamResponse.FromString(changes[0].frame).task
-            await self._snapshot_new(initial, 1, 0, scope, shard)
+            await self._snapshotnew_positions(initial, 1, 0, scope, shard)
             raise exc from exc.__cause__
         if taskops.is_final(task):
             self._remember_final(task.id, version)
-        await self._snapshot_new(task, changes[-1].seq, version, scope, shard, positions)
+        await self._snapshotnew_positions(task, changes[-1].seq, version, scope, shard, positions)
         return version
 
     async def _append_indexed(
@@ -379,16 +412,16 @@ class JetStreamJournal:
         """
         appended, indexed = await asyncio.gather(
             self._append(task.id, changes, expected),
-            self._add(task, scope, self._owner, replaced, replaced_owner),
+            self._store.add(task, scope, self._owner, replaced, replaced_owner),
             return_exceptions=True,
         )
         if isinstance(appended, BaseException):
             if not isinstance(indexed, BaseException):
-                self._index.drop_later(_new(indexed, replaced))
+                self._index.drop_later(new_positions(indexed, replaced))
             raise appended
         return appended, None if isinstance(indexed, BaseException) else indexed
 
-    async def _snapshot_new(
+    async def _snapshotnew_positions(
         self,
         task: Task,
         seq: int,
@@ -400,7 +433,7 @@ class JetStreamJournal:
         """Write a new task's first snapshot (best effort: the record stands without it)."""
         try:
             value = encode(self._owner, task, seq, pos, scope, self._formats.writing)
-            rev, index = await self._put_snapshot(
+            rev, index = await self._store.put(
                 task, value, 0, scope, self._owner, None, "", shard, positions
             )
         except VersionConflictError:
@@ -444,496 +477,6 @@ class JetStreamJournal:
             self._remember_final(task.id, version)
         await self._maybe_snapshot(task, seq, version, positions=positions)
         return version
-
-    async def list(self, query: TaskQuery) -> TaskPage:
-        """Return one page, most recently updated first.
-
-        Through the listing index once the whole cluster keeps it (see
-        ``index``): a page reads its entries and its tasks' snapshots. Until
-        then by reading every snapshot (O(tasks)). A page token says which way
-        issued it, and the next page is read the same way.
-
-        Raises:
-            InvalidPageTokenError: The token is malformed.
-            StoreUnavailableError: NATS did not answer.
-        """
-        if query.page_token:
-            try:
-                before = self._tokens.decode(query.page_token, INDEXED, query.scope)
-            except InvalidPageTokenError:
-                return await self._list_scanning(query)
-            return await self._list_indexed(query, before)
-        if not self._formats.everyone(FEATURE):
-            self._built = False  # (read the marker again once everyone is heard keeping it)
-        if self._built:
-            return await self._list_indexed(query, None)
-        return await self._list_scanning(query)
-
-    @property
-    def index(self) -> TaskIndex:
-        """The listing index (shared with the push configs' delivery entries)."""
-        return self._index
-
-    @property
-    def indexed(self) -> bool:
-        """Whether a first page is read through the listing index now."""
-        return self._built and self._formats.everyone(FEATURE)
-
-    async def _list_indexed(self, query: TaskQuery, before: int | None) -> TaskPage:
-        subject, which = listing(query.scope, query.context_id, query.state)
-        want = query.page_size + 1
-        after = query.status_after_ns
-        ahead_of = _Ahead(self._index, ahead(query.scope), before, enabled=bool(after))
-        found: dict[str, tuple[IndexEntry, Snapshot]] = {}
-        stale: builtins.list[int] = []
-        cursor = before
-        walked = False
-        while True:
-            entries, more = (
-                ([], False) if walked else await self._index.below(subject, cursor, want)
-            )
-            if after:
-                recent = [e for e in entries if e.written_ns >= after - 3 * CLOCK_SKEW]
-                more = more and len(recent) == len(entries)
-                entries = recent
-            # Down to the lowest entry walked; once the walk ends, below it too.
-            low = entries[-1].pos if entries and more else 0
-            candidates = [(e, which) for e in entries]
-            candidates += [(e, "f") for e in await ahead_of.down_to(low, want)]
-            await self._validate(candidates, query, before, found, stale)
-            cursor = entries[-1].pos if entries else cursor
-            walked = not more  # (the rest comes from the f entries, if any)
-            enough = sum(e.pos >= low for e, _ in found.values()) >= want
-            if enough or (not more and ahead_of.exhausted):
-                break
-        if stale:
-            await self._index.drop(stale)
-        ranked = sorted(found.values(), key=lambda item: item[0].pos, reverse=True)
-        page_items = ranked[: query.page_size]
-        scope = query.scope
-        page = TaskPage(
-            tasks=[snap.task() for _, snap in page_items],
-            next_page_token=self._tokens.encode(page_items[-1][0].pos, INDEXED, scope)
-            if len(ranked) > query.page_size
-            else "",
-            after=[self._tokens.encode(entry.pos, INDEXED, scope) for entry, _ in page_items],
-        )
-        page.total_size, _ = await asyncio.gather(
-            self._indexed_total(query, subject),
-            self._fold_page(page, [snap for _, snap in page_items]),
-        )
-        return page
-
-    async def _validate(
-        self,
-        entries: builtins.list[tuple[IndexEntry, str]],
-        query: TaskQuery,
-        before: int | None,
-        found: dict[str, tuple[IndexEntry, Snapshot]],
-        stale: builtins.list[int],
-    ) -> None:
-        """Add to ``found`` the tasks of the entries their snapshots name, that match ``query``.
-
-        An entry its snapshot no longer names, because the snapshot names a newer one
-        of the same kind, stands for that one when it lies in the range listed (below
-        the page token): written while this listing ran, the newer entry may have
-        been passed over before its snapshot was written. A task met through two
-        entries (its ``s`` or ``c`` one and its ``f`` one) is kept at the lower
-        position (a page token after it passes both).
-        """
-        gate = asyncio.Semaphore(INDEX_CONCURRENCY)
-
-        async def read(task_id: str) -> Snapshot | None:
-            async with gate:
-                return await self.snapshot(task_id)
-
-        snaps = await asyncio.gather(*(read(e.task_id) for e, _ in entries))
-        old = time.time_ns() - STALE_AFTER
-        for (entry, which), snap in zip(entries, snaps, strict=True):
-            named = snap.index.of(which) if snap is not None and snap.index is not None else 0
-            if snap is None or named != entry.pos:
-                if which != "f" and named > entry.pos and (before is None or named < before):
-                    entry = dataclasses.replace(entry, pos=named)  # (its stand-in)
-                else:
-                    if entry.written_ns < old:
-                        stale.append(entry.pos)
-                    continue  # its task was written again since, or the write failed
-            assert snap is not None
-            task = snap.task()
-            if not query.matches(task.context_id, task.status.state, status_ns(task), snap.scope):
-                continue
-            known = found.get(entry.task_id)
-            if known is None or entry.pos < known[0].pos:
-                found[entry.task_id] = (entry, snap)
-
-    async def _ahead(self, query: TaskQuery, before: int | None) -> builtins.list[IndexEntry]:
-        """The scope's entries of tasks whose status is later than their write (for a count)."""
-        found: builtins.list[IndexEntry] = []
-        cursor = before
-        while True:
-            entries, more = await self._index.below(ahead(query.scope), cursor, INDEX_BATCH)
-            found.extend(entries)
-            if not more or not entries:
-                return found
-            cursor = entries[-1].pos
-
-    async def _indexed_total(self, query: TaskQuery, subject: str) -> int:
-        """How many entries match (by status timestamp: those written since, read back)."""
-        after = query.status_after_ns
-        if not after:
-            return await self._index.count_from(subject, 1)
-        matching: set[str] = set()
-        cursor = None
-        while True:
-            entries, more = await self._index.below(subject, cursor, INDEX_BATCH)
-            recent = [e for e in entries if e.written_ns >= after - 3 * CLOCK_SKEW]
-            matching.update(e.task_id for e in recent if e.status_ns >= after)
-            if len(recent) < len(entries) or not more or not entries:
-                break
-            cursor = entries[-1].pos
-        context = digest(query.context_id) if query.context_id else ""
-        for entry in await self._ahead(query, None):
-            if (
-                entry.status_ns >= after
-                and (not context or entry.context == context)
-                and query.state in (0, entry.state)
-            ):
-                matching.add(entry.task_id)
-        return len(matching)
-
-    async def _fold_page(self, page: TaskPage, snaps: builtins.list[Snapshot]) -> None:
-        """Bring the page's live tasks up to their last change (their snapshots may lag)."""
-        live = [i for i, snap in enumerate(snaps) if not snap.final]
-        folded = await asyncio.gather(*(self._fold(page.tasks[i].id, snaps[i]) for i in live))
-        for i, recorded in zip(live, folded, strict=True):
-            page.tasks[i] = recorded.task
-
-    async def _list_scanning(self, query: TaskQuery) -> TaskPage:
-        """One page from every snapshot (before the index, or a page token from then)."""
-        if query.page_token:  # (refused before anything is read)
-            self._tokens.decode(query.page_token, "n", query.scope)
-        found: builtins.list[tuple[int, Snapshot]] = []
-        for value, revision, headers in await self._scan():
-            snap = Snapshot.decode(value, revision, headers)
-            if snap.scope != query.scope:
-                continue  # another caller's task: not even decoded
-            task = snap.task()
-            if query.matches(task.context_id, task.status.state, status_ns(task), snap.scope):
-                found.append((revision, snap))
-        snaps: dict[str, Snapshot] = {}
-
-        def remember(snap: Snapshot) -> Task:
-            task = snap.task()
-            snaps[task.id] = snap
-            return task
-
-        page = paginate(found, query, "n", remember, self._tokens)
-        await self._fold_page(page, [snaps[task.id] for task in page.tasks])
-        return page
-
-    def index_due(self) -> bool:
-        """Whether ``keep_index`` has something to do (cheap: no request)."""
-        if self.coverage is not None and self.coverage.due():
-            return True
-        if self._formats.lacking(FEATURE):
-            return not self._unmarked
-        return not self._built or time.monotonic() >= self._renew_at
-
-    async def keep_index(self, live: set[str]) -> None:
-        """Keep the index's marker true, then ``coverage``'s; run by the lease, once settled.
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        await self._keep_listing(live)
-        if self.coverage is not None:
-            await self.coverage.keep(live)
-
-    async def _keep_listing(self, live: set[str]) -> None:
-        """Keep the index's marker true (see ``index``).
-
-        An instance that does not keep the index is live: remove the marker.
-        Everyone keeps it and the marker is missing (or was not renewed for
-        ``MARKER_FRESH``: the cluster was down, or an older version ran alone):
-        the smallest live instance indexes the snapshots written without
-        entries, then writes it, and renews it every ``MARKER_RENEW``.
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        if self._formats.lacking(FEATURE):
-            self._built = False
-            if not self._unmarked:  # (once while such an instance is heard)
-                await self._index.unmark()
-                self._unmarked = True
-            return
-        self._unmarked = False
-        if not self._formats.everyone(FEATURE):
-            self._built = False
-            return
-        smallest = self._owner == min(live | {self._owner})
-        if self._built:
-            self._renew_at = time.monotonic() + MARKER_RENEW
-            if smallest:
-                await self._index.mark_built(self._owner, await self._bucket_seq())
-            return
-        if await self.index_fresh():
-            self._built = True
-            self._renew_at = time.monotonic() + MARKER_RENEW
-            logger.info("ListTasks and sweeps read the listing index")
-            return
-        if not smallest:
-            return
-        seq = await self._bucket_seq()  # (what is written from now on is indexed)
-        done = await self.index_unindexed()
-        if self._formats.everyone(FEATURE):
-            await self._index.mark_built(self._owner, seq)
-            self._built = True
-            self._renew_at = time.monotonic() + MARKER_RENEW
-            logger.info("listing index built (%d snapshots indexed); ListTasks reads it", done)
-
-    async def index_fresh(self) -> bool:
-        """Whether the marker stands and was renewed within ``MARKER_FRESH``.
-
-        Before this instance has heard the others (at start), it is what says the
-        index can be trusted: an older version heard removes the marker.
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        if self._formats.lacking(FEATURE):
-            return False
-        marker = await self._index.built()
-        if marker is None or time.time_ns() - marker.at >= MARKER_FRESH:
-            return False
-        return not await self._unindexed_since(marker.kv_seq)
-
-    async def _bucket_seq(self) -> int:
-        """The snapshot bucket's last sequence."""
-
-        async def attempt() -> int:
-            info = await self._js.stream_info(TASKS_STREAM)
-            return int(info.state.last_seq)
-
-        return await self._retry(attempt, "read the task bucket's state")
-
-    async def _unindexed_since(self, seq: int) -> bool:
-        """Whether a snapshot written after bucket sequence ``seq`` has no index entries.
-
-        Reads the headers of what was written since (the marker's last renewal,
-        a minute ago while the cluster ran): a version before the index that ran
-        alone since (a rollback of every instance, and back) wrote without them.
-        More than ``UNINDEXED_CHECK`` writes since: taken as yes (rebuilt).
-        """
-        return await self._retry(lambda: self._unindexed_once(seq), "check the task bucket")
-
-    async def _unindexed_once(self, seq: int) -> bool:
-        async with PullRead(self._js, TASKS_STREAM, TASKS_ALL, after(seq), timeout=5.0) as read:
-            if read.pending > UNINDEXED_CHECK:
-                return True
-            async for msg in read:
-                headers = msg.headers or {}
-                if "KV-Operation" not in headers and INDEX_HEADER not in headers:
-                    return True
-        return False
-
-    async def owned_unfinished(self, lost: Callable[[str], bool]) -> builtins.list[Snapshot]:
-        """The snapshots of the unfinished tasks of the owners ``lost`` picks, from the index.
-
-        All of ``owned_unfinished_batches``'s batches in one list.
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        return [snap async for batch in self.owned_unfinished_batches(lost) for snap in batch]
-
-    async def owned_unfinished_batches(
-        self, lost: Callable[[str], bool], size: int = SWEEP_BATCH
-    ) -> AsyncGenerator[builtins.list[Snapshot]]:
-        """The snapshots of the unfinished tasks of the owners ``lost`` picks, ``size`` at a time.
-
-        ``lost`` is asked after the owners are read (one heard from meanwhile
-        keeps its tasks). Each batch is read when the one before was taken, so
-        what a caller does with a batch (a sweep ends its tasks, which drops
-        their entries) is done before the next is read, and memory holds one
-        batch whatever the owner held. Only when the index can be trusted
-        (``indexed``, or ``index_fresh`` at start): otherwise ``unfinished``.
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        owners = await self._index.owners()
-        for owner, owned in owners.items():
-            if not lost(owner):
-                continue
-            pending: builtins.list[IndexEntry] = []
-            async for entries in self._index.batches(owned):
-                pending.extend(entries)
-                while len(pending) >= size:
-                    batch, pending = pending[:size], pending[size:]
-                    yield await self._owned_snapshots(batch)
-            if pending:
-                yield await self._owned_snapshots(pending)
-
-    async def _owned_snapshots(self, entries: Sequence[IndexEntry]) -> builtins.list[Snapshot]:
-        """The unfinished snapshots that name these owner entries as theirs.
-
-        An entry no snapshot names, older than ``STALE_AFTER``, is deleted (its
-        writer died before its snapshot named it).
-        """
-        gate = asyncio.Semaphore(INDEX_CONCURRENCY)
-
-        async def read(task_id: str) -> Snapshot | None:
-            async with gate:
-                return await self.snapshot(task_id)
-
-        snaps = await asyncio.gather(*(read(e.task_id) for e in entries))
-        found: builtins.list[Snapshot] = []
-        stale, old = [], time.time_ns() - STALE_AFTER
-        for entry, snap in zip(entries, snaps, strict=True):
-            if snap is not None and snap.index is not None and snap.index.o == entry.pos:
-                if snap.owner == entry.owner and not snap.final:
-                    found.append(snap)
-            elif entry.written_ns < old:
-                stale.append(entry.pos)
-        self._index.drop_later(stale)
-        return found
-
-    async def index_unindexed(self) -> int:
-        """Index every snapshot written without entries (by a version before the index).
-
-        Each is written again unchanged, with its entries, by compare-and-set;
-        one written meanwhile by its task's writer already has them.
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        gate = asyncio.Semaphore(INDEX_CONCURRENCY)
-
-        async def index(snap: Snapshot, value: bytes) -> int:
-            async with gate:
-                try:
-                    await self._put_snapshot(
-                        snap.task(), value, snap.rev, snap.scope, snap.owner, None, "", snap.shard
-                    )
-                except VersionConflictError:
-                    return 0
-                return 1
-
-        todo = []
-        for value, revision, headers in await self._scan():
-            snap = Snapshot.decode(value, revision, headers)
-            if snap.index is None:
-                todo.append(index(snap, value))
-        return sum(await asyncio.gather(*todo))
-
-    async def unfinished(self) -> builtins.list[Snapshot]:
-        """The snapshot of every task that is not final (for the lease reaper).
-
-        Final tasks are skipped without being decoded.
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        found = []
-        for value, revision, headers in await self._scan():
-            snap = Snapshot.decode(value, revision, headers)
-            if not snap.final:
-                found.append(snap)
-        return found
-
-    async def release(self, task_id: str, owner: str) -> Released:
-        """Record a waiting task of ``owner``'s as owned by nobody (compare-and-set).
-
-        For a task that waits for input (INPUT_REQUIRED, AUTH_REQUIRED) as its
-        record says: whoever takes its next message claims it (``claim``).
-        ``owner`` is this instance at shutdown, or a lost instance when a
-        survivor sweeps. The snapshot is rewritten from the record, so one
-        behind it (its last write failed) is brought up to date. Only once
-        every live instance reads format 2 (``formats``): a version before it
-        would take a task owned by nobody for its own.
-
-        Returns:
-            ``RELEASED``; ``MOVED_ON`` if it is not ``owner``'s any more (owned
-            by another instance or nobody, ended, or written meanwhile twice:
-            it is read again once);
-            ``KEPT`` if its record does not show it waiting, or an older
-            version is in the cluster.
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        if self._formats.writing < CURRENT_FORMAT:
-            return Released.KEPT
-        for _ in range(RELEASE_ATTEMPTS - 1):
-            released = await self._release_once(task_id, owner)
-            if released is not None:
-                return released
-        return await self._release_once(task_id, owner) or Released.MOVED_ON
-
-    async def _release_once(self, task_id: str, owner: str) -> Released | None:
-        """One attempt of ``release``; None if the snapshot moved under it (try again)."""
-        snap = await self.snapshot(task_id)
-        if snap is None:
-            return Released.KEPT
-        if snap.owner != owner or snap.final:
-            return Released.MOVED_ON
-        recorded = await self._fold(task_id, snap)
-        if taskops.is_final(recorded.task):
-            return Released.MOVED_ON
-        if recorded.task.status.state not in taskops.INTERRUPTED:
-            return Released.KEPT
-        value = encode(
-            "", recorded.task, recorded.seq, recorded.version, snap.scope, self._formats.writing
-        )
-        try:
-            await self._put_snapshot(
-                recorded.task, value, snap.rev, snap.scope, "", snap.index, snap.owner, snap.shard
-            )
-        except VersionConflictError:
-            return None  # written meanwhile (by its owner's last frames, say): read it again
-        self._snapshotted.pop(task_id, None)
-        return Released.RELEASED
-
-    async def claim(self, task_id: str) -> RecordedTask | None:
-        """Take over a waiting task nobody owns (compare-and-set on its snapshot).
-
-        The claim holds the version the release recorded: a change anyone
-        appends after it (a partitioned former owner's, say) makes the
-        claimer's first write fail its compare-and-set, so no message runs on
-        two instances.
-
-        Returns:
-            The task, now owned by this instance; None if it is not a waiting
-            task owned by nobody (another instance claimed it first), or its
-            record moved past the release.
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        snap = await self.snapshot(task_id)
-        if snap is None or snap.owner or snap.state not in taskops.INTERRUPTED:
-            return None
-        last = await self.last_entry(task_id)
-        if last is not None and (last.seq != snap.seq or last.pos != snap.pos):
-            return None  # written after the release: not the waiting task it shows
-        if await self._set_owner(snap, self._owner) is None:
-            return None
-        return RecordedTask(snap.task(), snap.pos, self._owner, snap.seq, snap.scope)
-
-    async def _set_owner(self, snap: Snapshot, owner: str) -> Snapshot | None:
-        task = snap.task()
-        value = encode(owner, task, snap.seq, snap.pos, snap.scope, self._formats.writing)
-        try:
-            rev, index = await self._put_snapshot(
-                task, value, snap.rev, snap.scope, owner, snap.index, snap.owner, snap.shard
-            )
-        except VersionConflictError:
-            return None
-        self._snapshotted.pop(task.id, None)  # (read again at its next change)
-        return Snapshot(
-            owner, snap.state, snap.seq, snap.pos, snap.scope, snap.body, rev, index, snap.shard
-        )
 
     async def repair(self, recorded: RecordedTask) -> None:
         """Write the snapshot of a task whose record ended but whose snapshot says it runs.
@@ -1189,7 +732,7 @@ class JetStreamJournal:
                 # The change is in the stream; the snapshot is retried at the next one.
                 logger.warning("could not snapshot task %s: %s", task.id, exc)
         elif positions is not None:  # (published for a snapshot not due after all)
-            self._index.drop_later(_new(positions, known.index))
+            self._index.drop_later(new_positions(positions, known.index))
         if final:
             self._snapshotted.pop(task.id, None)
         else:
@@ -1210,7 +753,7 @@ class JetStreamJournal:
         ``index_unindexed``): the write is then made on that revision.
         """
         try:
-            return await self._put_snapshot(
+            return await self._store.put(
                 task,
                 value,
                 known.rev,
@@ -1225,7 +768,7 @@ class JetStreamJournal:
             stored = await self.snapshot(task.id)
             if stored is None or stored.owner != self._owner or stored.seq > seq:
                 raise
-            return await self._put_snapshot(
+            return await self._store.put(
                 task,
                 value,
                 stored.rev,
@@ -1236,146 +779,6 @@ class JetStreamJournal:
                 stored.shard,
             )
 
-    async def _put_snapshot(
-        self,
-        task: Task,
-        value: bytes,
-        rev: int,
-        scope: str,
-        owner: str,
-        replaced: Positions | None,
-        replaced_owner: str,
-        shard: int,
-        positions: Positions | None = None,
-    ) -> tuple[int, Positions]:
-        """Index (unless ``positions`` are given), then CAS-write a snapshot.
-
-        Args:
-            task: The task the snapshot holds.
-            value: The snapshot.
-            rev: The revision it replaces (0: none).
-            scope: Whose task it is.
-            owner: The instance the snapshot says runs it.
-            replaced: The entries of the snapshot it replaces (dropped in the
-                background once it is written), if known.
-            replaced_owner: That snapshot's owner.
-            shard: The event stream of its task's record.
-            positions: Its entries, if already published (``_add``).
-
-        Returns:
-            The snapshot's revision and its entries' positions.
-
-        Raises:
-            VersionConflictError: The snapshot is not at ``rev`` (its new entries are dropped).
-            StoreUnavailableError: NATS did not answer (the entries may stand: stale).
-        """
-        if positions is None:
-            positions = await self._add(task, scope, owner, replaced, replaced_owner)
-        try:
-            written = await self._write_snapshot(task.id, value, rev, positions.header(), shard)
-        except VersionConflictError:
-            self._index.drop_later(_new(positions, replaced))
-            raise
-        if replaced is not None:
-            self._index.drop_later(_new(replaced, positions))
-        return written, positions
-
-    async def _add(
-        self,
-        task: Task,
-        scope: str,
-        owner: str,
-        replaced: Positions | None,
-        replaced_owner: str,
-    ) -> Positions:
-        """Publish the entries of a snapshot of ``task`` owned by ``owner``.
-
-        An unfinished task someone runs has an entry among its owner's tasks,
-        kept from the snapshot it replaces when that one had the same owner.
-        """
-        owned: int | None = None
-        owned_at = 0
-        if owner and not taskops.is_final(task):
-            owned = 0
-            # Kept while young: entries expire with the stream's max age (task_ttl), and
-            # a task may run longer than that.
-            if (
-                replaced is not None
-                and replaced_owner == owner
-                and replaced.o
-                and time.time() - replaced.ot < self._entry_ttl / 2
-            ):
-                owned, owned_at = replaced.o, replaced.ot
-        return await self._index.add(
-            scope,
-            task.context_id,
-            task.status.state,
-            task.id,
-            status_ns(task),
-            owner,
-            owned,
-            owned_at,
-        )
-
     async def close(self) -> None:
         """Finish the index's background deletes (bounded)."""
         await self._index.close()
-
-    async def _write_snapshot(
-        self, key: str, value: bytes, rev: int, index: str = "", shard: int = 0
-    ) -> int:
-        """CAS-write a snapshot; a retry that finds its own bytes already written succeeds."""
-        attempts = 0
-        headers = {EXPECT: str(rev)}
-        if index:
-            headers[INDEX_HEADER] = index
-        if shard:
-            headers[SHARD] = str(shard)
-
-        async def attempt() -> int:
-            nonlocal attempts
-            attempts += 1
-            return await self._requests.publish(
-                snapshot_subject(key), value, dict(headers), self._retry.timeout
-            )
-
-        try:
-            return await self._retry(attempt, f"snapshot task {key}")
-        except WrongLastSequenceError:
-            if attempts > 1:
-                current = await self._kv_entry(key)
-                if current is not None and current[0] == value:
-                    return current[1]  # the attempt that timed out had landed
-            raise VersionConflictError(f"{key}: snapshot not at revision {rev}") from None
-
-    async def _kv_entry(self, key: str) -> tuple[bytes, int, dict[str, str]] | None:
-        """A snapshot's value, revision and headers (None: no such key, or deleted)."""
-
-        async def attempt() -> api.RawStreamMsg | None:
-            try:
-                async with asyncio.timeout(self._retry.timeout):
-                    return await self._js.get_msg(TASKS_STREAM, subject=snapshot_subject(key))
-            except nats.js.errors.NotFoundError:
-                return None
-
-        msg = await self._retry(attempt, f"read task {key}")
-        if msg is None or not msg.data or msg.seq is None:
-            return None
-        headers = dict(msg.headers or {})
-        if headers.get("KV-Operation") in ("DEL", "PURGE"):
-            return None
-        return msg.data, msg.seq, headers
-
-    async def _scan(self) -> builtins.list[tuple[bytes, int, dict[str, str]]]:
-        """The latest value of every key, read with one ephemeral pull consumer."""
-        return await self._retry(self._scan_once, "list the task bucket")
-
-    async def _scan_once(self) -> builtins.list[tuple[bytes, int, dict[str, str]]]:
-        config = last_per_subject(headers_only=False)
-        found: builtins.list[tuple[bytes, int, dict[str, str]]] = []
-        async with PullRead(self._js, TASKS_STREAM, TASKS_ALL, config, self._retry.budget) as read:
-            async for msg in read:
-                headers = dict(msg.headers or {})
-                if "KV-Operation" not in headers and msg.data:
-                    found.append((msg.data, msg.metadata.sequence.stream, headers))
-        return found
