@@ -21,8 +21,14 @@ from a2a_grpc_server.jetstream.conn import (
     NatsConfig,
     connect,
 )
+from a2a_grpc_server.jetstream.deliveries import (
+    PUSH_FRESH,
+    PUSH_MARKER,
+    DeliveryIndex,
+    delivered_by,
+)
 from a2a_grpc_server.jetstream.formats import FEATURES, Formats
-from a2a_grpc_server.jetstream.index import PUSH_FRESH, PUSH_MARKER, TaskIndex, delivered_by
+from a2a_grpc_server.jetstream.index import TaskIndex
 from a2a_grpc_server.jetstream.pushstore import DeliveryCoverage, JetStreamPushConfigs, Orphans
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
 from a2a_grpc_server.jetstream.retry import Retry
@@ -139,13 +145,15 @@ async def test_an_adopted_replaced_or_deleted_config_is_no_orphan_and_its_entrie
     assert await store.adopt(adopted, "i-1")
     await index.close()  # (the deletes asked for are done)
     left = [
-        e.key for batch in [b async for b in index.deliveries(delivered_by("gone"))] for e in batch
+        e.key
+        for batch in [b async for b in DeliveryIndex(index).deliveries(delivered_by("gone"))]
+        for e in batch
     ]
     assert sorted(left) == ["deleted.aG9vaw", "replaced.aG9vaw"], (
         "adopted's and one replaced's gone"
     )
     assert found(await store.orphans({"i-1"}, indexed=True)) == [("replaced", "hook", "gone")]
-    mine = await index.deliverers()
+    mine = await DeliveryIndex(index).deliverers()
     assert "i-1" in mine, "the adopter's own entry was published before the config named it"
 
 
@@ -202,7 +210,7 @@ async def test_an_entry_in_a_format_this_version_does_not_read_is_refused(
         await assets.store.orphans({"i-1"}, indexed=True)
     await assets.index._requests.publish(delivered_by("bad"), b"1\np\nbad\nk.x\nsoon", {}, 5.0)
     with pytest.raises(UnknownFormatError):
-        await assets.index.deliverers({"i-1", "gone"})
+        await DeliveryIndex(assets.index).deliverers({"i-1", "gone"})
 
 
 async def test_a_config_whose_cursor_moves_past_half_the_ttl_publishes_its_entry_again(
@@ -222,7 +230,7 @@ async def test_a_config_whose_cursor_moves_past_half_the_ttl_publishes_its_entry
         await store.put(config("long"), most=10, seq=0, deliverer="A")
 
         async def entries() -> int:
-            return sum([len(b) async for b in index.deliveries(delivered_by("A"))])
+            return sum([len(b) async for b in DeliveryIndex(index).deliveries(delivered_by("A"))])
 
         assert await entries() == 1
         assert await store.confirm("long", "hook", 1)

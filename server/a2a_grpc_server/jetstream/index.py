@@ -71,7 +71,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -99,14 +99,8 @@ DROP_BATCH = 64
 """Entries deleted at once in the background."""
 DROP_QUEUE = 100_000
 """Most entries waiting to be deleted in the background."""
-DELIVERERS = "deliverers"
-"""What a heartbeat says of an instance that publishes delivery entries (see ``DeliveryEntry``)."""
-PUSH_MARKER = f"{INDEX_SUBJECT}.meta.push"
-"""The marker saying every push config that names a deliverer has its delivery entry."""
 MARKER_RENEW = 60.0
 """Seconds between two renewals of a marker by the smallest live instance."""
-PUSH_FRESH = 180 * 1_000_000_000
-"""Nanoseconds a push marker is trusted after it was last renewed (renewed every minute)."""
 SEQ_HEADER = "Nats-Sequence"
 PENDING = "Nats-Num-Pending"
 SUBJECT_HEADER = "Nats-Subject"
@@ -134,11 +128,6 @@ def ahead(scope: str) -> str:
 def owned_by(owner: str) -> str:
     """The subject of the entries of an instance's unfinished tasks."""
     return f"{INDEX_SUBJECT}.o.{digest(owner)}"
-
-
-def delivered_by(deliverer: str) -> str:
-    """The subject of the delivery entries of the push configs an instance delivers."""
-    return f"{INDEX_SUBJECT}.p.{digest(deliverer)}"
 
 
 def listing(scope: str, context_id: str, state: int) -> tuple[str, str]:
@@ -230,48 +219,12 @@ class IndexEntry:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class DeliveryEntry:
-    """A push config named an instance its deliverer (published before the config says so).
-
-    Payload ``1`` (its format), ``p``, the deliverer, the config's key in
-    ``A2A_PUSH`` and the writer's clock (nanoseconds), each on a line. It is
-    stale once the config is gone or names another deliverer.
-    """
-
-    pos: int
-    deliverer: str
-    key: str
-    written_ns: int
-
-    @staticmethod
-    def encode(deliverer: str, key: str) -> bytes:
-        """An entry's payload, written now."""
-        return b"\n".join(
-            (FORMAT, b"p", deliverer.encode(), key.encode(), str(time.time_ns()).encode())
-        )
-
-    @classmethod
-    def decode(cls, msg: Msg) -> DeliveryEntry:
-        """Parse an entry read directly.
-
-        Raises:
-            UnknownFormatError: It is in a format this version does not read.
-        """
-        parts = msg.data.split(b"\n")
-        if len(parts) != 5 or parts[0] != FORMAT or parts[1] != b"p":
-            raise UnknownFormatError(
-                "a delivery entry of the task index", parts[0][:16].decode("ascii", "replace")
-            )
-        try:
-            written = int(parts[4])
-        except ValueError:
-            raise UnknownFormatError("a delivery entry of the task index", "1") from None
-        pos = int((msg.headers or {})[SEQ_HEADER])
-        return cls(pos, parts[2].decode(), parts[3].decode(), written)
+class _Positioned(Protocol):
+    @property
+    def pos(self) -> int: ...
 
 
-_E = TypeVar("_E", IndexEntry, DeliveryEntry)
+_E = TypeVar("_E", bound=_Positioned)
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,21 +345,9 @@ class TaskIndex:
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        return await self._heads("o", lambda msg: IndexEntry.decode(msg).owner)
+        return await self.heads("o", lambda msg: IndexEntry.decode(msg).owner)
 
-    async def deliverers(self, alive: AbstractSet[str] = frozenset()) -> dict[str, str]:
-        """Every instance named by delivery entries but those ``alive``, and its entries' subject.
-
-        The subjects of the instances ``alive`` are skipped unread.
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-            UnknownFormatError: An entry in a format this version does not read.
-        """
-        skip = {delivered_by(instance) for instance in alive}
-        return await self._heads("p", lambda msg: DeliveryEntry.decode(msg).deliverer, skip)
-
-    async def _heads(
+    async def heads(
         self, kind: str, name: Callable[[Msg], str], skip: AbstractSet[str] = frozenset()
     ) -> dict[str, str]:
         """Per subject under ``a2a.idx.<kind>.>`` but ``skip``: whom its first entry names."""
@@ -428,63 +369,26 @@ class TaskIndex:
                 found[name(first[0])] = subject
         return found
 
-    async def note_delivery(self, deliverer: str, key: str) -> None:
-        """Publish that ``deliverer`` delivers the config at ``key`` (before the config says so).
+    async def publish(self, subject: str, body: bytes, headers: dict[str, str], what: str) -> None:
+        """Publish one message to the index (``what`` names it in errors).
 
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        body = DeliveryEntry.encode(deliverer, key)
         await self._retry(
-            lambda: self._requests.publish(delivered_by(deliverer), body, {}, self._retry.timeout),
-            "index a push config's deliverer",
+            lambda: self._requests.publish(subject, body, headers, self._retry.timeout), what
         )
 
-    async def note_deliveries(self, noted: Sequence[tuple[str, str]]) -> None:
-        """Publish many (deliverer, key) delivery entries in one go.
+    async def publish_many(self, messages: Sequence[tuple[str, bytes]], what: str) -> None:
+        """Publish many messages to the index in one go.
 
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        messages = [(delivered_by(d), DeliveryEntry.encode(d, k)) for d, k in noted]
         if messages:
             await self._retry(
-                lambda: self._requests.publish_many(messages, self._retry.timeout),
-                "index push configs' deliverers",
+                lambda: self._requests.publish_many(messages, self._retry.timeout), what
             )
-
-    def deliveries(self, subject: str) -> AsyncGenerator[builtins.list[DeliveryEntry]]:
-        """The delivery entries on ``subject``, oldest first, ``BATCH`` at a time.
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-            UnknownFormatError: An entry in a format this version does not read.
-        """
-        return self._pages(subject, DeliveryEntry.decode)
-
-    async def push_covered(self) -> int | None:
-        """When the push marker was last renewed (nanoseconds since the epoch), or None.
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-            UnknownFormatError: A marker in a format this version does not read.
-        """
-        found = await self._marker(PUSH_MARKER, "the push marker", ("at",))
-        return None if found is None else found[0]
-
-    async def mark_push_covered(self, by: str) -> None:
-        """Write (or renew) the push marker.
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        body = json.dumps({"format": 1, "by": by, "at": time.time_ns()}).encode()
-        await self._retry(
-            lambda: self._requests.publish(
-                PUSH_MARKER, body, {"Nats-Rollup": "sub"}, self._retry.timeout
-            ),
-            "mark push configs indexed",
-        )
 
     async def all_of(self, subject: str) -> builtins.list[IndexEntry]:
         """Every entry on ``subject``, oldest first.
@@ -502,11 +406,16 @@ class TaskIndex:
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        return self._pages(subject, IndexEntry.decode)
+        return self.pages(subject, IndexEntry.decode)
 
-    async def _pages(
+    async def pages(
         self, subject: str, decode: Callable[[Msg], _E]
     ) -> AsyncGenerator[builtins.list[_E]]:
+        """The entries on ``subject`` as ``decode`` makes them, oldest first, ``BATCH`` at a time.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
         pos = 1
         while True:
             msgs = await self._get({"seq": pos, "next_by_subj": subject, "batch": BATCH})
@@ -637,10 +546,10 @@ class TaskIndex:
             StoreUnavailableError: NATS did not answer.
             UnknownFormatError: A marker in a format this version does not read.
         """
-        found = await self._marker(MARKER, "the task index's marker", ("at", "kv_seq"))
+        found = await self.marker(MARKER, "the task index's marker", ("at", "kv_seq"))
         return None if found is None else Marker(*found)
 
-    async def _marker(self, subject: str, what: str, keys: tuple[str, ...]) -> list[int] | None:
+    async def marker(self, subject: str, what: str, keys: tuple[str, ...]) -> list[int] | None:
         """The numbers ``keys`` of the marker on ``subject`` (format 1), or None if absent.
 
         Raises:
@@ -679,17 +588,14 @@ class TaskIndex:
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        await self._purge(MARKER, "remove the task index's marker")
+        await self.purge(MARKER, "remove the task index's marker")
 
-    async def unmark_push(self) -> None:
-        """Remove the push marker: an instance that publishes no delivery entries is heard.
+    async def purge(self, subject: str, what: str) -> None:
+        """Remove every message on ``subject`` (``what`` names it in errors).
 
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        await self._purge(PUSH_MARKER, "remove the push marker")
-
-    async def _purge(self, subject: str, what: str) -> None:
         request = json.dumps({"filter": subject}).encode()
         await self._retry(
             lambda: self._requests.api(

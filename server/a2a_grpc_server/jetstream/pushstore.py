@@ -54,8 +54,10 @@ from nats.js.kv import KeyValue
 
 from ..errors import QuotaExceededError
 from ..push.configs import ConfigPage, PushConfigLimitError, decode_page_token
+from .deliveries import DeliveryCoverage as DeliveryCoverage
+from .deliveries import DeliveryEntry, DeliveryIndex
 from .formats import Formats, mark, unmark
-from .index import DELIVERERS, MARKER_RENEW, PUSH_FRESH, STALE_AFTER, DeliveryEntry, TaskIndex
+from .index import STALE_AFTER, TaskIndex
 from .pullread import PullRead, bucket_of, is_deletion, last_per_subject
 from .retry import Retry
 
@@ -153,7 +155,7 @@ class JetStreamPushConfigs:
         entry_ttl: float = 86_400.0,
     ) -> None:
         self._kv = kv
-        self._index = index
+        self._index = DeliveryIndex(index) if index is not None else None
         self._entry_ttl = entry_ttl
         self._noted: OrderedDict[str, float] = OrderedDict()
         """When this instance last published each config's delivery entry (the latest
@@ -296,7 +298,7 @@ class JetStreamPushConfigs:
 
         return await self._scan(orphan)
 
-    async def _orphans_indexed(self, index: TaskIndex, alive: set[str]) -> Orphans:
+    async def _orphans_indexed(self, index: DeliveryIndex, alive: set[str]) -> Orphans:
         """The configs the delivery entries of instances not ``alive`` name, still theirs.
 
         An entry whose config is gone or names another deliverer is deleted once
@@ -527,111 +529,3 @@ class JetStreamPushConfigs:
                 number, cursor, config = _unpack(entry[1])
                 found.append((key, number, cursor, config))
         return found
-
-
-class DeliveryCoverage:
-    """Whether every config that names a deliverer has its delivery entry (the push marker).
-
-    Kept as the listing index's marker is (``JetStreamJournal.keep_index``
-    runs ``keep`` on the lease's schedule): while any live instance does not
-    publish delivery entries (its heartbeat lacks ``DELIVERERS``, a version
-    before them in a rolling update), or one was heard since the last
-    ``keep`` (``Formats.lacked``: it may have written configs and left), the
-    marker is removed and not trusted; once every
-    instance does, the smallest live one publishes an entry for each config
-    written without one (``index_delivered``, one read of the bucket) and
-    writes the marker, then renews it every ``MARKER_RENEW`` seconds. A
-    marker not renewed for ``PUSH_FRESH`` (the cluster was down, or a version
-    before the entries ran alone meanwhile) is not trusted: the smallest
-    instance indexes the bucket again.
-
-    Args:
-        store: The configs.
-        index: Where the entries and the marker are.
-        formats: What the live instances keep.
-        me: This instance's id.
-        clock: Monotonic clock that paces renewals.
-    """
-
-    def __init__(
-        self,
-        store: JetStreamPushConfigs,
-        index: TaskIndex,
-        formats: Formats,
-        me: str,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._store, self._index, self._formats, self._me = store, index, formats, me
-        self._clock = clock
-        self._built = False
-        self._unmarked = False
-        self._renew_at = 0.0
-        self.covered = asyncio.Event()
-        """Set while this instance has seen the push marker stand (cleared when it does not)."""
-
-    def due(self) -> bool:
-        """Whether ``keep`` has something to do (cheap: no request)."""
-        if self._formats.lacking(DELIVERERS):
-            return not self._unmarked
-        if self._formats.lacked(DELIVERERS):
-            return True
-        return not self._built or self._clock() >= self._renew_at
-
-    async def trusted(self) -> bool:
-        """Whether orphans may be found through delivery entries (``orphans(indexed=)``).
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        formats = self._formats
-        return (
-            formats.everyone(DELIVERERS) and not formats.lacked(DELIVERERS) and await self._fresh()
-        )
-
-    async def _fresh(self) -> bool:
-        at = await self._index.push_covered()
-        return at is not None and time.time_ns() - at < PUSH_FRESH
-
-    async def keep(self, live: set[str]) -> None:
-        """Remove, build or renew the push marker (see the class docstring).
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        lacking = self._formats.lacking(DELIVERERS)
-        if lacking or self._formats.lacked(DELIVERERS):
-            # One without entries is heard, or was since the last keep (it may have
-            # written configs and left already): the marker goes.
-            self._set_built(False)
-            if not (lacking and self._unmarked):  # (once while such an instance is heard)
-                await self._index.unmark_push()
-                self._unmarked = True
-            self._formats.forget_lacked(DELIVERERS)
-            if lacking:
-                return
-        self._unmarked = False
-        if not self._formats.everyone(DELIVERERS):
-            self._set_built(False)
-            return
-        smallest = self._me == min(live | {self._me})
-        if await self._fresh():
-            if smallest:
-                await self._index.mark_push_covered(self._me)
-            self._set_built(True)
-            return
-        self._set_built(False)
-        if not smallest:
-            return
-        done = await self._store.index_delivered()
-        if self._formats.everyone(DELIVERERS):  # (no instance without them heard meanwhile)
-            await self._index.mark_push_covered(self._me)
-            self._set_built(True)
-            logger.info("push configs indexed by deliverer (%d); sweeps read their entries", done)
-
-    def _set_built(self, built: bool) -> None:
-        self._built = built
-        if built:
-            self._renew_at = self._clock() + MARKER_RENEW
-            self.covered.set()
-        else:
-            self.covered.clear()
