@@ -148,14 +148,14 @@ async def test_get_task_with_current_generation_waits_for_the_next_change(
         )
         assert now.generation == 2  # (WORKING)
         waits = asyncio.Event()
-        ops = h.service.servicer._ops
-        subscribe = ops.subscribe
+        quotas = h.service.engine.tasks.quotas
+        long_poll = quotas.long_poll
 
-        async def watched(*args: Any, **kwargs: Any) -> Any:
+        def watched(*args: Any, **kwargs: Any) -> Any:
             waits.set()  # (the poll found the task at its generation and waits for a change)
-            return await subscribe(*args, **kwargs)
+            return long_poll(*args, **kwargs)
 
-        ops.subscribe = watched  # type: ignore[method-assign]
+        quotas.long_poll = watched  # type: ignore[method-assign]
         polling = asyncio.ensure_future(
             call(h.channel, "GetTask", v11.Task)(
                 v11.GetTaskRequest(id=task_id, current_generation=2).SerializeToString(),

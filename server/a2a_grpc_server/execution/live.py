@@ -166,6 +166,24 @@ class LiveTask:
             await self._settled()
             return self.log.subscribe()
 
+    def watch(self, after: int) -> LogReader | None:
+        """A passive reader of the task's next frame, if it is still at change ``after``.
+
+        For a long-poll (GetTask with v1.1's ``current_generation``): the
+        reader is not one of the task's subscribers (``TaskLog.readers``,
+        which ``quota_subscribers`` bounds), so polls never take a
+        subscriber's place. Needs no lock: it takes no snapshot, and a
+        change made meanwhile is one it reads.
+
+        Returns:
+            A reader from the frame after the log's last, or None when the
+            task has ended or moved past ``after`` already.
+        """
+        log = self.log
+        if log.closed or log.last_seq > after:
+            return None
+        return log.reader(log.last_seq + 1, passive=True)
+
     async def _settled(self) -> None:
         """Make the task what the journal holds again, if a write failed (lock held)."""
         if self._dirty:

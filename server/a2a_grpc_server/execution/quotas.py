@@ -9,11 +9,15 @@ per instance (in cluster mode, each instance counts what it serves):
   with the in-memory journal the parked-task bounds are checked again when
   a task asks for input (``check_waiting``: past one, it ends FAILED);
 * open streams of one principal (``quota_streams``): checked before a stream
-  call does anything;
-* SubscribeToTask streams of one task (``quota_subscribers``).
+  call does anything; a waiting long-poll (GetTask with v1.1's
+  ``current_generation``) is one of them while it waits;
+* SubscribeToTask streams of one task (``quota_subscribers``), and, apart
+  from them, as many waiting long-polls of one task: a poll never takes a
+  subscriber's place, and one past its task's slots is answered at once (a
+  plain GetTask), holding nothing.
 
 Beside them, limits of the whole instance: live tasks (``max_live_tasks``),
-open streams (``max_streams``) and tasks waiting for input
+open streams (``max_streams``, long-polls included) and tasks waiting for input
 (``max_parked_tasks``, see ``parking``). One principal, or a few, within
 their quotas could still take all of one; so once half of a limit is taken
 (*contended*), a named principal gets no more than its *fair share*: the
@@ -64,7 +68,10 @@ class Quotas:
         """Live tasks on this instance."""
         self._streams: Counter[str] = Counter()
         self.streams_total = 0
-        """Open streams on this instance."""
+        """Open streams on this instance (waiting long-polls included)."""
+        self._polls: Counter[str] = Counter()
+        self.polls_total = 0
+        """Long-polls waiting on this instance (each is one of ``streams_total`` too)."""
 
     def check_new_task(self, principal: str, parking: ParkingLot) -> None:
         """Before a new task of ``principal`` (``parking``: the tasks waiting for input).
@@ -145,19 +152,65 @@ class Quotas:
         """Count a stream of ``principal`` while the block runs.
 
         Raises:
-            QuotaExceededError: STREAMS_QUOTA (the block does not run).
+            QuotaExceededError: STREAMS_QUOTA, STREAMS_LIMIT or STREAMS_FAIR_SHARE
+                (the block does not run).
         """
+        self._check_stream(principal)
+        self._count_stream(principal, 1)
+        try:
+            yield
+        finally:
+            self._count_stream(principal, -1)
+
+    @contextlib.contextmanager
+    def long_poll(self, principal: str, task_id: str) -> Iterator[bool]:
+        """Count a long-poll of ``principal`` on ``task_id`` while the block runs.
+
+        The block gets whether the poll has a slot of the task's
+        (``quota_subscribers`` of them, apart from its subscribers'). With
+        one, the poll counts as a stream of ``principal`` (checked as
+        ``stream`` is); without, it counts nowhere and is to answer at once.
+        Checked and counted in one step, with no wait between: however many
+        arrive together, no bound is overshot.
+
+        Raises:
+            QuotaExceededError: As ``stream`` (the block does not run).
+        """
+        most = self._config.quota_subscribers
+        if most and self._polls[task_id] >= most:
+            yield False
+            return
+        self._check_stream(principal)
+        self._count_stream(principal, 1)
+        self._polls[task_id] += 1
+        self.polls_total += 1
+        try:
+            yield True
+        finally:
+            self.polls_total -= 1
+            self._polls[task_id] -= 1
+            if not self._polls[task_id]:
+                del self._polls[task_id]
+            self._count_stream(principal, -1)
+
+    def _check_stream(self, principal: str) -> None:
         config = self._config
         held = self._streams[principal]
         most = config.quota_streams
         if most and held >= most:
             raise QuotaExceededError(
-                "STREAMS_QUOTA", "quota_streams", most, "open streams of one caller"
+                "STREAMS_QUOTA",
+                "quota_streams",
+                most,
+                "open streams and long-polls of one caller",
             )
         limit = config.max_streams
         if limit and self.streams_total >= limit:
             raise QuotaExceededError(
-                "STREAMS_LIMIT", "max_streams", limit, "open streams on this instance"
+                "STREAMS_LIMIT",
+                "max_streams",
+                limit,
+                "open streams and long-polls on this instance",
             )
         share = _share(principal, held, self.streams_total, limit, len(self._streams))
         if share is not None:
@@ -165,17 +218,15 @@ class Quotas:
                 "STREAMS_FAIR_SHARE",
                 "max_streams",
                 share,
-                "open streams of one caller while this instance is busy (a fair share)",
+                "open streams and long-polls of one caller while this instance is busy "
+                "(a fair share)",
             )
-        self._streams[principal] += 1
-        self.streams_total += 1
-        try:
-            yield
-        finally:
-            self.streams_total -= 1
-            self._streams[principal] -= 1
-            if not self._streams[principal]:
-                del self._streams[principal]
+
+    def _count_stream(self, principal: str, change: int) -> None:
+        self._streams[principal] += change
+        self.streams_total += change
+        if not self._streams[principal]:
+            del self._streams[principal]
 
     def task_added(self, principal: str) -> None:
         """A task of ``principal`` became live here."""

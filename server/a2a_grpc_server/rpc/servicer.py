@@ -62,6 +62,7 @@ from ..errors import (
     MessageAnswerNotKeptError,
     MessageInProgressError,
     QuotaExceededError,
+    TaskHandedOverError,
 )
 from ..journal import InvalidPageTokenError, StoreError, TaskQuery
 from ..journal.keys import KeyRecord
@@ -332,27 +333,57 @@ class RpcServicer:
     async def _moved_past(self, task_id: str, current: int, call: Caller, context: Context) -> None:
         """Wait until the task moves past generation ``current`` or ends (v1.1's long-poll).
 
-        At most until ``generation.MARGIN`` before the caller's deadline
-        (``generation.MAX_WAIT`` without one): then the caller gets the task as it is.
+        At most until shortly before the caller's deadline (``generation.wait_for``,
+        earlier the more polls wait): then the caller gets the task as it is.
+        While it waits, the poll is one of the caller's streams and holds one of
+        its task's poll slots (``Quotas.long_poll``); with no slot left it
+        answers at once.
+
+        Raises:
+            QuotaExceededError: STREAMS_QUOTA, STREAMS_LIMIT or STREAMS_FAIR_SHARE.
         """
-        remaining = context.time_remaining()
-        wait = generation.MAX_WAIT if remaining is None else max(remaining - generation.MARGIN, 0)
-        try:
-            _, reader = await self._ops.subscribe(task_id, call.scope)
-        except UnsupportedOperationError:
-            return  # it ended meanwhile
-        except QuotaExceededError:
-            return  # (no room for one more reader of it: the task as it is)
-        try:
-            async with asyncio.timeout(min(wait, generation.MAX_WAIT)):
-                if reader.next_seq - 1 <= current:
+        quotas = self._engine.tasks.quotas
+        wait = generation.wait_for(context.time_remaining(), quotas.polls_total)
+        if not wait:
+            return
+        with quotas.long_poll(_principal(call), task_id) as slot:
+            if not slot:
+                return
+            reader: LogReader | None = None
+            try:
+                async with asyncio.timeout(wait):
+                    reader = await self._poll_reader(task_id, current, call)
+                    if reader is None:
+                        return
                     async for seq, _, _ in reader:
                         if seq > current:
                             return
-        except TimeoutError:
-            return
-        finally:
+            except (TimeoutError, FrameNotKeptError, TaskHandedOverError):
+                return  # (the deadline is near, or the task moved on: the task as it is)
+            finally:
+                if reader is not None:
+                    reader.close()
+
+    async def _poll_reader(self, task_id: str, current: int, call: Caller) -> LogReader | None:
+        """A reader that yields the task's next change (None: it moved or ended already).
+
+        A task live here is watched with a passive reader (no subscriber's place
+        taken); one another instance runs (cluster mode), through this instance's
+        relay of it, as a subscriber of that relay.
+        """
+        live = self._engine.tasks.live_in(task_id, call.scope)
+        if live is not None:
+            return live.watch(current)
+        try:
+            _, reader = await self._ops.subscribe(task_id, call.scope)
+        except UnsupportedOperationError:
+            return None  # it ended meanwhile
+        except QuotaExceededError:
+            return None  # (no room for one more reader of the relay: the task as it is)
+        if reader.next_seq - 1 > current:
             reader.close()
+            return None
+        return reader
 
     @_handled
     async def ListTasks(self, request: ListTasksRequest, context: Context) -> ListTasksResponse:
