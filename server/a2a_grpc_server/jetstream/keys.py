@@ -8,7 +8,9 @@ request's record); a pending record left by an instance that died is taken
 over by compare-and-set on its revision. The bucket's max age is the
 ``idempotency_window`` (set when the bucket is created; the first
 instance's setting stands, and a record older than the window is taken for
-absent whatever the bucket keeps), so the window survives restarts.
+absent whatever the bucket keeps), so the window survives restarts. The
+window is the only bound: unlike the in-memory store, the bucket does not
+bound keys per caller (JetStream limits a subject, not a caller's subjects).
 
 A claim of a key never sent and a settled record go through the lean
 publish of ``requests`` (each is one publish with an ack; nats-py's KV

@@ -10,16 +10,17 @@ record and a key-value bucket holds snapshots.
 from __future__ import annotations
 
 import base64
-import binascii
 import enum
 import hashlib
-import hmac
+import re
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, TypeVar
 
 from a2a.types.a2a_pb2 import Message, Task, TaskState
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..errors import (  # re-exported: the error tree lives in errors
     StoreError as StoreError,
@@ -177,58 +178,102 @@ class PageTokens:
 
     A token holds the revision the next page starts before, a server-wide
     write counter that would tell a caller how much others wrote between two
-    of its pages; so it is encrypted (XOR with an HMAC-SHA256 keystream of a
-    random nonce) and authenticated over the journal kind and the caller's
+    of its pages; so it is sealed with AES-256-GCM (``cryptography``), bound
+    (as associated data) to its header, the journal kind and the caller's
     scope: another caller's token, or a changed one, is refused as a token
-    this server never issued. Layout (base64url): version 1, nonce (8 bytes),
-    revision (8), tag (12).
+    this server never issued. Layout (base64url, 52 characters): version
+    (``VERSION``), key id (1 byte), nonce (12, random), the revision sealed
+    (8, and the 16-byte tag). A reader refuses a version it does not know.
+
+    The key id is derived from the key, so every instance holding a key names
+    it alike. A key is rotated by sealing with the new one while the old one
+    is still given in ``previous`` (it opens what it sealed), then letting the
+    old go: its tokens are then refused, as of a key this server no longer
+    holds. Nonces are random: a key seals some 2**32 tokens (the NIST bound for
+    random GCM nonces) before a repeated nonce is more likely than 1 in 2**32.
 
     Args:
-        key: The secret (the same on every instance that serves one journal:
-            in cluster mode, derived from the cluster key); a random one by
-            default (one process).
+        key: The 32-byte key tokens are sealed with (the same on every instance
+            that serves one journal: in cluster mode, derived from the cluster
+            key); a random one by default (one process).
+        previous: Older keys whose tokens still open (none are sealed with them).
+
+    Raises:
+        ValueError: A key is not 32 bytes.
     """
 
-    VERSION = 1
+    VERSION = 2
+    """The format written and read (1, before AES-GCM, is refused)."""
+    _HEADER = 2
+    _NONCE = 12
+    _LENGTH = _HEADER + _NONCE + 8 + 16
+    _TEXT = re.compile(r"[A-Za-z0-9_-]{51}=")
+    """A token's text (``_LENGTH`` bytes in base64url)."""
 
-    def __init__(self, key: bytes | None = None) -> None:
-        self._key = key if key is not None else secrets.token_bytes(32)
+    def __init__(self, key: bytes | None = None, previous: Sequence[bytes] = ()) -> None:
+        key = key if key is not None else secrets.token_bytes(32)
+        for each in (key, *previous):
+            if len(each) != 32:
+                raise ValueError(f"a page token key is 32 bytes, not {len(each)}")
+        self._sealer = AESGCM(key)
+        self._header = bytes([self.VERSION, self.key_id(key)])
+        self._openers: dict[int, list[AESGCM]] = {}
+        for each in (key, *previous):
+            self._openers.setdefault(self.key_id(each), []).append(AESGCM(each))
+
+    @staticmethod
+    def key_id(key: bytes) -> int:
+        """The id tokens sealed with ``key`` carry (every instance derives it alike)."""
+        return hashlib.sha256(b"a2a-grpc-server page token key id\0" + key).digest()[0]
+
+    @staticmethod
+    def bound(header: bytes, mark: str, scope: str) -> bytes:
+        """The associated data a token with ``header`` is sealed with for ``mark`` and ``scope``."""
+        marked, scoped = mark.encode(), scope.encode()
+        return b"".join(
+            (header, len(marked).to_bytes(4, "big"), marked, len(scoped).to_bytes(4, "big"), scoped)
+        )
 
     def encode(self, rev: int, mark: str, scope: str) -> str:
         """The token of ``rev`` for ``scope``."""
-        nonce = secrets.token_bytes(8)
-        sealed = (rev ^ self._stream(nonce)).to_bytes(8, "big")
-        body = bytes([self.VERSION]) + nonce + sealed
-        return base64.urlsafe_b64encode(body + self._tag(body, mark, scope)).decode()
+        nonce = secrets.token_bytes(self._NONCE)
+        sealed = self._sealer.encrypt(
+            nonce, rev.to_bytes(8, "big"), self.bound(self._header, mark, scope)
+        )
+        return base64.urlsafe_b64encode(self._header + nonce + sealed).decode()
 
     def decode(self, token: str, mark: str, scope: str) -> int:
         """The revision ``token`` holds.
 
         Raises:
-            InvalidPageTokenError: Not issued by this journal to ``scope``.
+            InvalidPageTokenError: Not issued by this journal to ``scope``, of a
+                version this one does not read, or sealed with a key it no
+                longer holds.
         """
-        try:
-            raw = base64.urlsafe_b64decode(token.encode())
-        except (ValueError, binascii.Error):
-            raw = b""
-        body, tag = raw[:17], raw[17:]
-        if (
-            len(raw) != 29
-            or raw[0] != self.VERSION
-            or not hmac.compare_digest(tag, self._tag(body, mark, scope))
-        ):
+        data = base64.urlsafe_b64decode(token) if self._TEXT.fullmatch(token) else b""
+        if len(data) != self._LENGTH or data[0] != self.VERSION:
+            raise _not_issued(token)
+        header, nonce, sealed = data[: self._HEADER], data[self._HEADER : 14], data[14:]
+        openers = self._openers.get(header[1])
+        if openers is None:
             raise InvalidPageTokenError(
-                f"page_token {quote(token)} was not issued by this server to this caller"
+                f"page_token {quote(token)} was sealed with a key this server no longer "
+                f"holds; list again from the first page (omit page_token)"
             )
-        return int.from_bytes(body[9:17], "big") ^ self._stream(body[1:9])
+        for opener in openers:  # (two keys whose ids collide: each is tried)
+            try:
+                opened = opener.decrypt(nonce, sealed, self.bound(header, mark, scope))
+            except InvalidTag:
+                continue
+            return int.from_bytes(opened, "big")
+        raise _not_issued(token)
 
-    def _stream(self, nonce: bytes) -> int:
-        digest = hmac.new(self._key, b"stream\0" + nonce, hashlib.sha256).digest()
-        return int.from_bytes(digest[:8], "big")
 
-    def _tag(self, body: bytes, mark: str, scope: str) -> bytes:
-        signed = b"tag\0" + mark.encode() + b"\0" + scope.encode() + b"\0" + body
-        return hmac.new(self._key, signed, hashlib.sha256).digest()[:12]
+def _not_issued(token: str) -> InvalidPageTokenError:
+    return InvalidPageTokenError(
+        f"page_token {quote(token)} was not issued by this server to this caller; "
+        f"list again from the first page (omit page_token)"
+    )
 
 
 _PROCESS_TOKENS = PageTokens()

@@ -15,10 +15,14 @@ request with that key was (a digest of its body) and where its answer is:
 A pending record whose writer died is taken over after ``PENDING_FOR``
 seconds. Records expire ``window`` seconds after they were claimed (the
 ``idempotency_window`` setting). The in-memory store keeps at most
-``most`` records, and ``ANSWERS_KEPT_BYTES`` of answers (the oldest leave
-first: a retry later than that runs again); an answer over ``ANSWER_KEPT``
-is not kept (a retry is told so); the shared one (``jetstream.keys``) is a
-KV bucket whose max age is the window.
+``most`` records, and ``ANSWERS_KEPT_BYTES`` of answers; over a bound, the
+record that goes is the oldest of the caller keeping the most (records, or
+answers' bytes, as the bound is; the caller is the record's principal,
+tenants aside, as for final tasks in ``journal.memory``): one caller sending
+many keyed messages forgets its own oldest keys (a retry of those runs again),
+never another caller's first. Choosing costs O(callers keeping keys). An
+answer over ``ANSWER_KEPT`` is not kept (a retry is told so). The shared
+store (``jetstream.keys``) is a KV bucket whose max age is the window.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -58,6 +62,9 @@ class KeyRecord:
     """When it was claimed (seconds since the epoch)."""
     dropped: bool = False
     """The executor answered with a message larger than ``ANSWER_KEPT``: not kept."""
+    caller: str = ""
+    """Whose key it is (the principal): what the in-memory store bounds keys by. Not in
+    ``encode``: the shared bucket's bound is its window."""
 
     @property
     def pending(self) -> bool:
@@ -67,17 +74,23 @@ class KeyRecord:
     def started(self, task_id: str, after: int) -> KeyRecord:
         """This record once the first request's run started."""
         # (not dataclasses.replace, which reads the fields anew at every call)
-        return KeyRecord(self.digest, task_id, max(after, 0), self.answer, self.at, self.dropped)
+        return KeyRecord(
+            self.digest, task_id, max(after, 0), self.answer, self.at, self.dropped, self.caller
+        )
 
     def answered(self, answer: bytes) -> KeyRecord:
         """This record once the executor answered with a message and no task."""
         if len(answer) > ANSWER_KEPT:
-            return KeyRecord(self.digest, self.task_id, self.after, b"", self.at, True)
-        return KeyRecord(self.digest, self.task_id, self.after, answer, self.at, self.dropped)
+            return KeyRecord(self.digest, self.task_id, self.after, b"", self.at, True, self.caller)
+        return KeyRecord(
+            self.digest, self.task_id, self.after, answer, self.at, self.dropped, self.caller
+        )
 
     def stamped(self, at: float) -> KeyRecord:
         """This record, claimed at ``at``."""
-        return KeyRecord(self.digest, self.task_id, self.after, self.answer, at, self.dropped)
+        return KeyRecord(
+            self.digest, self.task_id, self.after, self.answer, at, self.dropped, self.caller
+        )
 
     def encode(self) -> bytes:
         """The record as stored (JSON, with its format)."""
@@ -156,10 +169,11 @@ class SentKeys(Protocol):
         ...
 
 
-_Kept = tuple[str, str, int, bytes, float, bool]
+_Kept = tuple[str, str, int, bytes, float, bool, str]
 """A ``KeyRecord``'s fields, in order."""
 _ANSWER: Final = 3
 _AT: Final = 4
+_CALLER: Final = 6
 
 
 class MemorySentKeys:
@@ -169,8 +183,10 @@ class MemorySentKeys:
 
     Args:
         window: Seconds a record is kept after it was claimed.
-        most: Most records kept (the oldest leave first).
+        most: Most records kept (past it the oldest of the caller keeping the most go).
         clock: Wall clock (seconds since the epoch).
+        most_bytes: Most bytes of answers kept (past it the oldest answer of the
+            caller keeping the most bytes goes).
     """
 
     def __init__(
@@ -183,8 +199,15 @@ class MemorySentKeys:
         self._window, self._most, self._clock = window, most, clock
         self._most_bytes = most_bytes
         self._records: OrderedDict[str, _Kept] = OrderedDict()
-        """Records as plain tuples: the collector stops tracking a tuple of strings and
-        numbers, so the records kept cost its full passes nothing."""
+        """Records, oldest claim first (for the window), as plain tuples: the collector
+        stops tracking a tuple of strings and numbers, so the records kept cost its full
+        passes nothing."""
+        self._by_caller: dict[str, OrderedDict[str, None]] = {}
+        """Each caller's keys, oldest claim first (for ``most``)."""
+        self._answers: dict[str, OrderedDict[str, None]] = {}
+        """Each caller's keys whose record keeps an answer, oldest answer first."""
+        self._caller_bytes: Counter[str] = Counter()
+        """Bytes of the answers each caller keeps."""
         self._bytes = 0
         """Bytes of the answers kept."""
 
@@ -202,7 +225,8 @@ class MemorySentKeys:
         found = KeyRecord(*kept) if kept is not None else None
         if found is not None and not (found.pending and now - found.at > PENDING_FOR):
             return found
-        self._put(key, record.stamped(now))
+        self._pop(key)
+        self._add(key, record.stamped(now), record.caller)
         self._bound()
         return None
 
@@ -210,20 +234,17 @@ class MemorySentKeys:
         """See ``SentKeys.settle``."""
         found = self._records.get(key)
         if found is not None:
-            self._put(key, record.stamped(found[_AT]), keep_place=True)
+            # (in place: its claim's time and caller, where its claim was)
+            self._unkeep_answer(key, found)
+            self._add(key, record.stamped(found[_AT]), found[_CALLER])
             self._bound()
 
     async def release(self, key: str) -> None:
         """See ``SentKeys.release``."""
         self._pop(key)
 
-    def _put(self, key: str, record: KeyRecord, *, keep_place: bool = False) -> None:
-        found = self._records.get(key)
-        if found is not None:
-            self._bytes -= len(found[_ANSWER])
-        if not keep_place:
-            self._records.pop(key, None)
-        # (claimed: last; settled: where its claim was)
+    def _add(self, key: str, record: KeyRecord, caller: str) -> None:
+        """Keep ``record`` (a key already kept stays in its place)."""
         self._records[key] = (
             record.digest,
             record.task_id,
@@ -231,19 +252,46 @@ class MemorySentKeys:
             record.answer,
             record.at,
             record.dropped,
+            caller,
         )
-        self._bytes += len(record.answer)
+        self._by_caller.setdefault(caller, OrderedDict())[key] = None
+        if record.answer:
+            self._answers.setdefault(caller, OrderedDict())[key] = None
+            size = len(record.answer)
+            self._caller_bytes[caller] += size
+            self._bytes += size
 
     def _pop(self, key: str) -> None:
         found = self._records.pop(key, None)
-        if found is not None:
-            self._bytes -= len(found[_ANSWER])
+        if found is None:
+            return
+        self._unkeep_answer(key, found)
+        caller = found[_CALLER]
+        keys = self._by_caller[caller]
+        del keys[key]
+        if not keys:
+            del self._by_caller[caller]
+
+    def _unkeep_answer(self, key: str, found: _Kept) -> None:
+        if not found[_ANSWER]:
+            return
+        caller, size = found[_CALLER], len(found[_ANSWER])
+        answers = self._answers[caller]
+        del answers[key]
+        self._bytes -= size
+        self._caller_bytes[caller] -= size
+        if not answers:
+            del self._answers[caller], self._caller_bytes[caller]
 
     def _bound(self) -> None:
-        """The oldest records go while more than ``most`` are kept, or answers' bytes."""
-        records = self._records
-        while records and (len(records) > self._most or self._bytes > self._most_bytes):
-            self._pop(next(iter(records)))
+        """Over a bound, the oldest of the caller keeping the most goes (see the module)."""
+        by_caller, answers = self._by_caller, self._answers
+        while len(self._records) > self._most:
+            greediest = max(by_caller, key=lambda caller: len(by_caller[caller]))
+            self._pop(next(iter(by_caller[greediest])))
+        while self._bytes > self._most_bytes:
+            greediest = max(answers, key=self._caller_bytes.__getitem__)
+            self._pop(next(iter(answers[greediest])))
 
     def _expire(self, now: float) -> None:
         records = self._records

@@ -49,6 +49,7 @@ from ..errors import (
 from ..journal import StoreError
 from ..journal.keys import KeyRecord, SentKeys
 from ..model.caller import Caller
+from ..model.scope import principal_of
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +224,8 @@ class Retries:
             return None, None
         field, ident = key_of(request, call)
         key = _digest(call.scope.encode(), field.encode(), ident.encode())
-        mine = KeyRecord(_body(request), request.message.task_id, at=time.time())
+        caller = principal_of(call.scope)  # (tenants aside: a client picks those)
+        mine = KeyRecord(_body(request), request.message.task_id, at=time.time(), caller=caller)
         patience: Patience | None = None  # (made when a first request is still starting)
         while True:
             prior = await self._claim(keys, key, mine)
