@@ -72,7 +72,7 @@ from ..model import taskops
 from ..model.names import TASK_PREFIX
 from ..obs.metrics import Metrics
 from .conn import INSTANCES_BUCKET, NatsConnection
-from .formats import Formats, heartbeat
+from .formats import CURRENT, Formats, heartbeat
 from .journal import SWEEP_BATCH, JetStreamJournal, Snapshot
 
 logger = logging.getLogger(__name__)
@@ -148,6 +148,8 @@ class Lease:
         """Since when this instance has been in touch (None: out of touch now)."""
         self._reconnects = 0
         self._last_tick: float | None = None
+        self._reading_all = asyncio.Lock()
+        """Held by ``read_all_heartbeats`` (a shutdown's releases ask for it at once)."""
         self._swept_at_start = False
 
     def live(self) -> set[str]:
@@ -209,6 +211,37 @@ class Lease:
                 await self._kv.delete(self._id)
             except (nats.errors.Error, nats.js.errors.Error) as exc:
                 logger.warning("could not release this instance's lease: %s", exc)
+
+    async def read_all_heartbeats(self) -> None:
+        """Read every heartbeat in the bucket now, as a lease of listening would hear them.
+
+        For a shutdown within this instance's first lease: it has not yet
+        heard every instance (``formats``), so it writes format 1 and would
+        release no waiting task. One read of every key tells it what each live
+        instance reads. A read that fails, or takes longer than a quarter of
+        the lease, changes nothing (the waiting tasks then end FAILED).
+        """
+        async with self._reading_all:
+            if self._formats.writing >= CURRENT:
+                return
+            heard: dict[str, bytes] = {}
+            try:
+                async with asyncio.timeout(self._lease / 4):
+                    watcher = await self._kv.watchall(ignore_deletes=True)
+                    try:
+                        async for entry in watcher:
+                            if entry is None:
+                                break  # (every key's latest value was delivered)
+                            heard[entry.key] = entry.value or b""
+                    finally:
+                        await watcher.stop()
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+                logger.warning("could not read every heartbeat: %s", type(exc).__name__)
+                return
+            for instance, value in heard.items():
+                if instance != self._id:
+                    self._formats.heard(instance, value)
+            self._formats.settle()
 
     async def _heartbeat(self) -> None:
         loop = asyncio.get_running_loop()

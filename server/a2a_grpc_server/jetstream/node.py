@@ -139,6 +139,8 @@ class NatsCluster:
             self.instance_id,
             tasks.config.cancel_timeout,
             self._signer,
+            heartbeats=self.conn.instances,
+            lease=self.conn.config.lease,
             in_flight=self.conn.config.routed_in_flight,
         )
         self.lease = Lease(
@@ -255,7 +257,13 @@ class NatsCluster:
         return claimed
 
     async def release(self, task_id: str) -> Released:
-        """Leave a waiting task of this instance's to the cluster (see ``Peers.release``)."""
+        """Leave a waiting task of this instance's to the cluster (see ``Peers.release``).
+
+        Within this instance's first lease every heartbeat is read first
+        (``Lease.read_all_heartbeats``): a release needs to know them all.
+        """
+        if self.lease is not None:
+            await self.lease.read_all_heartbeats()
         return await self._journal.release(task_id, self.instance_id)
 
     async def push(self, recorded: RecordedTask, config_id: str, call: Caller) -> None:

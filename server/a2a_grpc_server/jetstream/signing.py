@@ -8,7 +8,16 @@ answer carries ``A2a-Signature: 1:<unix time>:<nonce>:<HMAC-SHA256>`` over
 its subject, its headers and its payload, keyed with the cluster's secret
 (``NatsConfig.key_file``); a receiver refuses one that is unsigned, signed
 with another key, older or newer than ``MAX_SKEW`` seconds (instances'
-clocks must agree that closely), or whose nonce it has seen (a replay).
+clocks must agree that closely), signed before this instance started, or
+whose nonce it has seen (a replay).
+Nonces are kept in memory only, so the start is what carries over a restart
+under the same ``--instance-id``: nothing signed before this run started can
+be meant for it (it subscribed after that), and what an earlier run received
+was signed before its end. Nothing is persisted for it; it holds while
+instances' clocks agree more closely than an instance takes to restart
+(NTP: milliseconds, against a second or more). A peer's request signed within
+that skew of this instance's start is refused too, unanswered (its asker
+times out): the same condition keeps that from happening.
 A request's signed headers name the subject its answer goes to
 (``A2a-Reply-To``), so a replay cannot redirect the answer; an answer's name
 the request it answers (``A2a-Answers``: the request's nonce), and the asker
@@ -115,8 +124,10 @@ class Signer:
         self._key, self._trust = key, trust_bus
         self._seen: OrderedDict[str, float] = OrderedDict()
         """Nonces received, with the time each was signed, oldest first."""
-        self._floor = 0.0
-        """Signed at or before this, refused: a nonce that old may have been let go."""
+        self._floor = time.time()
+        """Signed at or before this, refused: this run's start (it saw no nonce before),
+        then, past ``MAX_NONCES``, the time of the newest nonce let go."""
+        self._started = self._floor
 
     def derive(self, purpose: bytes) -> bytes:
         """A key for ``purpose`` every instance of the cluster derives alike.
@@ -172,10 +183,19 @@ class Signer:
         if version != VERSION or not nonce or not mac:
             raise UnsignedMessageError(f"a routed message signed in an unknown way ({version!r})")
         now = time.time()
-        if not abs(now - sent) <= MAX_SKEW or sent <= self._floor:
+        if not abs(now - sent) <= MAX_SKEW:
             raise UnsignedMessageError(
                 "a routed message signed outside its time window (a replay, or clocks "
                 f"more than {MAX_SKEW:.0f} s apart)"
+            )
+        if sent <= self._floor:
+            why = (
+                "this instance started"
+                if self._floor == self._started
+                else "the oldest nonce it remembers"
+            )
+            raise UnsignedMessageError(
+                f"a routed message signed before {why} (a replay, or a clock behind this one)"
             )
         unsigned = {k: v for k, v in headers.items() if k != SIGNATURE}
         expected = self._mac(subject, stamp, nonce, unsigned, payload)
