@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, replace
 
 DEFAULT_MAX_TASK_BYTES = 4 * 1024 * 1024 - 64 * 1024
@@ -122,19 +123,23 @@ class ServerConfig:
             alike on every instance of a cluster.
         idempotency_max_keys: Most message ids remembered with the in-memory
             journal (a few hundred bytes each, and message-only answers up to
-            64 MiB in all; the oldest are forgotten first).
+            64 MiB in all). Past either bound the oldest id of the caller
+            keeping the most goes: one caller's many ids never push out
+            another caller's.
         quota_parked_tasks: Most tasks of one principal waiting for input
             (INPUT_REQUIRED, AUTH_REQUIRED) on this instance; over it a new task
             is refused (PARKED_TASKS_QUOTA), and with the in-memory journal a
             running task that asks for input ends FAILED. In cluster mode a waiting task that
             left memory (``parked_timeout``) no longer counts. 0: no quota.
         quota_streams: Most open streams (SendStreamingMessage, SubscribeToTask)
-            of one principal on this instance; over it a new stream is refused
-            (STREAMS_QUOTA). 0: no quota.
+            of one principal on this instance, waiting long-polls (GetTask with
+            ``current_generation``) included; over it a new stream or poll is
+            refused (STREAMS_QUOTA). 0: no quota.
         quota_subscribers: Most streams reading one task on this instance
             (its SendStreamingMessage stream and resumed streams included);
-            over it a new SubscribeToTask is refused (SUBSCRIBERS_QUOTA). 0:
-            no quota.
+            over it a new SubscribeToTask is refused (SUBSCRIBERS_QUOTA). Apart
+            from them, as many long-polls of the task may wait; one more is
+            answered the task as it is, at once. 0: no quota.
         quota_push_configs: Most push configs one principal keeps, over all its
             tasks (in cluster mode, over the cluster: configs are shared, and
             count until deleted or their task's record expires, ``task_ttl``);
@@ -152,8 +157,8 @@ class ServerConfig:
             no more than a fair share (LIVE_TASKS_FAIR_SHARE: see the quotas
             in the production guide). 0: no limit.
         max_streams: Most open streams on this instance, all principals
-            together (STREAMS_LIMIT), shared fairly the same way
-            (STREAMS_FAIR_SHARE). 0: no limit.
+            together, waiting long-polls included (STREAMS_LIMIT), shared
+            fairly the same way (STREAMS_FAIR_SHARE). 0: no limit.
         grpc_max_concurrent_streams: Most calls in flight on one client
             connection (HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS``); the client
             queues the others.
@@ -172,6 +177,13 @@ class ServerConfig:
         grpc_max_connection_age_grace: Seconds calls in flight get after that
             GOAWAY before they are cut (a stream cut that way is resumed with
             the resume extension, or resubscribed).
+        http_trusted_proxies: Addresses and networks (CIDR, ``10.0.0.0/8``) of
+            proxies in front of the HTTP port (the card and the metrics). A
+            connection from one is not held to the per-address bound; each
+            request's client is the right-most ``X-Forwarded-For`` entry that
+            is not a listed proxy, and gets its own share of connections. The
+            proxy must append the address it saw. Empty: ``X-Forwarded-For`` is
+            ignored and every proxy is one client.
     """
 
     log_max_frames: int = 16_384
@@ -221,8 +233,17 @@ class ServerConfig:
     grpc_max_connection_idle: float = 900.0
     grpc_max_connection_age: float = 0.0
     grpc_max_connection_age_grace: float = 300.0
+    http_trusted_proxies: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "http_trusted_proxies", tuple(self.http_trusted_proxies))
+        for proxy in self.http_trusted_proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"http_trusted_proxies: {proxy!r} is not an IP address or network (CIDR)"
+                ) from None
         if self.log_max_frames < 1 or self.log_max_bytes < 1:
             raise ValueError("log_max_frames and log_max_bytes must be positive")
         if self.log_total_bytes < self.log_max_bytes:

@@ -535,6 +535,7 @@ class A2AServer:
                 self._host,
                 self._http_port,
                 tls=certificates.http_context() if certificates is not None else None,
+                trusted_proxies=self.service.config.http_trusted_proxies,
             )
             try:
                 await self._http.start()

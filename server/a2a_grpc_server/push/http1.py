@@ -19,10 +19,20 @@ What it reads, strictly (a receiver's answer is untrusted input):
   ``MAX_INFORMATIONAL`` of them;
 * the body only when the answer says its length (one ``Content-Length``, equal
   values if repeated) and it is at most ``MAX_BODY`` bytes: it is read and
-  dropped, and the connection is kept (HTTP/1.1, no ``Connection: close``).
-  An answer with no body (1xx, 204, 304) is kept too. Any other answer (a
-  chunked or close-delimited body, a longer one) is decided by its status
-  line and headers and its connection closed unread.
+  dropped, and the connection is kept (a 2xx answer, HTTP/1.1, no
+  ``Connection: close``). A 2xx answer with no body (204) is kept too. Any
+  other answer (a chunked or close-delimited body, a longer one) is decided by
+  its status line and headers and its connection closed unread.
+
+A stray answer, one with no request outstanding, must never be read as the
+answer to the next request sent on its connection (HTTP/1.1 answers carry no
+request id, and that request may be another webhook's on the same host and
+port). So a connection is kept only after a 2xx answer (one that is not 2xx
+closes it: a stray after it cannot arrive once its next request went out), and
+a kept connection is used again only if nothing arrived on its socket
+meanwhile (one ``poll`` just before the request is written: the event loop
+may not have read a stray yet). A stray that reaches a kept connection after
+its next request was written is not told apart; docs/push.md says so.
 
 Anything else (not HTTP, a head past its bounds, a malformed header line,
 lengths that disagree, data with no request outstanding) raises
@@ -46,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import select
 import ssl
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -310,6 +321,16 @@ def _header_line(name: str, value: str) -> bytes:
     return f"{name}: {value}\r\n".encode()
 
 
+def _readable(transport: asyncio.BaseTransport) -> bool:
+    """Whether the connection's socket has bytes (or its end) the event loop has not read."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or not hasattr(select, "poll"):
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))
+
+
 _HEAD, _BODY, _DONE = 0, 1, 2
 
 
@@ -340,13 +361,18 @@ class _Connection(asyncio.Protocol):
 
     @property
     def usable(self) -> bool:
-        """Whether it may carry a request (open, nothing of the last one left unsent)."""
+        """Whether it may carry a request.
+
+        It is open, nothing of the last request is left unsent, and nothing
+        arrived on it unasked (see the module docstring).
+        """
         transport = self.transport
         return (
             not self._lost
             and transport is not None
             and not transport.is_closing()
             and not transport.get_write_buffer_size()
+            and not _readable(transport)
         )
 
     async def send(self, request: bytes) -> Answer:
@@ -479,7 +505,8 @@ class _Connection(asyncio.Protocol):
             if self._informational > MAX_INFORMATIONAL:
                 raise ProtocolError(f"more than {MAX_INFORMATIONAL} informational answers")
             return  # (the real answer follows)
-        keep = status_line[1] == b"1" and not close
+        # (not 2xx: not kept, so no stray answer after it is read as another request's)
+        keep = status_line[1] == b"1" and not close and 200 <= status < 300
         self._answer = Answer(status, retry_after)
         if status in (204, 304):
             self._finish(keep)

@@ -118,19 +118,20 @@ async def test_a_post_is_one_plain_request_and_kept_answers_reuse_one_connection
     answers = (
         OK,
         b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
-        b"HTTP/1.1 503 Busy\r\nRetry-After: 7\r\ncontent-length: 0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 503 Busy\r\nRetry-After: 7\r\ncontent-length: 0\r\n\r\n",
     )
     client = pool()
     async with peer(answering(*answers)) as seen:
         assert await post(client, seen) == 204
         answer = await client.post(seen.key, "h.example:8443", "/a/b?c=1", {}, b"x" * 10)
         assert answer.status == 200
+        assert await post(client, seen) == 200
+        assert (client.open, client.idle) == (1, 1)
         answer = await client.post(seen.key, "h", "/", {}, b"")
         assert (answer.status, answer.retry_after) == (503, "7")
-        assert await post(client, seen) == 200
         assert seen.connections == 1
-        assert (client.open, client.idle) == (1, 1)
+        assert (client.open, client.idle) == (0, 0), "an answer that is not 2xx is not kept"
         assert seen.requests[0] == (
             b"POST /hook HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUser-Agent: test/1\r\nX-A: 1\r\n"
             b"Content-Length: 2\r\n\r\n{}" % seen.port
@@ -332,7 +333,8 @@ async def test_a_connection_its_peer_closed_is_not_used_again() -> None:
         assert await post(client, seen) == 204
         await until(seen, lambda: seen.open_now == 0)
         assert await post(client, seen) == 204  # (noticed, or found stale and retried)
-        assert (seen.connections, len(seen.requests), client.open) == (2, 2, 1)
+        assert (seen.connections, len(seen.requests)) == (2, 2)
+        assert client.open <= 1, "(the second, closed as it answered, may be noticed at once)"
 
 
 @pytest.mark.parametrize(
