@@ -316,7 +316,7 @@ async def nats_journal(
     formats = Formats()
     formats.settle()  # (no other instance heard: format 2)
     try:
-        yield conn, JetStreamJournal(requests, conn.js, conn.tasks, owner, formats=formats), formats
+        yield conn, JetStreamJournal(requests, conn.js, owner, formats=formats), formats
     finally:
         await requests.close()
         await conn.close()
@@ -398,7 +398,9 @@ async def run_nats(sizes: list[int], quick: bool) -> tuple[Rows, dict[int, float
                 began = time.perf_counter()
                 await population.fill(filler, done, size, population.FILL_CONCURRENCY)
                 fills[size] = time.perf_counter() - began
-                await filler.keep_index({"scale-filler"})  # (the cluster's index: its marker)
+                await filler.listing.keep_index(
+                    {"scale-filler"}
+                )  # (the cluster's index: its marker)
                 print(
                     f"  filled {size - done:,} more in {fills[size]:.1f} s "
                     f"({(size - done) / fills[size]:,.0f} tasks/s)",

@@ -74,7 +74,7 @@ async def sweep(url: str, lost: str, count: int, nats_pid: int) -> dict[str, flo
     await requests.start()
     formats = Formats()
     formats.settle()
-    journal = JetStreamJournal(requests, conn.js, conn.tasks, ident, formats=formats)
+    journal = JetStreamJournal(requests, conn.js, ident, formats=formats)
     metrics = Metrics()
     lease = Lease(conn, journal, metrics, formats=formats)
     figures: dict[str, float] = {}
@@ -119,7 +119,7 @@ async def sweep(url: str, lost: str, count: int, nats_pid: int) -> dict[str, flo
 
     lease.sweep = measured  # type: ignore[method-assign]
     try:
-        await journal.keep_index({ident})  # (the index is trusted: the sweep reads it)
+        await journal.listing.keep_index({ident})  # (the index is trusted: the sweep reads it)
         async with asyncio.timeout(SWEEP_LIMIT):
             await lease.start()
             await done.wait()

@@ -88,9 +88,7 @@ async def test_new_tasks_keep_to_the_first_stream_while_an_older_version_is_hear
     await requests.start()
     formats = Formats()
     formats.settle()
-    journal = JetStreamJournal(
-        requests, conn.js, conn.tasks, "i-1", formats=formats, event_streams=STREAMS
-    )
+    journal = JetStreamJournal(requests, conn.js, "i-1", formats=formats, event_streams=STREAMS)
     try:
         ids = [f"t-{n}" for n in range(12)]
         assert {shard_for(i, STREAMS) for i in ids} == set(range(STREAMS))

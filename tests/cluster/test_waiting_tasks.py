@@ -231,7 +231,7 @@ async def test_a_follow_up_its_leaving_owner_refuses_waits_for_the_hand_over(
         task = await ask(a.stub)
         await both_read_format_2(a, b)
         releasing, go, refused = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        release = a.cluster.journal.release
+        release = a.cluster.journal.ownership.release
 
         async def held(task_id: str, owner: str) -> object:
             releasing.set()
@@ -248,7 +248,7 @@ async def test_a_follow_up_its_leaving_owner_refuses_waits_for_the_hand_over(
                 refused.set()
                 raise
 
-        a.cluster.journal.release = held  # type: ignore[method-assign, assignment]
+        a.cluster.journal.ownership.release = held  # type: ignore[method-assign, assignment]
         front._peers.send = watched  # type: ignore[attr-defined]
         leaving = asyncio.create_task(a.service.shutdown(grace=0))
         await releasing.wait()  # (A refuses new work now; its task is not released yet)

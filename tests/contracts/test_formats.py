@@ -205,21 +205,23 @@ async def test_a_claim_holds_the_released_version_so_no_message_runs_twice(nats_
     await requests.start()
     settled = formats.Formats()
     settled.settle()  # (alone: every instance reads format 2)
-    a = JetStreamJournal(requests, conn.js, conn.tasks, "a", formats=settled)
-    b = JetStreamJournal(requests, conn.js, conn.tasks, "b", formats=settled)
+    a = JetStreamJournal(requests, conn.js, "a", formats=settled)
+    b = JetStreamJournal(requests, conn.js, "b", formats=settled)
     try:
         for late in ("before the claim", "after the claim"):
             waiting = fx.sample_task()
             waiting.id = f"t-{uuid.uuid4()}"
             frame = StreamResponse(task=waiting).SerializeToString()
             version = await a.create(waiting, [Change(1, frame, waiting.status.state)])
-            assert await a.release(waiting.id, "a") and not await b.release(waiting.id, "a")
+            assert await a.ownership.release(waiting.id, "a") and not await b.ownership.release(
+                waiting.id, "a"
+            )
             message = Message(message_id=f"m-{late}", role=Role.ROLE_USER, task_id=waiting.id)
             if late == "before the claim":  # the former owner, partitioned, appends anyway
                 await a.update(waiting, version, [Change(2, message=message)])
-                assert await b.claim(waiting.id) is None, "written after the release"
+                assert await b.ownership.claim(waiting.id) is None, "written after the release"
             else:
-                claimed = await b.claim(waiting.id)
+                claimed = await b.ownership.claim(waiting.id)
                 assert claimed is not None and claimed.owner == "b"
                 await a.update(waiting, version, [Change(2, message=message)])
                 with pytest.raises(VersionConflictError):  # so b never runs a second message

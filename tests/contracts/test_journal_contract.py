@@ -62,8 +62,8 @@ async def journal(request: pytest.FixtureRequest) -> AsyncIterator[TaskJournal]:
     async with jetstream_journal(url, formats, event_streams=streams, snapshot_every=4) as journal:
         if request.param in ("nats-indexed", "nats-sharded"):
             formats.settle()  # (a cluster of one: every instance keeps the index, reads shards)
-            await journal.keep_index({"instance-1"})
-            assert journal.indexed
+            await journal.listing.keep_index({"instance-1"})
+            assert journal.listing.indexed
         yield journal
 
 
@@ -78,7 +78,6 @@ async def jetstream_journal(
     journal = JetStreamJournal(
         requests,
         conn.js,
-        conn.tasks,
         "instance-1",
         snapshot_every=snapshot_every,
         formats=formats,

@@ -59,7 +59,7 @@ async def cluster(nats_url: str) -> AsyncIterator[Cluster]:
     await requests.start()
     formats = Formats()
     formats.settle()
-    journal = JetStreamJournal(requests, conn.js, conn.tasks, "i-1", formats=formats)
+    journal = JetStreamJournal(requests, conn.js, "i-1", formats=formats)
     try:
         yield Cluster(journal, formats)
     finally:
@@ -96,8 +96,8 @@ async def test_deep_pages_through_the_index_agree_with_a_model(cluster: Cluster)
     """600 tasks (two scopes, three contexts, three states; a third written again later):
     every filter's pages, small and large, in last-write order, and each page's count."""
     journal = cluster.journal
-    await journal.keep_index({"i-1"})
-    assert journal.indexed
+    await journal.listing.keep_index({"i-1"})
+    assert journal.listing.indexed
     rng = random.Random(600)
     states = [S.TASK_STATE_SUBMITTED, S.TASK_STATE_WORKING, S.TASK_STATE_COMPLETED]
     model: dict[str, tuple[str, str, int]] = {}
@@ -145,7 +145,7 @@ async def test_a_status_filter_finds_a_task_whose_status_is_later_than_its_write
     """An agent that stamps its own status far ahead: the task is written first, 300 after
     it; a listing from a time past all the others' finds it (and counts it) however deep."""
     journal = cluster.journal
-    await journal.keep_index({"i-1"})
+    await journal.listing.keep_index({"i-1"})
     ahead = task("ahead", "c", S.TASK_STATE_WORKING)
     ahead.status.timestamp.FromSeconds(int(time.time()) + 86_400)
     await journal.create(ahead, [change(1, ahead)], scope=ALICE)
@@ -171,7 +171,7 @@ async def test_an_entry_its_snapshot_does_not_name_is_skipped(cluster: Cluster) 
     entries its task's snapshot does not name: listings skip them (no task twice, none in
     a state it is not in)."""
     journal = cluster.journal
-    await journal.keep_index({"i-1"})
+    await journal.listing.keep_index({"i-1"})
     for n in range(5):
         t = task(f"t{n}", "c", S.TASK_STATE_WORKING)
         await journal.create(t, [change(1, t)], scope=ALICE)
@@ -194,14 +194,14 @@ async def test_the_index_is_used_only_while_every_instance_keeps_it(cluster: Clu
     every snapshot, and what that instance writes (no entries) is listed; once it leaves,
     its snapshots are indexed, the marker is back, and listings use the index again."""
     journal, formats = cluster.journal, cluster.formats
-    await journal.keep_index({"i-1"})
-    assert journal.indexed
+    await journal.listing.keep_index({"i-1"})
+    assert journal.listing.indexed
     first = task("first", "c", S.TASK_STATE_COMPLETED)
     await journal.create(first, [change(1, first)], scope=ALICE)
     formats.heard("old-1", fx.load("heartbeat-2")[1])  # (formats 1 and 2, no features)
-    assert journal.index_due()
-    await journal.keep_index({"i-1", "old-1"})
-    assert not journal.indexed and not await journal._index.built()
+    assert journal.listing.index_due()
+    await journal.listing.keep_index({"i-1", "old-1"})
+    assert not journal.listing.indexed and not await journal._index.built()
     # The old instance writes a task: a snapshot without entries, as that version does.
     old = task("olds", "c", S.TASK_STATE_COMPLETED)
     value = encode("old-1", old, 1, 0, ALICE, 2)
@@ -209,8 +209,8 @@ async def test_the_index_is_used_only_while_every_instance_keeps_it(cluster: Clu
     scanning = await journal.list(TaskQuery(scope=ALICE))
     assert [t.id for t in scanning.tasks] == ["olds", "first"]
     formats.gone("old-1")
-    await journal.keep_index({"i-1"})
-    assert journal.indexed and await journal._index.built()
+    await journal.listing.keep_index({"i-1"})
+    assert journal.listing.indexed and await journal._index.built()
     indexed = await journal.list(TaskQuery(scope=ALICE, page_size=1))
     assert ([t.id for t in indexed.tasks], indexed.total_size) == (["olds"], 2)
     rest = await journal.list(TaskQuery(scope=ALICE, page_token=indexed.next_page_token))
@@ -226,7 +226,7 @@ async def test_each_instances_unfinished_tasks_are_read_from_its_own_entries(
     conn = await connect(NatsConfig(servers=[nats_url], instance_id="i-2"))
     requests = JetStreamRequests(conn.nc)
     await requests.start()
-    b = JetStreamJournal(requests, conn.js, conn.tasks, "i-2", formats=cluster.formats)
+    b = JetStreamJournal(requests, conn.js, "i-2", formats=cluster.formats)
     rng = random.Random(77)
     live: dict[str, tuple[JetStreamJournal, Task, int]] = {}
     try:
@@ -249,9 +249,9 @@ async def test_each_instances_unfinished_tasks_are_read_from_its_own_entries(
                 elif op < 0.8:  # it asks for input; its owner releases it; the other claims it
                     t.status.state = S.TASK_STATE_INPUT_REQUIRED
                     version = await writer.update(t, version, [change(2, t)])
-                    assert await writer.release(t.id, writer.owner)
+                    assert await writer.ownership.release(t.id, writer.owner)
                     claimer = b if writer is a else a
-                    claimed = await claimer.claim(t.id)
+                    claimed = await claimer.ownership.claim(t.id)
                     assert claimed is not None
                     live[t.id] = (claimer, claimed.task, claimed.version)
                 else:  # it goes on (a snapshot every few changes keeps its entry)
@@ -259,9 +259,9 @@ async def test_each_instances_unfinished_tasks_are_read_from_its_own_entries(
                     seq = len(t.history) + version  # (any number past the last)
                     version = await writer.update(t, version, [change(seq, t)])
                     live[task_id] = (writer, t, version)
-            scanned = {(s.owner, s.task().id) for s in await a.unfinished()}
+            scanned = {(s.owner, s.task().id) for s in await a.ownership.unfinished()}
             for owner in ("i-1", "i-2"):
-                indexed = await a.owned_unfinished(lambda o, owner=owner: o == owner)  # type: ignore[misc]
+                indexed = await a.ownership.owned_unfinished(lambda o, owner=owner: o == owner)  # type: ignore[misc]
                 want = {i for o, i in scanned if o == owner}
                 assert {s.task().id for s in indexed} == want, (round_, owner)
                 assert {i for i, (w, _, _) in live.items() if w.owner == owner} == want
@@ -283,19 +283,17 @@ async def test_a_marker_not_renewed_for_ten_minutes_is_rebuilt(cluster: Cluster)
     an instance starting does not trust it; the smallest live instance indexes what has no
     entries and renews it."""
     journal = cluster.journal
-    await journal.keep_index({"i-1"})
-    assert await journal.index_fresh()
+    await journal.listing.keep_index({"i-1"})
+    assert await journal.listing.index_fresh()
     old = task("old", "c", S.TASK_STATE_WORKING)  # written with no entries, as 0.1.0 does
     await journal.snapshots.write("old", encode("gone", old, 1, 0, ALICE, 2), 0)
     stale = json.dumps({"format": 1, "by": "i-1", "at": time.time_ns() - 601 * 10**9, "kv_seq": 0})
     await journal._requests.publish(MARKER, stale.encode(), {"Nats-Rollup": "sub"}, 5.0)
-    restarted = JetStreamJournal(
-        journal._requests, journal._js, journal._kv, "i-1", formats=cluster.formats
-    )
-    assert not await restarted.index_fresh()
-    await restarted.keep_index({"i-1", "i-9"})
-    assert await restarted.index_fresh() and restarted.indexed
-    lost = await restarted.owned_unfinished(lambda owner: owner == "gone")
+    restarted = JetStreamJournal(journal._requests, journal._js, "i-1", formats=cluster.formats)
+    assert not await restarted.listing.index_fresh()
+    await restarted.listing.keep_index({"i-1", "i-9"})
+    assert await restarted.listing.index_fresh() and restarted.listing.indexed
+    lost = await restarted.ownership.owned_unfinished(lambda owner: owner == "gone")
     assert [s.task().id for s in lost] == ["old"]
     await restarted.close()
 
@@ -306,7 +304,7 @@ async def test_a_sweep_reads_only_the_lost_owners_tasks(cluster: Cluster, nats_u
     conn = await connect(NatsConfig(servers=[nats_url], instance_id="lost"))
     requests = JetStreamRequests(conn.nc)
     await requests.start()
-    lost = JetStreamJournal(requests, conn.js, conn.tasks, "lost", formats=cluster.formats)
+    lost = JetStreamJournal(requests, conn.js, "lost", formats=cluster.formats)
     live = cluster.journal
     try:
         for n in range(200):
@@ -315,7 +313,7 @@ async def test_a_sweep_reads_only_the_lost_owners_tasks(cluster: Cluster, nats_u
         for n in range(10):
             t = task(f"lost-{n}", "c", S.TASK_STATE_WORKING)
             await lost.create(t, [change(1, t)], scope=BOB)
-        await live.keep_index({"i-1"})
+        await live.listing.keep_index({"i-1"})
         reads: list[str] = []
         read = live.snapshot
 
@@ -324,7 +322,7 @@ async def test_a_sweep_reads_only_the_lost_owners_tasks(cluster: Cluster, nats_u
             return await read(task_id)
 
         live.snapshot = counted  # type: ignore[method-assign, assignment]
-        found = await live.owned_unfinished(lambda owner: owner not in {"i-1"})
+        found = await live.ownership.owned_unfinished(lambda owner: owner not in {"i-1"})
         assert sorted(s.task().id for s in found) == sorted(f"lost-{n}" for n in range(10))
         assert sorted(reads) == sorted(f"lost-{n}" for n in range(10)), "only the lost one's"
     finally:
@@ -337,7 +335,7 @@ async def test_an_entry_naming_another_scopes_task_is_never_listed(cluster: Clus
     """An entry on alice's subjects that names bob's task (a writer that died mid-write,
     or anyone who can publish on the bus): alice's listings never return bob's task."""
     journal = cluster.journal
-    await journal.keep_index({"i-1"})
+    await journal.listing.keep_index({"i-1"})
     bobs = task("bobs", "c", S.TASK_STATE_WORKING)
     await journal.create(bobs, [change(1, bobs)], scope=BOB)
     alices = task("alices", "c", S.TASK_STATE_WORKING)
@@ -360,21 +358,19 @@ async def test_a_fresh_marker_after_an_older_version_ran_alone_is_rebuilt(
     the marker's ten minutes: nobody heard the older one, but what it wrote since the
     marker's last renewal has no entries, so an instance that starts does not trust it."""
     journal = cluster.journal
-    await journal.keep_index({"i-1"})
+    await journal.listing.keep_index({"i-1"})
     before = task("before", "c", S.TASK_STATE_COMPLETED)
     await journal.create(before, [change(1, before)], scope=ALICE)
-    assert await journal.index_fresh()
+    assert await journal.listing.index_fresh()
     old = task("olds", "c", S.TASK_STATE_WORKING)  # written with no entries, as 0.1.0 does
     await journal.snapshots.write("olds", encode("old-1", old, 1, 0, ALICE, 2), 0)
-    restarted = JetStreamJournal(
-        journal._requests, journal._js, journal._kv, "i-1", formats=cluster.formats
-    )
-    assert not await restarted.index_fresh()
-    await restarted.keep_index({"i-1"})
-    assert restarted.indexed and await restarted.index_fresh()
+    restarted = JetStreamJournal(journal._requests, journal._js, "i-1", formats=cluster.formats)
+    assert not await restarted.listing.index_fresh()
+    await restarted.listing.keep_index({"i-1"})
+    assert restarted.listing.indexed and await restarted.listing.index_fresh()
     listed = await restarted.list(TaskQuery(scope=ALICE))
     assert [t.id for t in listed.tasks] == ["olds", "before"]
-    lost = await restarted.owned_unfinished(lambda owner: owner == "old-1")
+    lost = await restarted.ownership.owned_unfinished(lambda owner: owner == "old-1")
     assert [s.task().id for s in lost] == ["olds"]
     await restarted.close()
 
@@ -389,10 +385,10 @@ async def test_a_task_running_past_the_index_ttl_keeps_an_owner_entry(nats_url: 
     formats = Formats()
     formats.settle()
     journal = JetStreamJournal(
-        requests, conn.js, conn.tasks, "i-1", snapshot_every=1, formats=formats, task_ttl=2.0
+        requests, conn.js, "i-1", snapshot_every=1, formats=formats, task_ttl=2.0
     )
     try:
-        await journal.keep_index({"i-1"})
+        await journal.listing.keep_index({"i-1"})
         t = task("long", "c", S.TASK_STATE_WORKING)
         version = await journal.create(t, [change(1, t)], scope=ALICE)
         first = await journal.snapshot("long")
@@ -408,7 +404,7 @@ async def test_a_task_running_past_the_index_ttl_keeps_an_owner_entry(nats_url: 
         for _ in range(2):
             seq += 1
             version = await journal.update(t, version, [change(seq, t)])
-        found = await journal.owned_unfinished(lambda owner: owner == "i-1")
+        found = await journal.ownership.owned_unfinished(lambda owner: owner == "i-1")
         assert [s.task().id for s in found] == ["long"]
     finally:
         await journal.close()
@@ -424,7 +420,7 @@ async def test_a_task_written_while_a_listing_reads_it_is_listed(cluster: Cluste
     new entry before that snapshot lands, and its old one after, still lists t2 (at its new
     place)."""
     journal = cluster.journal
-    await journal.keep_index({"i-1"})
+    await journal.listing.keep_index({"i-1"})
     versions = {}
     tasks = {}
     for n in range(5):
@@ -476,7 +472,7 @@ async def test_a_page_is_found_while_entries_are_written_above_its_token(
     (each count of the index sees more entries than the one before): the page is the
     next two tasks, and the pages after it go on to the last."""
     journal = cluster.journal
-    await journal.keep_index({"i-1"})
+    await journal.listing.keep_index({"i-1"})
     for n in range(10):
         t = task(f"a{n}", "c", S.TASK_STATE_COMPLETED)
         await journal.create(t, [change(1, t)], scope=ALICE)
@@ -487,7 +483,7 @@ async def test_a_page_is_found_while_entries_are_written_above_its_token(
     conn = await connect(NatsConfig(servers=[nats_url], instance_id="i-2"))
     requests = JetStreamRequests(conn.nc)
     await requests.start()
-    writer = JetStreamJournal(requests, conn.js, conn.tasks, "i-2", formats=cluster.formats)
+    writer = JetStreamJournal(requests, conn.js, "i-2", formats=cluster.formats)
     count_from = journal._index.count_from
     created = 0
 
@@ -519,7 +515,7 @@ async def test_a_page_token_never_issued_is_refused_without_reading_the_bucket(
     cluster: Cluster,
 ) -> None:
     journal = cluster.journal
-    await journal.keep_index({"i-1"})
+    await journal.listing.keep_index({"i-1"})
     for n in range(3):
         t = task(f"t{n}", "c", S.TASK_STATE_COMPLETED)
         await journal.create(t, [change(1, t)], scope=ALICE)
@@ -548,7 +544,7 @@ async def test_a_sweep_ends_every_task_of_a_lost_owner_a_batch_at_a_time(
     conn = await connect(NatsConfig(servers=[nats_url], instance_id="lost"))
     requests = JetStreamRequests(conn.nc)
     await requests.start()
-    lost = JetStreamJournal(requests, conn.js, conn.tasks, "lost", formats=cluster.formats)
+    lost = JetStreamJournal(requests, conn.js, "lost", formats=cluster.formats)
     survivor_conn = await connect(NatsConfig(servers=[nats_url], instance_id="i-1", lease=1.0))
     survivor = cluster.journal
     metrics = Metrics()
@@ -576,7 +572,7 @@ async def test_a_sweep_ends_every_task_of_a_lost_owner_a_batch_at_a_time(
                     for t in [task(f"lost-{n}", "c", state)]
                 )
             )
-        await survivor.keep_index({"i-1"})
+        await survivor.listing.keep_index({"i-1"})
         async with asyncio.timeout(60):
             await lease.start()
             await swept.wait()  # (its first sweep, a lease after start)

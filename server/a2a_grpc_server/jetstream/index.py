@@ -52,7 +52,7 @@ Until then ``ListTasks`` and the sweep read every snapshot, as versions
 before the index did. The marker is removed by any instance that hears an
 instance that does not keep the index (an older version in a rolling
 update), and written again by the smallest live instance once it has
-indexed the snapshots left without entries (``JetStreamJournal.keep_index``),
+indexed the snapshots left without entries (``Listing.keep_index``),
 which renews it every minute (one message: ``Nats-Rollup``). An instance
 starting, before it has heard the others, trusts a marker renewed within
 ten minutes; an older one (the whole cluster was down, or an older version

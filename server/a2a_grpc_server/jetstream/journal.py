@@ -44,13 +44,12 @@ import asyncio
 import builtins
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from a2a.types.a2a_pb2 import StreamResponse, Task
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
-from nats.js.kv import KeyValue
 
 from ..journal import (
     Change,
@@ -58,7 +57,6 @@ from ..journal import (
     PageTokens,
     PartialWriteError,
     RecordedTask,
-    Released,
     StoreError,
     TaskExistsError,
     TaskPage,
@@ -73,7 +71,7 @@ from .index import (
     Positions,
     TaskIndex,
 )
-from .listing import Coverage, Listing
+from .listing import Listing
 from .ownership import SWEEP_BATCH as SWEEP_BATCH
 from .ownership import Ownership
 from .records import (
@@ -103,8 +101,6 @@ IDLE_HEARTBEAT = 1.0
 """Seconds between JetStream heartbeats of a follower's consumer (how soon a lost one
 is noticed)."""
 _KNOWN_FINAL = 4096
-
-
 _KNOWN_SHARDS = 65_536
 
 
@@ -126,19 +122,20 @@ class JetStreamJournal:
 
     Args:
         requests: Lean requests on the connection (publish, direct get).
-        js: The JetStream context (consumers, KV reads).
-        kv: The snapshot bucket.
+        js: The JetStream context (consumers, snapshot reads).
         owner: This instance's id, recorded with every task it creates.
         snapshot_every: Changes between two snapshots of a running task.
         retry: How long an operation retries through a NATS outage.
         formats: Which format to write (see ``formats``; None: format 1 only).
+        page_tokens: Seals ListTasks page tokens.
+        event_streams: Event streams new tasks are spread over.
+        task_ttl: How long a snapshot and its index entries are kept.
     """
 
     def __init__(
         self,
         requests: JetStreamRequests,
         js: JetStreamContext,
-        kv: KeyValue,
         owner: str,
         snapshot_every: int = 32,
         retry: Retry | None = None,
@@ -152,12 +149,9 @@ class JetStreamJournal:
         self._formats = formats or Formats()
         self._retry = retry or Retry()
         self._js = js
-        self._kv = kv
         self._owner = owner
         self._every = snapshot_every
         self._streams = event_streams
-        self._entry_ttl = task_ttl
-        """How long the index keeps an entry (its stream's max age)."""
         self._shards: OrderedDict[str, int] = OrderedDict()
         """The event stream of tasks this instance wrote or read lately (their snapshots say)."""
         self._snapshotted: dict[str, _Snapshotted] = {}
@@ -214,20 +208,6 @@ class JetStreamJournal:
         """Sweeps, releases and claims."""
         return self._ownership
 
-    @property
-    def indexed(self) -> bool:
-        """Whether a first page is read through the listing index now."""
-        return self._listing.indexed
-
-    @property
-    def coverage(self) -> Coverage | None:
-        """Another marker kept with the index's (the push configs' deliverers)."""
-        return self._listing.coverage
-
-    @coverage.setter
-    def coverage(self, coverage: Coverage | None) -> None:
-        self._listing.coverage = coverage
-
     async def list(self, query: TaskQuery) -> TaskPage:
         """One page, most recently updated first (``Listing.list``).
 
@@ -236,72 +216,6 @@ class JetStreamJournal:
             StoreUnavailableError: NATS did not answer.
         """
         return await self._listing.list(query)
-
-    def index_due(self) -> bool:
-        """Whether ``keep_index`` has something to do (cheap: no request)."""
-        return self._listing.index_due()
-
-    async def keep_index(self, live: set[str]) -> None:
-        """Keep the index's marker true (``Listing.keep_index``; run by the lease).
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        await self._listing.keep_index(live)
-
-    async def index_fresh(self) -> bool:
-        """Whether the index's marker can be trusted now (``Listing.index_fresh``).
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        return await self._listing.index_fresh()
-
-    async def index_unindexed(self) -> int:
-        """Index every snapshot written without entries (``Listing.index_unindexed``).
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        return await self._listing.index_unindexed()
-
-    async def owned_unfinished(self, lost: Callable[[str], bool]) -> builtins.list[Snapshot]:
-        """The unfinished tasks of the owners ``lost`` picks (``Ownership``).
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        return await self._ownership.owned_unfinished(lost)
-
-    def owned_unfinished_batches(
-        self, lost: Callable[[str], bool], size: int = SWEEP_BATCH
-    ) -> AsyncGenerator[builtins.list[Snapshot]]:
-        """The same, ``size`` snapshots at a time (``Ownership.owned_unfinished_batches``)."""
-        return self._ownership.owned_unfinished_batches(lost, size)
-
-    async def unfinished(self) -> builtins.list[Snapshot]:
-        """The snapshot of every task that is not final, read from the whole bucket.
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        return await self._ownership.unfinished()
-
-    async def release(self, task_id: str, owner: str) -> Released:
-        """Record a waiting task of ``owner``'s as owned by nobody (``Ownership.release``).
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        return await self._ownership.release(task_id, owner)
-
-    async def claim(self, task_id: str) -> RecordedTask | None:
-        """Take over a waiting task nobody owns (``Ownership.claim``).
-
-        Raises:
-            StoreUnavailableError: NATS did not answer.
-        """
-        return await self._ownership.claim(task_id)
 
     async def snapshot(self, task_id: str) -> Snapshot | None:
         """The task's snapshot, or None (and where its record is, remembered).
@@ -385,11 +299,11 @@ class JetStreamJournal:
         except PartialWriteError as exc:
             # Snapshot what stands from the task as it was created (its first frame).
             initial = StreamResponse.FromString(changes[0].frame).task
-            await self._snapshotnew_positions(initial, 1, 0, scope, shard)
+            await self._snapshot_new(initial, 1, 0, scope, shard)
             raise exc from exc.__cause__
         if taskops.is_final(task):
             self._remember_final(task.id, version)
-        await self._snapshotnew_positions(task, changes[-1].seq, version, scope, shard, positions)
+        await self._snapshot_new(task, changes[-1].seq, version, scope, shard, positions)
         return version
 
     async def _append_indexed(
@@ -421,7 +335,7 @@ class JetStreamJournal:
             raise appended
         return appended, None if isinstance(indexed, BaseException) else indexed
 
-    async def _snapshotnew_positions(
+    async def _snapshot_new(
         self,
         task: Task,
         seq: int,

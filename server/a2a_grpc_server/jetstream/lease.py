@@ -286,7 +286,11 @@ class Lease:
                 )
             elif lost:
                 self._sweep_requested = True  # after the one running
-            if self._judging() and self._journal.index_due() and not self._indexing_running():
+            if (
+                self._judging()
+                and self._journal.listing.index_due()
+                and not self._indexing_running()
+            ):
                 self._indexing = asyncio.create_task(
                     self._keep_index(), name=f"{TASK_PREFIX}:lease-index"
                 )
@@ -408,7 +412,7 @@ class Lease:
 
     async def _keep_index(self) -> None:
         try:
-            await self._journal.keep_index(self.live())
+            await self._journal.listing.keep_index(self.live())
         except StoreError as exc:
             logger.warning("could not keep the listing index (again soon): %s", exc)
 
@@ -513,14 +517,14 @@ class Lease:
         it can be trusted (it costs what those owners hold, a batch read at a
         time), else by reading every snapshot (then handed out in batches).
         """
-        if self._journal.indexed or await self._journal.index_fresh():
+        if self._journal.listing.indexed or await self._journal.listing.index_fresh():
             async with contextlib.aclosing(
-                self._journal.owned_unfinished_batches(owners)
+                self._journal.ownership.owned_unfinished_batches(owners)
             ) as batches:
                 async for snaps in batches:
                     yield [(snap, snap.task().id) for snap in snaps]
             return
-        snaps = await self._journal.unfinished()
+        snaps = await self._journal.ownership.unfinished()
         for at in range(0, len(snaps), SWEEP_BATCH):
             yield [(snap, snap.task().id) for snap in snaps[at : at + SWEEP_BATCH]]
 
@@ -539,7 +543,7 @@ class Lease:
         if recorded.owner != owner:
             return 0  # claimed or written by another instance since the scan
         if recorded.task.status.state in taskops.INTERRUPTED:
-            released = await self._journal.release(task_id, owner)
+            released = await self._journal.ownership.release(task_id, owner)
             if released:
                 self._metrics.tasks_released += 1
                 logger.warning("task %s waits for input: released (%s)", task_id, text)

@@ -65,7 +65,6 @@ class NatsCluster:
         self._journal = JetStreamJournal(
             requests,
             conn.js,
-            conn.tasks,
             conn.config.instance_id,
             conn.config.snapshot_every,
             Retry(conn.config.retry_for),
@@ -90,7 +89,7 @@ class NatsCluster:
             self.push_store, self._journal.index, self.formats, conn.config.instance_id
         )
         """Whether orphaned configs can be found through their deliverers' entries."""
-        self._journal.coverage = self.push_coverage
+        self._journal.listing.coverage = self.push_coverage
         self._local: Local | None = None
 
     @classmethod
@@ -247,7 +246,7 @@ class NatsCluster:
         Its push configs created while nobody owned it are this instance's to
         deliver from now on (so a sweep adopts them if this instance is lost).
         """
-        claimed = await self._journal.claim(recorded.task.id)
+        claimed = await self._journal.ownership.claim(recorded.task.id)
         if claimed is not None:
             try:
                 for orphan in await self.push_store.without_deliverer(claimed.task.id):
@@ -264,7 +263,7 @@ class NatsCluster:
         """
         if self.lease is not None:
             await self.lease.read_all_heartbeats()
-        return await self._journal.release(task_id, self.instance_id)
+        return await self._journal.ownership.release(task_id, self.instance_id)
 
     async def push(self, recorded: RecordedTask, config_id: str, call: Caller) -> None:
         """Have the owner deliver a push config stored for its task (see ``Cluster.push``)."""
