@@ -149,6 +149,8 @@ class Lease:
         self._reconnects = 0
         self._last_tick: float | None = None
         self._reading_all = asyncio.Lock()
+        self._read_all = False
+        """Whether ``read_all_heartbeats`` has read (or tried to) already."""
         """Held by ``read_all_heartbeats`` (a shutdown's releases ask for it at once)."""
         self._swept_at_start = False
 
@@ -219,11 +221,13 @@ class Lease:
         heard every instance (``formats``), so it writes format 1 and would
         release no waiting task. One read of every key tells it what each live
         instance reads. A read that fails, or takes longer than a quarter of
-        the lease, changes nothing (the waiting tasks then end FAILED).
+        the lease, changes nothing (the waiting tasks then end FAILED). Read
+        once per process: the releases of one shutdown share the first read.
         """
         async with self._reading_all:
-            if self._formats.writing >= CURRENT:
+            if self._formats.writing >= CURRENT or self._read_all:
                 return
+            self._read_all = True
             heard: dict[str, bytes] = {}
             try:
                 async with asyncio.timeout(self._lease / 4):
