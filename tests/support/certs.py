@@ -56,7 +56,7 @@ def issue(
     names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
     names += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
     names += [x509.UniformResourceIdentifier(u) for u in uris]
-    cert = (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(_name(common or (dns[0] if dns else "server")))
         .issuer_name(ca.subject)
@@ -64,9 +64,10 @@ def issue(
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .sign(ca_key, hashes.SHA256())
     )
+    if names:  # (cryptography 51 refuses an empty SubjectAlternativeName)
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
     issued = Issued(directory / "ca.pem", directory / "cert.pem", directory / "key.pem")
     issued.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     issued.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
