@@ -373,7 +373,9 @@ class FakeCluster:
         if self._serving:
             await asyncio.wait(list(self._serving))
 
-    async def subscribe(self, recorded: RecordedTask) -> tuple[Task, LogReader]:
+    async def subscribe(
+        self, recorded: RecordedTask, *, passive: bool = False
+    ) -> tuple[Task, LogReader]:
         """Join this instance's shared relay of the task, starting it from the record."""
         task_id = recorded.task.id
         for _ in range(READ_ATTEMPTS):
@@ -390,7 +392,7 @@ class FakeCluster:
                     continue  # started, or written, while it was read: no gap, no duplicate
                 log = self._open_relay(task_id, found.seq + 1, shared=True)
                 log.snapshot = found.task
-            snapshot, reader = log.subscribe()  # (a closed relay has left _shared)
+            snapshot, reader = log.subscribe(passive=passive)  # (a closed relay left _shared)
             assert snapshot is not None
             return snapshot, reader
         raise StoreUnavailableError(f"task {quote(task_id)} kept changing while it was read")

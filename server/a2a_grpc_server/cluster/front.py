@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 from a2a.types.a2a_pb2 import Message, SendMessageRequest, Task
+from a2a.utils.errors import UnsupportedOperationError
 
 from ..engine.engine import Started, TaskEngine
 from ..engine.ports import Peers
@@ -223,6 +224,28 @@ class ClusterFront:
             reader.close()
             raise
         return relayed, reader
+
+    async def watch(self, task_id: str, scope: str, after: int) -> LogReader | None:
+        """``TaskEngine.watch``; a task another instance runs is watched through its relay.
+
+        The relay's reader is passive (``Peers.subscribe``): the poll holds a
+        poll slot (``Quotas.long_poll``), never a subscriber's place.
+
+        Raises:
+            As ``TaskEngine.watch``, and RelayLostError: this instance is leaving.
+        """
+        engine = self._engine
+        found = await engine.tasks.recorded(task_id, scope)
+        if taskops.is_final(found.task) or engine.tasks.revivable(found) is not None:
+            return await engine.watch(task_id, scope, after, found)
+        try:
+            _, reader = await self._peers.subscribe(found, passive=True)
+        except UnsupportedOperationError:
+            return None  # it ended meanwhile
+        if reader.next_seq - 1 > after:
+            reader.close()
+            return None
+        return reader
 
     async def resume(self, task_id: str, after: int, scope: str) -> LogReader:
         """``TaskEngine.resume``, reading the shared record for what this instance does not keep."""

@@ -441,6 +441,22 @@ class TaskEngine:
             and self.runs.current(live.task_id) is None
         )
 
+    async def watch(
+        self, task_id: str, scope: str, after: int, found: RecordedTask | None = None
+    ) -> LogReader | None:
+        """A passive reader of a live task's next change (``LiveTask.watch``).
+
+        Returns:
+            None when the task has ended, is not live here, or moved past
+            change ``after`` already.
+
+        Raises:
+            TaskNotFoundError: No such task (or it is another scope's).
+        """
+        found = found or await self.tasks.recorded(task_id, scope)
+        live = None if taskops.is_final(found.task) else self.tasks.revivable(found)
+        return live.watch(after) if live is not None else None
+
     async def resume(
         self,
         task_id: str,

@@ -86,6 +86,13 @@ class TaskOperations(Protocol):
         """A reader of exactly the task's frames after ``after`` (the resume extension)."""
         ...
 
+    async def watch(self, task_id: str, scope: str, after: int) -> LogReader | None:
+        """A passive reader of the task's next change (v1.1's long-poll).
+
+        None when the task has ended or moved past change ``after`` already.
+        """
+        ...
+
 
 class Peers(Protocol):
     """The other instances sharing this instance's tasks (cluster mode).
@@ -103,8 +110,13 @@ class Peers(Protocol):
         """This instance's id (the owner recorded with the tasks it runs)."""
         ...
 
-    async def subscribe(self, recorded: RecordedTask) -> tuple[Task, LogReader]:
+    async def subscribe(
+        self, recorded: RecordedTask, *, passive: bool = False
+    ) -> tuple[Task, LogReader]:
         """Join a task another instance owns, through this instance's relay of it.
+
+        A ``passive`` reader (a long-poll) is not one of the task's subscribers
+        (``TaskLog.readers``), so ``quota_subscribers`` does not count it.
 
         Returns:
             The task as of the relay's log and a reader of every frame after it.

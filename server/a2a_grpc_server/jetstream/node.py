@@ -172,10 +172,12 @@ class NatsCluster:
         if self._relays is not None:
             await self._relays.wait_closed()
 
-    async def subscribe(self, recorded: RecordedTask) -> tuple[Task, LogReader]:
-        """Join the task through this instance's relay (see ``Cluster.subscribe``)."""
+    async def subscribe(
+        self, recorded: RecordedTask, *, passive: bool = False
+    ) -> tuple[Task, LogReader]:
+        """Join the task through this instance's relay (see ``Peers.subscribe``)."""
         assert self._relays is not None, "join() first"
-        return await self._relays.subscribe(recorded.task.id)
+        return await self._relays.subscribe(recorded.task.id, passive=passive)
 
     async def replay(self, recorded: RecordedTask, after: int) -> LogReader:
         """A reader of the task's frames after ``after`` (see ``Cluster.replay``)."""

@@ -177,8 +177,11 @@ class Relays:
     def __len__(self) -> int:
         return len(self._open)
 
-    async def subscribe(self, task_id: str) -> tuple[Task, LogReader]:
+    async def subscribe(self, task_id: str, *, passive: bool = False) -> tuple[Task, LogReader]:
         """Join the shared relay of ``task_id``, starting it if this instance has none.
+
+        A ``passive`` reader (a long-poll) is not one of the task's subscribers
+        here (``TaskLog.readers``), yet keeps the relay going while it reads.
 
         Returns:
             The snapshot and a reader of every frame after it.
@@ -205,7 +208,7 @@ class Relays:
                     relay.started.add_done_callback(functools.partial(self._unread, relay))
             assert relay.log is not None
             try:
-                snapshot, reader = relay.log.subscribe()
+                snapshot, reader = relay.log.subscribe(passive=passive)
             except LogClosedError:
                 final = relay.log.snapshot
                 if relay.log.final_seq and final is not None:
@@ -251,7 +254,7 @@ class Relays:
     def _unread(self, relay: Relay, _: object = None) -> None:
         """Stop a started shared relay that no reader joined (its callers left)."""
         log = relay.log
-        if log is not None and not log.closed and not log.readers and not relay.waiting:
+        if log is not None and not log.closed and not log.attached and not relay.waiting:
             log.sever(RelayLostError("no reader left"))
 
     def _start(self, relay: Relay, after: tuple[int, int] | None) -> Relay:

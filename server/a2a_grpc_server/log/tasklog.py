@@ -460,6 +460,11 @@ class TaskLog:
         """Readers currently attached (clients; passive readers not counted)."""
         return len(self._readers) - self._passive if self._readers else 0
 
+    @property
+    def attached(self) -> int:
+        """Readers currently attached, passive ones included."""
+        return len(self._readers) if self._readers else 0
+
     def make_resumable(self) -> None:
         """Keep frames for the resume window from now on (a resume-aware client follows)."""
         if not self.resumable and not self._relayed:
@@ -484,8 +489,8 @@ class TaskLog:
         if self._close_callbacks and callback in self._close_callbacks:
             self._close_callbacks.remove(callback)
 
-    def subscribe(self) -> tuple[Task | None, LogReader]:
-        """Join the log at its current end.
+    def subscribe(self, *, passive: bool = False) -> tuple[Task | None, LogReader]:
+        """Join the log at its current end (``passive``: see ``reader``).
 
         Returns:
             A copy of the snapshot (None if the task does not exist yet) and a
@@ -496,7 +501,7 @@ class TaskLog:
         """
         if self._closed:
             raise LogClosedError(self.task_id)
-        reader = self.reader(self._last_seq + 1)
+        reader = self.reader(self._last_seq + 1, passive=passive)
         return (taskops.copy(self.snapshot) if self.snapshot is not None else None), reader
 
     def reader(self, next_seq: int, *, passive: bool = False) -> LogReader:

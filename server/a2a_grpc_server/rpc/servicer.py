@@ -61,7 +61,6 @@ from ..errors import (
     InvalidFieldError,
     MessageAnswerNotKeptError,
     MessageInProgressError,
-    QuotaExceededError,
     TaskHandedOverError,
 )
 from ..journal import InvalidPageTokenError, StoreError, TaskQuery
@@ -367,23 +366,13 @@ class RpcServicer:
     async def _poll_reader(self, task_id: str, current: int, call: Caller) -> LogReader | None:
         """A reader that yields the task's next change (None: it moved or ended already).
 
-        A task live here is watched with a passive reader (no subscriber's place
-        taken); one another instance runs (cluster mode), through this instance's
-        relay of it, as a subscriber of that relay.
+        A passive reader (no subscriber's place taken): of the task's log when
+        it is live here, else (cluster mode) of this instance's relay of it.
         """
         live = self._engine.tasks.live_in(task_id, call.scope)
         if live is not None:
             return live.watch(current)
-        try:
-            _, reader = await self._ops.subscribe(task_id, call.scope)
-        except UnsupportedOperationError:
-            return None  # it ended meanwhile
-        except QuotaExceededError:
-            return None  # (no room for one more reader of the relay: the task as it is)
-        if reader.next_seq - 1 > current:
-            reader.close()
-            return None
-        return reader
+        return await self._ops.watch(task_id, call.scope, current)
 
     @_handled
     async def ListTasks(self, request: ListTasksRequest, context: Context) -> ListTasksResponse:
