@@ -232,6 +232,12 @@ class OwnerTimeoutError(ServerError):
 
     code = grpc.StatusCode.DEADLINE_EXCEEDED
     reason = "OWNER_TIMEOUT"
+    sent = True
+    """Whether the request went out (False: too little deadline was left to send it)."""
+    asked = ""
+    """For a follow-up: the owner asked (set by ``cluster.front``; see ``rpc.idempotency``)."""
+    after = 0
+    """For a follow-up: the task's last change before the message would run."""
 
 
 class UnsignedMessageError(ServerError):

@@ -293,7 +293,7 @@ async def test_a_key_expires_after_the_window_and_a_pending_one_is_taken_over() 
 def test_a_record_in_a_format_this_version_does_not_read_is_refused() -> None:
     record = KeyRecord("d", "t", 3, b"answer", 12.5)
     assert KeyRecord.decode(record.encode()) == record
-    for data in (b'{"format": 2}', b"not json", b'{"format": 1, "digest": "d"}'):
+    for data in (b'{"format": 3}', b"not json", b'{"format": 1, "digest": "d"}'):
         with pytest.raises(UnknownFormatError):
             KeyRecord.decode(data)
 
@@ -308,3 +308,20 @@ async def test_answers_are_kept_within_their_bytes_and_a_large_one_is_not_kept()
     large = KeyRecord("d").answered(b"x" * (ANSWER_KEPT + 1))
     assert large.dropped and not large.answer and not large.pending
     assert KeyRecord.decode(large.encode()) == large
+
+
+async def test_an_uncertain_record_is_format_2_and_replaced_only_unchanged() -> None:
+    # A follow-up routed to an owner that did not answer (cluster mode): an older
+    # version refuses format 2 rather than answer the task as if the message ran.
+    uncertain = KeyRecord("d", "t", at=5.0).uncertain("t", 7, "owner-1")
+    assert b'"format":2' in uncertain.encode() and b'"asked":"owner-1"' in uncertain.encode()
+    assert KeyRecord.decode(uncertain.encode()) == uncertain
+    assert not uncertain.pending and uncertain.after == 7
+    assert KeyRecord.decode(uncertain.started("t", 7).encode()).asked == ""
+    keys = MemorySentKeys(window=60.0, most=10, clock=lambda: 10.0)
+    await keys.claim("k", KeyRecord("d"))
+    await keys.settle("k", uncertain)
+    found = await keys.claim("k", KeyRecord("d"))
+    assert found is not None and found.asked == "owner-1", "kept: a retry looks first"
+    assert await keys.claim("k", KeyRecord("d"), replacing=KeyRecord("d", "other")) == found
+    assert await keys.claim("k", KeyRecord("d"), replacing=found) is None, "taken over"

@@ -1,8 +1,10 @@
-"""A bus client that replays routed traffic (issue 42, hole 2).
+"""A bus client that forges or replays routed traffic (issue 42, holes 1 and 2).
 
-A client of the NATS bus that reads ``a2a.ctl.>`` sees each routed request. It may
-publish a request it overheard again after the owner restarted under the same
-``--instance-id``: that must not make the owner act twice.
+A client of the NATS bus that reads ``a2a.ctl.>`` sees each routed request and the
+inbox its answer goes to. It may put a bare "no responders" status (``Status: 503``, no
+payload) into that inbox, or publish a request it overheard again after the owner
+restarted under the same ``--instance-id``. Neither may make the owner act twice, or
+the asker say the owner is unavailable while it acts.
 
 Real nats-server, real instances (one a ``serve`` process, restarted), and a plain
 nats-py client playing the intruder.
@@ -21,6 +23,7 @@ from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskUpdater
 from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
     GetTaskRequest,
     Part,
     Role,
@@ -28,15 +31,18 @@ from a2a.types.a2a_pb2 import (
     Task,
     TaskState,
 )
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from a2a_grpc_server.jetstream.routing import control_subject
 from a2a_grpc_server.jetstream.signing import SIGNATURE
+from tests.support.agents import Hanging
 from tests.support.clusterharness import instances
-from tests.support.harness import V1, send_request
+from tests.support.harness import KEYED, V1, send_request
 from tests.support.serveproc import logged, start
 
 S = TaskState
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 ASKING = "tests.cluster.test_routing_forgery:Asking"
 FIXED_ID = "forgery-owner"
 
@@ -65,6 +71,74 @@ def copy(request: SendMessageRequest) -> SendMessageRequest:
 def runs_of(task: Task, message_id: str) -> int:
     """How often the task's history holds the message (once per run of it)."""
     return [m.message_id for m in task.history].count(message_id)
+
+
+async def forging_no_responders(intruder: Client, subject: str) -> asyncio.Event:
+    """Answer the first request on ``subject`` at once with a bare "no responders" status.
+
+    Returns:
+        Set once the forged status was sent.
+    """
+    forged = asyncio.Event()
+
+    async def forge(msg: Msg) -> None:
+        if not forged.is_set():
+            forged.set()
+            await intruder.publish(msg.reply, b"", headers={"Status": "503"})
+
+    await intruder.subscribe(subject, cb=forge)
+    await intruder.flush()
+    return forged
+
+
+async def test_a_forged_no_responders_answer_does_not_end_a_routed_cancel(
+    nats_url: str,
+) -> None:
+    # The owner answers after cancel_timeout (its agent ignores cancel): the forged
+    # status is in the asker's inbox a second before the owner's answer.
+    async with asyncio.timeout(30), instances(Hanging(), [nats_url]) as (a, b):
+        stream = a.stub.SendStreamingMessage(send_request("hi"), metadata=V1)
+        task_id = (await stream.read()).task.id
+        intruder = await nats.connect(nats_url)
+        try:
+            subject = control_subject(a.cluster.instance_id, "cancel")
+            forged = await forging_no_responders(intruder, subject)
+            canceled = await b.stub.CancelTask(CancelTaskRequest(id=task_id), metadata=V1)
+            assert forged.is_set()
+            assert canceled.status.state == S.TASK_STATE_CANCELED, "the owner's own answer"
+        finally:
+            await intruder.close()
+        while await stream.read() is not grpc.aio.EOF:  # (up to its final frame)
+            pass
+
+
+async def test_a_forged_no_responders_answer_does_not_make_a_follow_up_run_twice(
+    nats_url: str,
+) -> None:
+    # Believed, the forged status is UNAVAILABLE: the asker lets the retry key go and
+    # the client's retry runs the turn again, though the owner ran it already.
+    async with asyncio.timeout(30), instances(Asking(), [nats_url]) as (a, b):
+        task = (await a.stub.SendMessage(send_request("hi"), metadata=KEYED)).task
+        assert task.status.state == S.TASK_STATE_INPUT_REQUIRED
+        follow_up = send_request("one", task_id=task.id)
+        intruder = await nats.connect(nats_url)
+        try:
+            forged = await forging_no_responders(
+                intruder, control_subject(a.cluster.instance_id, "send")
+            )
+            refused: grpc.aio.AioRpcError | None = None
+            try:
+                await b.stub.SendMessage(copy(follow_up), metadata=KEYED, timeout=10)
+            except grpc.aio.AioRpcError as err:
+                refused = err  # (a client retries UNAVAILABLE)
+            again = (await b.stub.SendMessage(copy(follow_up), metadata=KEYED, timeout=10)).task
+            assert forged.is_set()
+        finally:
+            await intruder.close()
+        seen = await a.stub.GetTask(GetTaskRequest(id=task.id), metadata=V1)
+        assert runs_of(seen, follow_up.message.message_id) == 1, "the retry ran it again"
+        assert refused is None, f"{refused.code()}: {refused.details()}"
+        assert again.status.state == S.TASK_STATE_INPUT_REQUIRED
 
 
 async def test_a_signed_request_replayed_after_its_owner_restarted_is_refused(
@@ -133,3 +207,48 @@ async def test_a_signed_request_replayed_after_its_owner_restarted_is_refused(
             if proc is not None and proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+async def test_a_keyed_follow_up_to_a_killed_owner_runs_once_when_retried(
+    nats_url: str,
+) -> None:
+    # The review's case against the forged-503 rule: with the owner SIGKILLed, NATS's
+    # real "no responders" is not believed while the owner's heartbeat stands, so a
+    # deadline under a lease ends OWNER_TIMEOUT and nobody knows whether it ran. The
+    # client's retries must run it once the task is let go, not answer it unrun.
+    args = ("--agent", ASKING, "--nats", nats_url, "--lease", "2")
+    owner = await start(*args)
+    try:
+        async with (
+            asyncio.timeout(60),
+            instances(Asking(), [nats_url], names=("B",), lease=2.0) as [b],
+        ):
+            await logged(owner, "writing format 2")  # (so that its task is released)
+            async with grpc.aio.insecure_channel(owner.grpc_addr) as channel:
+                stub = a2a_pb2_grpc.A2AServiceStub(channel)
+                task = (await stub.SendMessage(send_request("hi"), metadata=V1)).task
+            assert task.status.state == S.TASK_STATE_INPUT_REQUIRED
+            owner.proc.kill()
+            await owner.proc.wait()
+            one = send_request("one", task_id=task.id)
+            refusals: list[str] = []
+            answer: Task | None = None
+            for _ in range(400):  # (bounded by the timeout above too)
+                try:
+                    reply = await b.stub.SendMessage(copy(one), metadata=KEYED, timeout=1.0)
+                except grpc.aio.AioRpcError as err:
+                    refusals.append(f"{err.code().name}: {err.details()}")
+                    if err.code() not in RETRYABLE:
+                        break
+                    await asyncio.sleep(0.1)  # sync-ok: a client's retry back-off
+                    continue
+                answer = reply.task
+                break
+            assert answer is not None, f"not answered: {refusals[-3:]}"
+            seen = await b.stub.GetTask(GetTaskRequest(id=task.id), metadata=V1)
+        assert runs_of(seen, one.message.message_id) == 1, f"not run once; refused {refusals}"
+        assert answer.status.message.parts[0].text == "got one", "answered with its own run"
+    finally:
+        if owner.proc.returncode is None:
+            owner.proc.kill()
+            await owner.proc.wait()

@@ -136,3 +136,24 @@ async def test_an_abandoned_pending_record_and_one_past_the_window_are_taken_ove
     assert await a.claim(key, KeyRecord("d3")) is not None, "settled, within the window"
     clock.now += 2
     assert await a.claim(key, KeyRecord("d3")) is None, "past the window: a new request"
+
+
+async def test_an_uncertain_record_is_kept_and_taken_over_only_unchanged(
+    stores: tuple[list[SentKeys], Clock],
+) -> None:
+    # A follow-up routed with no trusted answer (``rpc.idempotency``): later claims find
+    # it; one claim that names it as found replaces it, and only one of two racing.
+    (a, b), _ = stores
+    key = new_key()
+    mine = KeyRecord("d", "t-1")
+    assert await a.claim(key, mine) is None
+    await a.settle(key, mine.uncertain("t-1", 4, "owner-1"))
+    found = await b.claim(key, KeyRecord("d", "t-1"))
+    assert found is not None and (found.asked, found.after, found.pending) == ("owner-1", 4, False)
+    assert await b.claim(key, KeyRecord("d", "t-1"), found.started("t-1", 4)) == found
+    results = await asyncio.gather(
+        a.claim(key, KeyRecord("d", "t-1"), found), b.claim(key, KeyRecord("d", "t-1"), found)
+    )
+    assert sorted(r is None for r in results) == [False, True], "one takes it over"
+    taken = await b.claim(key, KeyRecord("d", "t-1"))
+    assert taken is not None and taken.pending and not taken.asked

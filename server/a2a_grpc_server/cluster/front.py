@@ -27,7 +27,7 @@ from a2a.utils.errors import UnsupportedOperationError
 
 from ..engine.engine import Started, TaskEngine
 from ..engine.ports import Peers
-from ..errors import ServerShuttingDownError
+from ..errors import OwnerTimeoutError, ServerShuttingDownError
 from ..journal import RecordedTask, TaskJournal
 from ..log.tasklog import LogReader
 from ..model import taskops
@@ -126,6 +126,10 @@ class ClusterFront:
                 reader.close()
                 found = await self._handed_over(found, call, started)
                 continue
+            except OwnerTimeoutError as exc:  # (it may have run: say whom, and from where)
+                reader.close()
+                exc.asked, exc.after = found.owner, since - 1
+                raise
             except BaseException:
                 reader.close()
                 raise

@@ -66,7 +66,9 @@ class JetStreamSentKeys:
     immediate = False
     """See ``journal.keys.SentKeys.immediate``: each operation is a round trip to NATS."""
 
-    async def claim(self, key: str, record: KeyRecord) -> KeyRecord | None:
+    async def claim(
+        self, key: str, record: KeyRecord, replacing: KeyRecord | None = None
+    ) -> KeyRecord | None:
         """See ``journal.keys.SentKeys.claim``."""
         kv = await self._bucket()
         now = self._clock()
@@ -94,7 +96,7 @@ class JetStreamSentKeys:
             found = KeyRecord.decode(entry.value or b"")
             stale = now - found.at >= self._window
             abandoned = found.pending and now - found.at > PENDING_FOR
-            if not (stale or abandoned):
+            if not (stale or abandoned or found == replacing):
                 return found
             try:
                 await kv.update(key, value.encode(), last=entry.revision)

@@ -138,6 +138,8 @@ class NatsCluster:
             self.instance_id,
             tasks.config.cancel_timeout,
             self._signer,
+            heartbeats=self.conn.instances,
+            lease=self.conn.config.lease,
             in_flight=self.conn.config.routed_in_flight,
         )
         self.lease = Lease(

@@ -7,6 +7,15 @@ itself: the cancel's frames go through the owner's journal and log, never
 around them. Errors come back as a header naming the domain error
 class, and are raised again on the asking instance.
 
+The asker believes only an answer signed for its request (``signing``).
+NATS's own "no responders" status (``Status: 503``, no payload) is not signed:
+any client of the bus that reads the request can put one in the inbox while
+the owner acts. So it only makes the asker read the owner's heartbeat
+(``_Heartbeat``): the request fails as unanswered (``OwnerUnavailableError``,
+nothing was done) once the owner's key is gone (it left) or has not changed
+for a whole lease (it died: the rule ``lease`` judges by); while the owner
+heartbeats, the asker waits for the owner's answer until its own deadline.
+
 Who runs what: nats-py calls ``_on_request`` in the subscription's task (one
 per operation, each message in turn); it checks the request's signature,
 then spawns the serving task and returns, so one slow cancel never delays
@@ -29,11 +38,13 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import nats.errors
+import nats.js.errors
 from a2a.types.a2a_pb2 import SendMessageRequest, Task
 from a2a.utils.errors import A2AError, InternalError
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
+from nats.js.kv import KeyValue
 
 from ..cluster.routed import (
     ANSWER_MARGIN,
@@ -71,7 +82,7 @@ CALL_HEADERS = "A2a-Call-Headers"
 CALLER = "A2a-Caller"
 """Who called: a JSON list [principal name or null, tenant] (see ``routed.encode_caller``)."""
 STATUS, NO_RESPONDERS = "Status", "503"
-"""How NATS says, in the inbox, that nobody serves a request's subject."""
+"""How NATS says, in the inbox, that nobody serves a request's subject (unsigned: a hint)."""
 TIMEOUT = "A2a-Timeout"
 """Seconds the asking instance waits for the answer (the client's deadline, or the default)."""
 
@@ -89,6 +100,9 @@ class Router:
         instance_id: This instance's id.
         cancel_timeout: The engine's ``cancel_timeout`` (see ``routed.default_wait``).
         signer: Signs requests and answers, and checks those received (``signing``).
+        heartbeats: The instances' heartbeats (``A2A_INSTANCES``), read when NATS
+            says nobody serves an owner (see the module docstring).
+        lease: The cluster's lease (``NatsConfig.lease``).
         in_flight: Most requests served at once (see the module docstring).
     """
 
@@ -99,10 +113,13 @@ class Router:
         cancel_timeout: float,
         signer: Signer,
         *,
+        heartbeats: KeyValue,
+        lease: float,
         in_flight: int = 256,
     ) -> None:
         self._nc = nc
         self._signer = signer
+        self._heartbeats, self._lease = heartbeats, lease
         self._id = instance_id
         self._bound = default_wait(cancel_timeout)
         self._subs: list[NatsSubscription] = []
@@ -161,7 +178,9 @@ class Router:
         # (answering ANSWER_MARGIN before the client gives up, so it gets our reason).
         timeout = self._bound if call.timeout is None else call.timeout - ANSWER_MARGIN
         if timeout <= 0:
-            raise OwnerTimeoutError("too little of the call's deadline is left to ask the owner")
+            late = OwnerTimeoutError("too little of the call's deadline is left to ask the owner")
+            late.sent = False
+            raise late
         metadata, who = encode_caller(call)
         headers = {
             CALL_HEADERS: metadata,
@@ -169,13 +188,12 @@ class Router:
             TIMEOUT: f"{timeout:.3f}",
             FORMAT: str(CURRENT),  # (an older owner ignores it: the layout is format 1's)
         }
-        subject = control_subject(owner, op)
         try:
-            msg = await self._ask(subject, payload, headers, timeout)
+            msg = await self._ask(owner, op, payload, headers, timeout, grow=call.timeout is None)
         except nats.errors.NoRespondersError as exc:
             raise OwnerUnavailableError(
                 f"instance {owner}, which runs this task, is not reachable; if it is gone, "
-                "the task ends FAILED once its lease expires"
+                "the task ends FAILED (or, waiting for input, is released) once its lease expires"
             ) from exc
         except nats.errors.TimeoutError as exc:
             # It may have acted: say so, rather than that it is unavailable.
@@ -193,17 +211,30 @@ class Router:
             raise error
         return bytes(msg.data)
 
-    async def _ask(self, subject: str, payload: bytes, headers: dict[str, str], wait: float) -> Msg:
-        """Send a request and return its answer.
+    async def _ask(
+        self,
+        owner: str,
+        op: str,
+        payload: bytes,
+        headers: dict[str, str],
+        wait: float,
+        *,
+        grow: bool,
+    ) -> Msg:
+        """Send a request to ``owner`` and return its answer.
 
         The answer is the first one signed for this very request (see
         ``signing``); anything else arriving in the inbox meanwhile is ignored.
+        A bare "no responders" status makes this read the owner's heartbeat
+        (module docstring); with ``grow`` (the client set no deadline), the wait
+        is then at least ``_Heartbeat.patience``, long enough to tell.
 
         Raises:
-            nats.errors.NoRespondersError: Nobody serves ``subject``.
+            nats.errors.NoRespondersError: Nobody serves the owner's subject (NATS
+                says so, and, when requests are signed, the owner's heartbeat agrees).
             nats.errors.TimeoutError: No good answer within ``wait`` seconds.
         """
-        signer = self._signer
+        subject, signer = control_subject(owner, op), self._signer
         if not signer.signing:
             return await self._nc.request(subject, payload, timeout=wait, headers=headers)
         inbox = self._nc.new_inbox()
@@ -212,26 +243,41 @@ class Router:
         sub = await self._nc.subscribe(inbox)
         try:
             await self._nc.publish(subject, payload, reply=inbox, headers=headers)
-            async with asyncio.timeout(wait):
-                while True:
-                    msg = await sub.next_msg(timeout=None)  # (bounded by the timeout above)
-                    answer = msg.headers or {}
-                    if answer.get(STATUS) == NO_RESPONDERS and not msg.data:
-                        raise nats.errors.NoRespondersError
-                    try:
-                        signed = signer.check(msg.subject, answer, msg.data)
-                    except UnsignedMessageError as exc:
-                        _refused_log.log("an answer to routed %s ignored: %s", subject, exc)
-                        continue
-                    if signed and answer.get(ANSWERS) != nonce:  # (unsigned: trust_bus)
-                        _refused_log.log("an answer to routed %s ignored: not its own", subject)
-                        continue
+            loop = asyncio.get_running_loop()
+            deadline, heartbeat = loop.time() + wait, None
+            while (left := deadline - loop.time()) > 0:
+                step = left if heartbeat is None else min(left, heartbeat.period)
+                try:
+                    msg: Msg | None = await sub.next_msg(timeout=step)
+                except nats.errors.TimeoutError:
+                    msg = None
+                if msg is not None and self._answers(msg, subject, nonce):
                     return msg
-        except TimeoutError:
-            raise nats.errors.TimeoutError from None
+                if msg is not None and heartbeat is None and _no_responders(msg):
+                    heartbeat = _Heartbeat(self._heartbeats, owner, self._lease)
+                    if grow:
+                        deadline = max(deadline, loop.time() + heartbeat.patience)
+                if heartbeat is not None and await heartbeat.gone(deadline - loop.time()):
+                    raise nats.errors.NoRespondersError
+            raise nats.errors.TimeoutError
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
+
+    def _answers(self, msg: Msg, subject: str, nonce: str) -> bool:
+        """Whether ``msg``, in the inbox of the request ``nonce`` to ``subject``, answers it."""
+        answer = msg.headers or {}
+        if _no_responders(msg):
+            return False  # (unsigned, whatever the bus is trusted with: see _ask)
+        try:
+            signed = self._signer.check(msg.subject, answer, msg.data)
+        except UnsignedMessageError as exc:
+            _refused_log.log("an answer to routed %s ignored: %s", subject, exc)
+            return False
+        if signed and answer.get(ANSWERS) != nonce:  # (unsigned: trust_bus)
+            _refused_log.log("an answer to routed %s ignored: not its own", subject)
+            return False
+        return True
 
     async def _on_request(self, msg: Msg) -> None:
         op = msg.subject.rsplit(".", 1)[-1]
@@ -326,3 +372,61 @@ class Router:
         assert self._local is not None
         await self._local.owner.send(SendMessageRequest.FromString(msg.data), call, subscribe=False)
         return b""
+
+
+def _no_responders(msg: Msg) -> bool:
+    """Whether ``msg`` is NATS's "no responders" status (or looks like it: anyone may send one)."""
+    return (msg.headers or {}).get(STATUS) == NO_RESPONDERS and not msg.data
+
+
+class _Heartbeat:
+    """A task's owner's heartbeat, read after a "no responders" status came for it.
+
+    The owner is gone when its key is (it left: ``Lease.stop`` deletes it; or
+    it expired), or when the key kept one revision for a whole lease from the
+    first read (it died: a live instance writes every quarter lease, and
+    survivors judge by the same lease); it is alive once the revision moves,
+    and is not read again. A read that fails or is late tells nothing. At most
+    one read a ``period``, however many statuses come.
+
+    Args:
+        heartbeats: The instances' heartbeats.
+        owner: The owner's instance id (its key).
+        lease: The cluster's lease.
+    """
+
+    def __init__(self, heartbeats: KeyValue, owner: str, lease: float) -> None:
+        self._kv, self._owner, self._lease = heartbeats, owner, lease
+        self.period = lease / 4
+        """Seconds between two reads."""
+        self._first: tuple[float, int] | None = None
+        """When the key was first read, and its revision then."""
+        self._next = 0.0
+        self._alive = False
+
+    @property
+    def patience(self) -> float:
+        """Seconds after the first read by which a dead owner is told from a live one."""
+        return self._lease + 2 * self.period
+
+    async def gone(self, within: float) -> bool:
+        """Read the key if a read is due (bounded by ``within`` s); whether the owner is gone."""
+        now = asyncio.get_running_loop().time()
+        if self._alive or now < self._next or within <= 0:
+            return False
+        self._next = now + self.period
+        try:
+            async with asyncio.timeout(within):
+                entry = await self._kv.get(self._owner)
+        except nats.js.errors.KeyNotFoundError:  # (deleted, purged or expired)
+            return True
+        except (nats.errors.Error, TimeoutError):
+            return False
+        revision = entry.revision or 0
+        if self._first is None:
+            self._first = (now, revision)
+            return False
+        if revision != self._first[1]:
+            self._alive = True
+            return False
+        return now - self._first[0] >= self._lease

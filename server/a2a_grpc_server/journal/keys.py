@@ -10,7 +10,14 @@ request with that key was (a digest of its body) and where its answer is:
   change before its run (its outcome is the task's first final or
   interrupted state after that);
 * *answered*: the executor answered with a message and no task (the message
-  is kept).
+  is kept);
+* *uncertain*: a follow-up routed to the task's owner (cluster mode) got no
+  answer it could trust, so it may or may not have run: the record names the
+  owner asked (``asked``). A retry looks at the task (``rpc.idempotency``):
+  its message in the history means it ran (answered as *started*); a task
+  that ended, or that another owner (or none) holds now, or a record older
+  than ``PENDING_FOR``, means it never will (the retry takes the key over
+  and runs it); otherwise the retry is told to come back.
 
 A pending record whose writer died is taken over after ``PENDING_FOR``
 seconds. Records expire ``window`` seconds after they were claimed (the
@@ -38,6 +45,9 @@ from typing import Final, Protocol
 from ..errors import UnknownFormatError
 
 FORMAT = 1
+UNCERTAIN_FORMAT = 2
+"""An *uncertain* record's format: a version that does not know it refuses it, rather than
+answer a message that may never have run as if it had."""
 PENDING_FOR = 300.0
 """Seconds after which a pending record is taken for abandoned (its writer died starting;
 a start takes milliseconds, or the journal's retries at worst)."""
@@ -65,6 +75,8 @@ class KeyRecord:
     caller: str = ""
     """Whose key it is (the principal): what the in-memory store bounds keys by. Not in
     ``encode``: the shared bucket's bound is its window."""
+    asked: str = ""
+    """The owner a follow-up was routed to, when it is not known whether it ran it."""
 
     @property
     def pending(self) -> bool:
@@ -78,24 +90,46 @@ class KeyRecord:
             self.digest, task_id, max(after, 0), self.answer, self.at, self.dropped, self.caller
         )
 
+    def uncertain(self, task_id: str, after: int, asked: str) -> KeyRecord:
+        """This record once ``asked``, routed the follow-up, did not say whether it ran it."""
+        return KeyRecord(
+            self.digest, task_id, max(after, 0), b"", self.at, False, self.caller, asked
+        )
+
     def answered(self, answer: bytes) -> KeyRecord:
         """This record once the executor answered with a message and no task."""
         if len(answer) > ANSWER_KEPT:
-            return KeyRecord(self.digest, self.task_id, self.after, b"", self.at, True, self.caller)
+            return KeyRecord(
+                self.digest, self.task_id, self.after, b"", self.at, True, self.caller, self.asked
+            )
         return KeyRecord(
-            self.digest, self.task_id, self.after, answer, self.at, self.dropped, self.caller
+            self.digest,
+            self.task_id,
+            self.after,
+            answer,
+            self.at,
+            self.dropped,
+            self.caller,
+            self.asked,
         )
 
     def stamped(self, at: float) -> KeyRecord:
         """This record, claimed at ``at``."""
         return KeyRecord(
-            self.digest, self.task_id, self.after, self.answer, at, self.dropped, self.caller
+            self.digest,
+            self.task_id,
+            self.after,
+            self.answer,
+            at,
+            self.dropped,
+            self.caller,
+            self.asked,
         )
 
     def encode(self) -> bytes:
         """The record as stored (JSON, with its format)."""
-        body = {
-            "format": FORMAT,
+        body: dict[str, object] = {
+            "format": UNCERTAIN_FORMAT if self.asked else FORMAT,
             "digest": self.digest,
             "task_id": self.task_id,
             "after": self.after,
@@ -103,6 +137,8 @@ class KeyRecord:
             "at": self.at,
             "dropped": self.dropped,
         }
+        if self.asked:
+            body["asked"] = self.asked
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
@@ -117,7 +153,7 @@ class KeyRecord:
             fmt = found["format"]
         except (ValueError, TypeError, KeyError):
             raise UnknownFormatError("a sent key's record", repr(data[:40])) from None
-        if fmt != FORMAT:
+        if fmt not in (FORMAT, UNCERTAIN_FORMAT):
             raise UnknownFormatError("a sent key's record", str(fmt))
         try:
             return cls(
@@ -127,6 +163,7 @@ class KeyRecord:
                 base64.b64decode(found["answer"]),
                 float(found["at"]),
                 bool(found.get("dropped", False)),
+                asked=str(found["asked"]) if fmt == UNCERTAIN_FORMAT else "",
             )
         except (ValueError, TypeError, KeyError):
             raise UnknownFormatError("a sent key's record", repr(data[:40])) from None
@@ -141,8 +178,14 @@ class SentKeys(Protocol):
     between its run and its record, so it needs no shield from the caller leaving (see
     ``rpc.servicer``)."""
 
-    async def claim(self, key: str, record: KeyRecord) -> KeyRecord | None:
+    async def claim(
+        self, key: str, record: KeyRecord, replacing: KeyRecord | None = None
+    ) -> KeyRecord | None:
         """Keep ``record`` under ``key`` unless one is there (or only an abandoned one).
+
+        ``replacing``: a record found there before that may be replaced too (an
+        *uncertain* one that cannot have run, ``rpc.idempotency``), if it is
+        still there unchanged.
 
         Returns:
             None if this claimed it, else the record there.
@@ -169,7 +212,7 @@ class SentKeys(Protocol):
         ...
 
 
-_Kept = tuple[str, str, int, bytes, float, bool, str]
+_Kept = tuple[str, str, int, bytes, float, bool, str, str]
 """A ``KeyRecord``'s fields, in order."""
 _ANSWER: Final = 3
 _AT: Final = 4
@@ -217,13 +260,16 @@ class MemorySentKeys:
     def __len__(self) -> int:
         return len(self._records)
 
-    async def claim(self, key: str, record: KeyRecord) -> KeyRecord | None:
+    async def claim(
+        self, key: str, record: KeyRecord, replacing: KeyRecord | None = None
+    ) -> KeyRecord | None:
         """See ``SentKeys.claim``."""
         now = self._clock()
         self._expire(now)
         kept = self._records.get(key)
         found = KeyRecord(*kept) if kept is not None else None
-        if found is not None and not (found.pending and now - found.at > PENDING_FOR):
+        abandoned = found is not None and found.pending and now - found.at > PENDING_FOR
+        if found is not None and not abandoned and found != replacing:
             return found
         self._pop(key)
         self._add(key, record.stamped(now), record.caller)
@@ -253,6 +299,7 @@ class MemorySentKeys:
             record.at,
             record.dropped,
             caller,
+            record.asked,
         )
         self._by_caller.setdefault(caller, OrderedDict())[key] = None
         if record.answer:

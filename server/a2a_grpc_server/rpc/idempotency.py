@@ -34,6 +34,7 @@ import functools
 import hashlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from a2a.types.a2a_pb2 import AgentExtension, Message, SendMessageRequest
@@ -129,6 +130,10 @@ def _body(request: SendMessageRequest) -> str:
     )
 
 
+FirstRan = Callable[[KeyRecord], Awaitable[bool | None]]
+"""Whether an *uncertain* first request ran (True), never will (False), or may yet (None)."""
+
+
 class Patience:
     """How long a retry waits for its first request.
 
@@ -174,13 +179,15 @@ class Claim:
     async def release(self, error: BaseException, task_id: str = "") -> None:
         """The request failed with ``error``: let its key go unless it may have acted.
 
-        A follow-up whose owner did not answer in time may have started: its
-        key says so (a retry answers the task's outcome, never runs it again).
+        A follow-up whose owner did not answer in time may have run: its key
+        says so (*uncertain*, naming the owner asked), and a retry finds out
+        from the task whether it did (``Retries.admit``).
         """
         with contextlib.suppress(StoreError):  # (best effort: it expires with the window)
-            if isinstance(error, OwnerTimeoutError):
+            if isinstance(error, OwnerTimeoutError) and error.sent:
                 if task_id:
-                    await self.started(task_id, 0)
+                    self.record = self.record.uncertain(task_id, error.after, error.asked)
+                    await self.keys.settle(self.key, self.record)
                 return
             await self.keys.release(self.key)
 
@@ -204,9 +211,14 @@ class Retries:
         return self._keys is not None and URI in call.extensions()
 
     async def admit(
-        self, request: SendMessageRequest, call: Caller
+        self, request: SendMessageRequest, call: Caller, ran: FirstRan | None = None
     ) -> tuple[Claim | None, KeyRecord | None]:
         """Claim the request's key, or find the first request's record.
+
+        A first request whose follow-up may or may not have run (*uncertain*,
+        ``journal.keys``) is looked up with ``ran``: if it ran, its record is
+        answered; if it never will, this request takes its key over and runs;
+        else it waits for it as for a first request still starting.
 
         Returns:
             (the claim, None) for the first request; (None, the first's record,
@@ -227,22 +239,35 @@ class Retries:
         caller = principal_of(call.scope)  # (tenants aside: a client picks those)
         mine = KeyRecord(_body(request), request.message.task_id, at=time.time(), caller=caller)
         patience: Patience | None = None  # (made when a first request is still starting)
+        replacing: KeyRecord | None = None
         while True:
-            prior = await self._claim(keys, key, mine)
+            prior = await self._claim(keys, key, mine, replacing)
             if prior is None:
                 return Claim(keys, key, mine), None
             if prior.digest != mine.digest:
                 raise MessageKeyReusedError(field, ident)
-            if not prior.pending:
+            verdict = await ran(prior) if prior.asked and ran is not None else True
+            if verdict is False:
+                logger.info("%s %s never ran where it was sent: running it", field, ident)
+                replacing = prior
+                continue
+            if not prior.pending and verdict:
                 logger.info("%s %s was sent before: answering its task", field, ident)
                 return None, prior
             patience = patience or Patience(call)
             if not await patience.wait():
+                if prior.asked:
+                    raise MessageInProgressError(
+                        f"the first request with {field} {quote(ident)} went to instance "
+                        f"{prior.asked}, which has not said whether it ran it; retry"
+                    )
                 raise MessageInProgressError(
                     f"the first request with {field} {quote(ident)} is still starting; retry"
                 )
 
-    async def _claim(self, keys: SentKeys, key: str, mine: KeyRecord) -> KeyRecord | None:
+    async def _claim(
+        self, keys: SentKeys, key: str, mine: KeyRecord, replacing: KeyRecord | None
+    ) -> KeyRecord | None:
         """``keys.claim``; if the caller leaves meanwhile, let the key go once it is won.
 
         A claim that lands for a caller who left (a cut connection) would
@@ -252,8 +277,8 @@ class Retries:
         are claimed without a pause: nothing to shield.
         """
         if getattr(keys, "immediate", False):  # (an embedder's keys may not say)
-            return await keys.claim(key, mine)
-        job = asyncio.ensure_future(keys.claim(key, mine))
+            return await keys.claim(key, mine, replacing)
+        job = asyncio.ensure_future(keys.claim(key, mine, replacing))
         try:
             return await asyncio.shield(job)
         except asyncio.CancelledError:

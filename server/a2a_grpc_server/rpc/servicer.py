@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -64,7 +65,7 @@ from ..errors import (
     TaskHandedOverError,
 )
 from ..journal import InvalidPageTokenError, StoreError, TaskQuery
-from ..journal.keys import KeyRecord
+from ..journal.keys import PENDING_FOR, KeyRecord
 from ..log.tasklog import LogReader, TaskLog
 from ..model import generation, taskops
 from ..model.caller import EXTENSIONS_KEY, Caller, caller
@@ -206,7 +207,7 @@ class RpcServicer:
         validation.check_send(request, self._config, self._input_modes)
         self._check_inline_push(request)
         numbered = await self._activate_send(call, context)
-        claim, prior = await self._retries.admit(request, call)
+        claim, prior = await self._retries.admit(request, call, self._first_ran(request, call))
         immediately = request.configuration.return_immediately
         if prior is not None:
             prior = await self._readable(prior, request, call)
@@ -232,7 +233,7 @@ class RpcServicer:
         self._check_inline_push(request)
         async with self._stream_slot(call):
             numbered = await self._activate_send(call, context)
-            claim, prior = await self._retries.admit(request, call)
+            claim, prior = await self._retries.admit(request, call, self._first_ran(request, call))
             if prior is not None:
                 prior = await self._readable(prior, request, call)
                 await self._replay_stream(prior, call, context, numbered)
@@ -570,6 +571,29 @@ class RpcServicer:
         except asyncio.CancelledError:
             job.add_done_callback(_close_reader)  # (the caller left: its reader is nobody's)
             raise
+
+    def _first_ran(self, request: SendMessageRequest, call: Caller) -> idempotency.FirstRan:
+        """How a retry tells whether its first request, routed with no answer, ran.
+
+        It ran if its message is in the task's history. It never will if the
+        task ended, another instance (or none) holds it now (the owner asked
+        can no longer write it), or the first request is older than
+        ``PENDING_FOR``. Else it may yet (None).
+        """
+        message_id = request.message.message_id
+
+        async def ran(prior: KeyRecord) -> bool | None:
+            try:
+                found = await self._engine.tasks.recorded(prior.task_id, call.scope)
+            except TaskNotFoundError:
+                return False  # (run again, it finds the task gone and says so)
+            if any(m.message_id == message_id for m in found.task.history):
+                return True
+            if taskops.is_final(found.task) or found.owner != prior.asked:
+                return False
+            return None if time.time() - prior.at < PENDING_FOR else False
+
+        return ran
 
     async def _readable(
         self, prior: KeyRecord, request: SendMessageRequest, call: Caller
