@@ -20,7 +20,7 @@ from a2a_grpc_server.journal.keys import ANSWER_KEPT, PENDING_FOR, KeyRecord, Me
 from a2a_grpc_server.journal.memory import MemoryJournal
 from a2a_grpc_server.rpc import idempotency
 from tests.support.agents import CountingAgent, InputAgent
-from tests.support.harness import KEYED, V1, rich_status, send_request, serve
+from tests.support.harness import KEYED, V1, copy, rich_status, send_request, serve
 
 S = TaskState
 
@@ -34,12 +34,6 @@ async def rest(
         assert isinstance(frame, StreamResponse)
         frames.append(frame)
     return frames
-
-
-def copy(request: SendMessageRequest) -> SendMessageRequest:
-    again = SendMessageRequest()
-    again.CopyFrom(request)
-    return again
 
 
 async def test_a_message_sent_twice_in_sequence_runs_once() -> None:

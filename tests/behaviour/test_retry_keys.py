@@ -7,23 +7,17 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from a2a.types.a2a_pb2 import SendMessageRequest, TaskState
+from a2a.types.a2a_pb2 import TaskState
 
 from a2a_grpc_server import ServerConfig
 from a2a_grpc_server.journal.keys import KeyRecord, MemorySentKeys
 from a2a_grpc_server.rpc import idempotency
 from tests.support.agents import CountingAgent
-from tests.support.harness import ALICE, BOB, send_request, serve, tokens
+from tests.support.harness import ALICE, BOB, copy, send_request, serve, tokens
 
 S = TaskState
 ALICE_KEYED = (*ALICE, ("a2a-extensions", idempotency.URI))
 BOB_KEYED = (*BOB, ("a2a-extensions", idempotency.URI))
-
-
-def copy(request: SendMessageRequest) -> SendMessageRequest:
-    again = SendMessageRequest()
-    again.CopyFrom(request)
-    return again
 
 
 async def test_another_callers_many_ids_do_not_evict_alices_key(tmp_path: Path) -> None:

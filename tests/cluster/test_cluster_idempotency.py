@@ -8,20 +8,14 @@ import asyncio
 
 import grpc
 import pytest
-from a2a.types.a2a_pb2 import SendMessageRequest, StreamResponse, TaskState
+from a2a.types.a2a_pb2 import StreamResponse, TaskState
 
 from a2a_grpc_server.model import generation
 from tests.support.agents import CountingAgent, HeldFollowUpAgent, InputAgent
 from tests.support.clusterharness import instances
-from tests.support.harness import KEYED, rich_status, send_request
+from tests.support.harness import KEYED, copy, rich_status, send_request
 
 S = TaskState
-
-
-def copy(request: SendMessageRequest) -> SendMessageRequest:
-    again = SendMessageRequest()
-    again.CopyFrom(request)
-    return again
 
 
 async def test_a_send_retried_through_another_instance_runs_once(nats_url: str) -> None:

@@ -16,7 +16,7 @@ from a2a.server.tasks import TaskUpdater
 from a2a.types.a2a_pb2 import SendMessageRequest, TaskState
 
 from tests.support.clusterharness import Instance, instances
-from tests.support.harness import KEYED, send_request
+from tests.support.harness import KEYED, copy, send_request
 
 S = TaskState
 
@@ -43,12 +43,6 @@ class Paced(AgentExecutor):
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.task_id is not None and context.context_id is not None
         await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
-
-
-def copy(request: SendMessageRequest) -> SendMessageRequest:
-    again = SendMessageRequest()
-    again.CopyFrom(request)
-    return again
 
 
 async def attempt(

@@ -27,7 +27,6 @@ from a2a.types.a2a_pb2 import (
     GetTaskRequest,
     Part,
     Role,
-    SendMessageRequest,
     Task,
     TaskState,
 )
@@ -38,7 +37,7 @@ from a2a_grpc_server.jetstream.routing import control_subject
 from a2a_grpc_server.jetstream.signing import SIGNATURE
 from tests.support.agents import Hanging
 from tests.support.clusterharness import instances
-from tests.support.harness import KEYED, V1, send_request
+from tests.support.harness import KEYED, V1, copy, send_request
 from tests.support.serveproc import logged, start
 
 S = TaskState
@@ -60,12 +59,6 @@ class Asking(AgentExecutor):
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.task_id is not None and context.context_id is not None
         await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
-
-
-def copy(request: SendMessageRequest) -> SendMessageRequest:
-    again = SendMessageRequest()
-    again.CopyFrom(request)
-    return again
 
 
 def runs_of(task: Task, message_id: str) -> int:

@@ -127,6 +127,13 @@ def user_message(
     )
 
 
+def copy(request: SendMessageRequest) -> SendMessageRequest:
+    """A copy of ``request``, as a retry sends it."""
+    again = SendMessageRequest()
+    again.CopyFrom(request)
+    return again
+
+
 def send_request(
     text: str = "hello", *, immediately: bool = False, **ids: str
 ) -> SendMessageRequest:
