@@ -125,7 +125,9 @@ class ServerConfig:
             journal (a few hundred bytes each, and message-only answers up to
             64 MiB in all). Past either bound the oldest id of the caller
             keeping the most goes: one caller's many ids never push out
-            another caller's.
+            another caller's. In cluster mode, the most ids this instance's
+            claims keep in the shared bucket: past it, the oldest of the
+            caller that claimed the most through it is deleted.
         quota_parked_tasks: Most tasks of one principal waiting for input
             (INPUT_REQUIRED, AUTH_REQUIRED) on this instance; over it a new task
             is refused (PARKED_TASKS_QUOTA), and with the in-memory journal a

@@ -436,11 +436,11 @@ class FakeCluster:
         """The hub's push configs."""
         return self._hub.push_configs
 
-    def sent_keys(self, window: float) -> MemorySentKeys:
+    def sent_keys(self, window: float, most: int = 100_000) -> MemorySentKeys:
         """The hub's message ids sent (shared by its members, as ``A2A_KEYS`` is)."""
         hub = self._hub
         if hub.sent_keys is None:
-            hub.sent_keys = MemorySentKeys(window, 100_000)
+            hub.sent_keys = MemorySentKeys(window, most)
         return hub.sent_keys
 
     async def push(self, recorded: RecordedTask, config_id: str, call: Caller) -> None:

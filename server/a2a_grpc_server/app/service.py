@@ -122,8 +122,11 @@ class ClusterMember(Cluster, Protocol):
         """Push configs and their cursors, shared by every instance."""
         ...
 
-    def sent_keys(self, window: float) -> SentKeys:
-        """The message ids sent, shared by every instance, kept ``window`` seconds."""
+    def sent_keys(self, window: float, most: int) -> SentKeys:
+        """The message ids sent, shared by every instance, kept ``window`` seconds.
+
+        ``most``: most keys this instance's claims keep (``idempotency_max_keys``).
+        """
         ...
 
 
@@ -239,7 +242,7 @@ class A2AService:
         if not window:
             return None
         if cluster is not None:
-            return cluster.sent_keys(window)
+            return cluster.sent_keys(window, self.config.idempotency_max_keys)
         return MemorySentKeys(window, self.config.idempotency_max_keys)
 
     async def start(self) -> None:

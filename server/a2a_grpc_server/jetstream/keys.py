@@ -8,9 +8,16 @@ request's record); a pending record left by an instance that died is taken
 over by compare-and-set on its revision. The bucket's max age is the
 ``idempotency_window`` (set when the bucket is created; the first
 instance's setting stands, and a record older than the window is taken for
-absent whatever the bucket keeps), so the window survives restarts. The
-window is the only bound: unlike the in-memory store, the bucket does not
-bound keys per caller (JetStream limits a subject, not a caller's subjects).
+absent whatever the bucket keeps), so the window survives restarts.
+
+JetStream limits a subject, never a group of subjects, so the bucket cannot
+bound one caller's keys. Each instance does it for the keys it claimed
+(``Claimed``): past ``most`` of them, the oldest of the caller that claimed
+the most through it is deleted from the bucket, as the in-memory store drops
+it. One caller's keys are thus at most ``most`` per live instance (those an
+instance claimed before it restarted are bounded by the window alone), and
+one caller's flood never deletes another caller's key. A delete leaves a
+marker of about 100 bytes in the bucket until the window ends.
 
 A claim of a key never sent and a settled record go through the lean
 publish of ``requests`` (each is one publish with an ack; nats-py's KV
@@ -21,7 +28,9 @@ released, a takeover) through nats-py's KV.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 import nats.js.errors
@@ -29,10 +38,67 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from ..journal.keys import PENDING_FOR, KeyRecord
+from ..model.names import TASK_PREFIX
 from .conn import KEYS_BUCKET, ensure_kv
 from .pullread import bucket_of
 from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError
 from .retry import Retry
+
+logger = logging.getLogger(__name__)
+
+
+class Claimed:
+    """The keys this instance claimed within the window, per caller, oldest first.
+
+    Args:
+        window: Seconds a claim is tracked (the bucket forgets it then).
+        most: Most claims tracked; past it, ``add`` names the ones to delete.
+        clock: Wall clock (seconds since the epoch).
+    """
+
+    def __init__(self, window: float, most: int, clock: Callable[[], float]) -> None:
+        self._window, self._most, self._clock = window, most, clock
+        self._claims: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        """Key: (caller, when claimed), oldest claim first."""
+        self._by_caller: dict[str, OrderedDict[str, None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._claims)
+
+    def add(self, key: str, caller: str) -> list[str]:
+        """Track a key just claimed; the keys to delete to stay within ``most``.
+
+        Those of the caller tracking the most go first, oldest first (O(callers)
+        each, only at the bound).
+        """
+        now = self._clock()
+        claims = self._claims
+        while claims:
+            oldest, (_, at) = next(iter(claims.items()))
+            if now - at < self._window:
+                break
+            self.discard(oldest)
+        self.discard(key)
+        claims[key] = (caller, now)
+        self._by_caller.setdefault(caller, OrderedDict())[key] = None
+        evicted: list[str] = []
+        by_caller = self._by_caller
+        while len(claims) > self._most:
+            greediest = max(by_caller, key=lambda c: len(by_caller[c]))
+            gone = next(iter(by_caller[greediest]))
+            self.discard(gone)
+            evicted.append(gone)
+        return evicted
+
+    def discard(self, key: str) -> None:
+        """Stop tracking ``key`` (released, or deleted)."""
+        found = self._claims.pop(key, None)
+        if found is None:
+            return
+        keys = self._by_caller[found[0]]
+        del keys[key]
+        if not keys:
+            del self._by_caller[found[0]]
 
 
 class JetStreamSentKeys:
@@ -46,6 +112,7 @@ class JetStreamSentKeys:
         clock: Wall clock (seconds since the epoch).
         requests: Lean publishes on the same connection, started (None: nats-py's
             KV for everything).
+        most: Most keys this instance's claims keep in the bucket (``Claimed``).
     """
 
     def __init__(
@@ -56,10 +123,13 @@ class JetStreamSentKeys:
         retry: Retry,
         clock: Callable[[], float] = time.time,
         requests: JetStreamRequests | None = None,
+        most: int = 100_000,
     ) -> None:
         self._js, self._window, self._replicas = js, window, replicas
         self._retry, self._clock = retry, clock
         self._requests = requests
+        self._claimed = Claimed(window, most, clock)
+        self._deleting: set[asyncio.Task[None]] = set()
         self._kv: KeyValue | None = None
         self._opening = asyncio.Lock()
 
@@ -104,7 +174,25 @@ class JetStreamSentKeys:
             except nats.js.errors.KeyWrongLastSequenceError:
                 return await attempt()  # (another instance took it over first)
 
-        return await self._retry(attempt, "claim a message id")
+        found = await self._retry(attempt, "claim a message id")
+        if found is None:
+            for gone in self._claimed.add(key, record.caller):
+                job = asyncio.create_task(self._delete(gone), name=f"{TASK_PREFIX}:key-delete")
+                self._deleting.add(job)
+                job.add_done_callback(self._deleting.discard)
+        return found
+
+    async def _delete(self, key: str) -> None:
+        """Delete a key past this instance's bound (best effort: the window ends it anyway)."""
+        try:
+            await self.release(key)
+        except Exception as exc:  # (a NATS outage: it goes with the window)
+            logger.warning("a message id past idempotency_max_keys not deleted: %s", exc)
+
+    async def wait_deleted(self) -> None:
+        """Wait for the deletes under way (tests, shutdown)."""
+        while self._deleting:
+            await asyncio.gather(*self._deleting, return_exceptions=True)
 
     async def settle(self, key: str, record: KeyRecord) -> None:
         """See ``journal.keys.SentKeys.settle``."""
@@ -123,6 +211,7 @@ class JetStreamSentKeys:
 
     async def release(self, key: str) -> None:
         """See ``journal.keys.SentKeys.release``."""
+        self._claimed.discard(key)
         kv = await self._bucket()
         await self._retry(lambda: kv.delete(key), "release a message id")
 

@@ -74,6 +74,7 @@ class NatsCluster:
             conn.config.task_ttl,
         )
         self._relays: Relays | None = None
+        self._keys: JetStreamSentKeys | None = None
         self._router: Router | None = None
         self.lease: Lease | None = None
         self.push_store = JetStreamPushConfigs(
@@ -164,15 +165,19 @@ class NatsCluster:
             await self.lease.stop(release=True)
 
     async def close(self) -> None:
-        """Finish the index's deletes (bounded), then close the NATS connection."""
+        """Finish the index's and the keys' deletes (bounded), then close the NATS connection."""
+        if self._keys is not None:
+            await self._keys.wait_deleted()
         await self._journal.close()
         await self._requests.close()
         await self.conn.close()
 
     async def wait_idle(self) -> None:
-        """Wait until relay cleanups are done (for leak checks)."""
+        """Wait until relay cleanups and the keys' deletes are done (for leak checks)."""
         if self._relays is not None:
             await self._relays.wait_closed()
+        if self._keys is not None:
+            await self._keys.wait_deleted()
 
     async def subscribe(
         self, recorded: RecordedTask, *, passive: bool = False
@@ -196,12 +201,21 @@ class NatsCluster:
         assert self._router is not None, "join() first"
         await self._router.send(recorded.owner, request, call)
 
-    def sent_keys(self, window: float) -> JetStreamSentKeys:
-        """The message ids sent, shared by every instance (``A2A_KEYS``), kept ``window`` s."""
+    def sent_keys(self, window: float, most: int = 100_000) -> JetStreamSentKeys:
+        """The message ids sent, shared by every instance (``A2A_KEYS``), kept ``window`` s.
+
+        ``most``: most keys this instance's claims keep there (``keys.Claimed``).
+        """
         config = self.conn.config
-        return JetStreamSentKeys(
-            self.conn.js, window, config.replicas, Retry(config.retry_for), requests=self._requests
+        self._keys = JetStreamSentKeys(
+            self.conn.js,
+            window,
+            config.replicas,
+            Retry(config.retry_for),
+            requests=self._requests,
+            most=most,
         )
+        return self._keys
 
     async def _adopt_push(self, alive: set[str]) -> None:
         """Take over the webhooks lost instances were delivering to (after each lease sweep).
