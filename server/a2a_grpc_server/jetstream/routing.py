@@ -270,7 +270,7 @@ class Router:
         if _no_responders(msg):
             return False  # (unsigned, whatever the bus is trusted with: see _ask)
         try:
-            signed = self._signer.check(msg.subject, answer, msg.data)
+            signed = self._signer.check(msg.subject, answer, msg.data, answer=True)
         except UnsignedMessageError as exc:
             _refused_log.log("an answer to routed %s ignored: %s", subject, exc)
             return False

@@ -156,8 +156,16 @@ class Signer:
         headers[SIGNATURE] = f"{VERSION}:{stamp}:{nonce}:{mac}"
         return nonce
 
-    def check(self, subject: str, headers: Mapping[str, str], payload: bytes) -> str:
+    def check(
+        self, subject: str, headers: Mapping[str, str], payload: bytes, *, answer: bool = False
+    ) -> str:
         """Accept a message received on ``subject``, or refuse it.
+
+        An ``answer`` (to a request of this process's) is not held to the
+        floor (signed after this process started, or after the oldest nonce it
+        let go): its asker takes only the answer naming its own request's nonce,
+        so an older one cannot be meant for it, and a clock a little behind
+        this one must not make a real answer look like a timeout.
 
         Returns:
             Its nonce ("" if it is unsigned and the bus is trusted).
@@ -188,7 +196,7 @@ class Signer:
                 "a routed message signed outside its time window (a replay, or clocks "
                 f"more than {MAX_SKEW:.0f} s apart)"
             )
-        if sent <= self._floor:
+        if sent <= self._floor and not answer:
             why = (
                 "this instance started"
                 if self._floor == self._started

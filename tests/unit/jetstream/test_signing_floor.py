@@ -1,0 +1,29 @@
+"""``jetstream.signing.Signer``'s floor: requests signed before the receiver started are
+refused (a replay after a restart); answers are not held to it (a clock a little behind)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from a2a_grpc_server.errors import UnsignedMessageError
+from a2a_grpc_server.jetstream.signing import Signer
+from tests.support import CLUSTER_KEY
+
+
+def test_an_answer_signed_before_the_receiver_started_is_taken_a_request_is_not() -> None:
+    sender = Signer(CLUSTER_KEY)
+    answer: dict[str, str] = {"A2a-Answers": "n1"}
+    request: dict[str, str] = {}
+    sender.sign("inbox", answer, b"done")
+    sender.sign("a2a.ctl.x.send", request, b"go")
+    start = time.time()
+    while time.time() <= start:  # (the receiver starts strictly after both were signed)
+        pass
+    receiver = Signer(CLUSTER_KEY)
+    assert receiver.check("inbox", answer, b"done", answer=True)
+    with pytest.raises(UnsignedMessageError, match="before this instance started"):
+        receiver.check("a2a.ctl.x.send", request, b"go")
+    with pytest.raises(UnsignedMessageError, match="twice"):
+        receiver.check("inbox", answer, b"done", answer=True)
