@@ -185,7 +185,9 @@ class ServerConfig:
             request's client is the right-most ``X-Forwarded-For`` entry that
             is not a listed proxy, and gets its own share of connections. The
             proxy must append the address it saw. Empty: ``X-Forwarded-For`` is
-            ignored and every proxy is one client.
+            ignored and every proxy is one client. IPv4-mapped entries
+            (``::ffff:10.0.0.0/104``) are read as IPv4; a network of every
+            address (``0.0.0.0/0``) is warned about at start.
     """
 
     log_max_frames: int = 16_384

@@ -46,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import ipaddress
 import logging
 import socket
 import ssl
@@ -62,7 +61,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from ..errors import RateLimitedLog
 from ..model.names import TASK_PREFIX
-from .peers import address_of, forwarded_client, host_of, share_of
+from .peers import address_of, forwarded_client, host_of, networks, share_of
 
 MAX_CONNECTIONS = 256
 MAX_PER_PEER = 32
@@ -162,7 +161,14 @@ class HttpServer:
         trusted_proxies: Sequence[str] = (),
     ) -> None:
         self._host, self._port, self._tls = host, port, tls
-        self._trusted = tuple(ipaddress.ip_network(n, strict=False) for n in trusted_proxies)
+        self._trusted = networks(tuple(trusted_proxies))
+        for net in self._trusted:
+            if net.prefixlen == 0:
+                logger.warning(
+                    "http_trusted_proxies lists %s: every client may then name any address "
+                    "in X-Forwarded-For and take another's share; list only your proxies",
+                    net,
+                )
         self._most, self._timeout, self._per_peer_most = (
             max_connections,
             request_timeout,

@@ -36,6 +36,27 @@ def _parse(text: str) -> Address | None:
     return address
 
 
+def networks(entries: tuple[str, ...] | list[str]) -> tuple[Network, ...]:
+    """Addresses and networks (CIDR) as networks, IPv4-mapped ones as IPv4.
+
+    Connections and ``X-Forwarded-For`` entries from ``::ffff:a.b.c.d`` are
+    read as ``a.b.c.d`` (``address_of``), so a proxy listed that way is too.
+
+    Raises:
+        ValueError: An entry is not an address or a network.
+    """
+    found: list[Network] = []
+    for entry in entries:
+        net = ipaddress.ip_network(entry, strict=False)
+        mapped = ipaddress.ip_network("::ffff:0:0/96")
+        if isinstance(net, ipaddress.IPv6Network) and net.subnet_of(mapped):
+            low = net.network_address.ipv4_mapped
+            assert low is not None  # (inside ::ffff:0:0/96)
+            net = ipaddress.ip_network(f"{low}/{max(net.prefixlen - 96, 0)}", strict=False)
+        found.append(net)
+    return tuple(found)
+
+
 def share_of(address: Address) -> str:
     """Whose share an address counts in: an IPv4 address, or an IPv6 address's /64."""
     if isinstance(address, ipaddress.IPv6Address):

@@ -22,7 +22,7 @@ from a2a_grpc_server import A2AServer, ServerConfig
 from a2a_grpc_server.agents.echo import EchoAgent
 from a2a_grpc_server.app.card import WELL_KNOWN_PATH
 from a2a_grpc_server.app.http import MAX_PER_PEER, HttpServer
-from a2a_grpc_server.app.peers import forwarded_client
+from a2a_grpc_server.app.peers import forwarded_client, networks
 from tests.support.certs import issue
 from tests.unit.app.test_http import ROUTES, get, request
 
@@ -232,3 +232,24 @@ def test_the_client_is_the_right_most_entry_that_is_not_a_trusted_proxy(
 ) -> None:
     trusted = (ipaddress.ip_network("10.0.0.0/8"),)
     assert forwarded_client(chain, trusted) == client
+
+
+def test_a_proxy_listed_ipv4_mapped_matches_as_ipv4() -> None:
+    # Addresses are read IPv4-mapped as IPv4: a proxy listed as ::ffff:10.0.0.0/104 was
+    # never matched, so its clients all shared its one share.
+    trusted = networks(["::ffff:10.0.0.0/104", "::ffff:192.0.2.7", "2001:db8::/32"])
+    assert trusted == (
+        ipaddress.ip_network("10.0.0.0/8"),
+        ipaddress.ip_network("192.0.2.7/32"),
+        ipaddress.ip_network("2001:db8::/32"),
+    )
+    assert forwarded_client(["203.0.113.7, ::ffff:10.1.2.3"], trusted) == "203.0.113.7"
+
+
+def test_trusting_every_address_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    HttpServer(ROUTES, "127.0.0.1", 0, trusted_proxies=("0.0.0.0/0",))
+    warned = [r for r in caplog.records if "every client may then name any address" in r.message]
+    assert len(warned) == 1 and warned[0].levelname == "WARNING"
+    caplog.clear()
+    HttpServer(ROUTES, "127.0.0.1", 0, trusted_proxies=("10.0.0.0/8",))
+    assert not caplog.records
