@@ -221,7 +221,10 @@ class TaskGenerationMismatchError(ServerError):
 
 
 class MessageInProgressError(ServerError):
-    """A retried SendMessage found its first request still starting; retry (nothing was done)."""
+    """A retried SendMessage found its first request still starting, or not known to have run.
+
+    This request did nothing; retry. (The first may yet run: its owner has not said.)
+    """
 
     code = grpc.StatusCode.UNAVAILABLE
     reason = "MESSAGE_IN_PROGRESS"
@@ -233,11 +236,25 @@ class OwnerTimeoutError(ServerError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
     reason = "OWNER_TIMEOUT"
     sent = True
-    """Whether the request went out (False: too little deadline was left to send it)."""
+    """Whether it may have acted (False: ``OwnerTooLateError``, nothing was done)."""
     asked = ""
     """For a follow-up: the owner asked (set by ``cluster.front``; see ``rpc.idempotency``)."""
     after = 0
     """For a follow-up: the task's last change before the message would run."""
+    seen = 0
+    """For a follow-up: the length of the task's history when it was sent."""
+    until = 0.0
+    """When (seconds since the epoch) the owner can no longer act on it: its signature's
+    window, the request's own timeout and the owner's write retries after it was sent."""
+
+
+class OwnerTooLateError(OwnerTimeoutError):
+    """Too little of the call's deadline was left to act on a routed request: nothing was done.
+
+    Raised by the asker before it sends, or by the owner before it acts (cluster).
+    """
+
+    sent = False
 
 
 class UnsignedMessageError(ServerError):

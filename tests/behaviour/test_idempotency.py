@@ -307,7 +307,7 @@ async def test_answers_are_kept_within_their_bytes_and_a_large_one_is_not_kept()
 async def test_an_uncertain_record_is_format_2_and_replaced_only_unchanged() -> None:
     # A follow-up routed to an owner that did not answer (cluster mode): an older
     # version refuses format 2 rather than answer the task as if the message ran.
-    uncertain = KeyRecord("d", "t", at=5.0).uncertain("t", 7, "owner-1")
+    uncertain = KeyRecord("d", "t", at=5.0).uncertain("t", 7, "owner-1", 2, 99.0)
     assert b'"format":2' in uncertain.encode() and b'"asked":"owner-1"' in uncertain.encode()
     assert KeyRecord.decode(uncertain.encode()) == uncertain
     assert not uncertain.pending and uncertain.after == 7

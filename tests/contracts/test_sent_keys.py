@@ -147,7 +147,7 @@ async def test_an_uncertain_record_is_kept_and_taken_over_only_unchanged(
     key = new_key()
     mine = KeyRecord("d", "t-1")
     assert await a.claim(key, mine) is None
-    await a.settle(key, mine.uncertain("t-1", 4, "owner-1"))
+    await a.settle(key, mine.uncertain("t-1", 4, "owner-1", 1, 99.0))
     found = await b.claim(key, KeyRecord("d", "t-1"))
     assert found is not None and (found.asked, found.after, found.pending) == ("owner-1", 4, False)
     assert await b.claim(key, KeyRecord("d", "t-1"), found.started("t-1", 4)) == found

@@ -48,7 +48,7 @@ def networks(entries: tuple[str, ...] | list[str]) -> tuple[Network, ...]:
     found: list[Network] = []
     for entry in entries:
         net = ipaddress.ip_network(entry, strict=False)
-        mapped = ipaddress.ip_network("::ffff:0:0/96")
+        mapped = ipaddress.IPv6Network("::ffff:0:0/96")
         if isinstance(net, ipaddress.IPv6Network) and net.subnet_of(mapped):
             low = net.network_address.ipv4_mapped
             assert low is not None  # (inside ::ffff:0:0/96)

@@ -128,7 +128,7 @@ class ClusterFront:
                 continue
             except OwnerTimeoutError as exc:  # (it may have run: say whom, and from where)
                 reader.close()
-                exc.asked, exc.after = found.owner, since - 1
+                exc.asked, exc.after, exc.seen = found.owner, since - 1, len(snapshot.history)
                 raise
             except BaseException:
                 reader.close()

@@ -33,6 +33,7 @@ from a2a.utils.errors import (
 from ..errors import (
     InvalidFieldError,
     OwnerTimeoutError,
+    OwnerTooLateError,
     OwnerUnavailableError,
     ServerError,
     ServerShuttingDownError,
@@ -66,6 +67,7 @@ ERRORS: dict[str, type[Exception]] = {
         InvalidParamsError,
         ServerShuttingDownError,
         InternalError,
+        OwnerTooLateError,
         OwnerTimeoutError,
         OwnerUnavailableError,
     )

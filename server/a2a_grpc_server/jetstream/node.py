@@ -142,6 +142,7 @@ class NatsCluster:
             heartbeats=self.conn.instances,
             lease=self.conn.config.lease,
             in_flight=self.conn.config.routed_in_flight,
+            retry_for=self.conn.config.retry_for,
         )
         self.lease = Lease(
             self.conn,

@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -57,6 +58,7 @@ from ..cluster.routed import (
 )
 from ..errors import (
     OwnerTimeoutError,
+    OwnerTooLateError,
     OwnerUnavailableError,
     RateLimitedLog,
     ServerError,
@@ -69,7 +71,7 @@ from ..obs import tracing
 from .conn import CONTROL_SUBJECT
 from .formats import CURRENT, check_header
 from .formats import HEADER as FORMAT
-from .signing import ANSWERS, REPLY_TO, Signer
+from .signing import ANSWERS, MAX_SKEW, REPLY_TO, Signer
 
 if TYPE_CHECKING:
     from ..cluster import Local
@@ -104,6 +106,9 @@ class Router:
             says nobody serves an owner (see the module docstring).
         lease: The cluster's lease (``NatsConfig.lease``).
         in_flight: Most requests served at once (see the module docstring).
+        retry_for: How long the owner's writes retry through a NATS outage
+            (``NatsConfig.retry_for``): part of how long a request not answered
+            may still act (``OwnerTimeoutError.until``).
     """
 
     def __init__(
@@ -116,8 +121,10 @@ class Router:
         heartbeats: KeyValue,
         lease: float,
         in_flight: int = 256,
+        retry_for: float = 30.0,
     ) -> None:
         self._nc = nc
+        self._retry_for = retry_for
         self._signer = signer
         self._heartbeats, self._lease = heartbeats, lease
         self._id = instance_id
@@ -178,9 +185,7 @@ class Router:
         # (answering ANSWER_MARGIN before the client gives up, so it gets our reason).
         timeout = self._bound if call.timeout is None else call.timeout - ANSWER_MARGIN
         if timeout <= 0:
-            late = OwnerTimeoutError("too little of the call's deadline is left to ask the owner")
-            late.sent = False
-            raise late
+            raise OwnerTooLateError("too little of the call's deadline is left to ask the owner")
         metadata, who = encode_caller(call)
         headers = {
             CALL_HEADERS: metadata,
@@ -197,10 +202,14 @@ class Router:
             ) from exc
         except nats.errors.TimeoutError as exc:
             # It may have acted: say so, rather than that it is unavailable.
-            raise OwnerTimeoutError(
+            unknown = OwnerTimeoutError(
                 f"instance {owner}, which runs this task, did not answer within {timeout:.1f} s; "
                 "the request may or may not have taken effect (GetTask tells)"
-            ) from exc
+            )
+            # (signed before the wait: received within MAX_SKEW of that, acted on within
+            # its timeout, its writes retried for retry_for)
+            unknown.until = time.time() + MAX_SKEW + timeout + self._retry_for
+            raise unknown from exc
         except nats.errors.Error as exc:  # e.g. this instance's connection is closing
             raise OwnerUnavailableError(
                 f"could not reach instance {owner}, which runs this task "
@@ -258,6 +267,10 @@ class Router:
                     if grow:
                         deadline = max(deadline, loop.time() + heartbeat.patience)
                 if heartbeat is not None and await heartbeat.gone(deadline - loop.time()):
+                    while sub.pending_msgs:  # (an answer that came meanwhile wins)
+                        queued = await sub.next_msg(timeout=None)
+                        if self._answers(queued, subject, nonce):
+                            return queued
                     raise nats.errors.NoRespondersError
             raise nats.errors.TimeoutError
         finally:
@@ -327,7 +340,7 @@ class Router:
             timeout = float(headers.get(TIMEOUT, self._bound))
             call = decode_caller(headers.get(CALL_HEADERS, "[]"), headers[CALLER], timeout)
             if timeout < ANSWER_MARGIN:
-                raise OwnerTimeoutError("the request reached the task's owner too late to act")
+                raise OwnerTooLateError("the request reached the task's owner too late to act")
             with tracing.routed(msg.subject.rsplit(".", 1)[-1], call.headers):
                 reply, reply_headers = await serve(msg, call), None
         except (A2AError, ServerError) as exc:

@@ -14,10 +14,11 @@ request with that key was (a digest of its body) and where its answer is:
 * *uncertain*: a follow-up routed to the task's owner (cluster mode) got no
   answer it could trust, so it may or may not have run: the record names the
   owner asked (``asked``). A retry looks at the task (``rpc.idempotency``):
-  its message in the history means it ran (answered as *started*); a task
-  that ended, or that another owner (or none) holds now, or a record older
-  than ``PENDING_FOR``, means it never will (the retry takes the key over
-  and runs it); otherwise the retry is told to come back.
+  its message in the history after what the task had when it was sent
+  (``seen``) means it ran (answered as *started*); a task that ended, or
+  that another owner (or none) holds now, or a time past ``until``, means
+  it never will (the retry takes the key over and runs it); otherwise the
+  retry is told to come back.
 
 A pending record whose writer died is taken over after ``PENDING_FOR``
 seconds. Records expire ``window`` seconds after they were claimed (the
@@ -77,6 +78,11 @@ class KeyRecord:
     ``encode``: the shared bucket's bound is its window."""
     asked: str = ""
     """The owner a follow-up was routed to, when it is not known whether it ran it."""
+    seen: int = 0
+    """*Uncertain*: the length of the task's history when the follow-up was sent (it is
+    looked for after that)."""
+    until: float = 0.0
+    """*Uncertain*: when the owner can no longer act on it (seconds since the epoch)."""
 
     @property
     def pending(self) -> bool:
@@ -90,27 +96,27 @@ class KeyRecord:
             self.digest, task_id, max(after, 0), self.answer, self.at, self.dropped, self.caller
         )
 
-    def uncertain(self, task_id: str, after: int, asked: str) -> KeyRecord:
+    def uncertain(self, task_id: str, after: int, asked: str, seen: int, until: float) -> KeyRecord:
         """This record once ``asked``, routed the follow-up, did not say whether it ran it."""
         return KeyRecord(
-            self.digest, task_id, max(after, 0), b"", self.at, False, self.caller, asked
+            self.digest,
+            task_id,
+            max(after, 0),
+            b"",
+            self.at,
+            False,
+            self.caller,
+            asked,
+            seen,
+            until,
         )
 
     def answered(self, answer: bytes) -> KeyRecord:
         """This record once the executor answered with a message and no task."""
         if len(answer) > ANSWER_KEPT:
-            return KeyRecord(
-                self.digest, self.task_id, self.after, b"", self.at, True, self.caller, self.asked
-            )
+            return KeyRecord(self.digest, self.task_id, self.after, b"", self.at, True, self.caller)
         return KeyRecord(
-            self.digest,
-            self.task_id,
-            self.after,
-            answer,
-            self.at,
-            self.dropped,
-            self.caller,
-            self.asked,
+            self.digest, self.task_id, self.after, answer, self.at, self.dropped, self.caller
         )
 
     def stamped(self, at: float) -> KeyRecord:
@@ -124,6 +130,8 @@ class KeyRecord:
             self.dropped,
             self.caller,
             self.asked,
+            self.seen,
+            self.until,
         )
 
     def encode(self) -> bytes:
@@ -138,7 +146,7 @@ class KeyRecord:
             "dropped": self.dropped,
         }
         if self.asked:
-            body["asked"] = self.asked
+            body.update(asked=self.asked, seen=self.seen, until=self.until)
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
@@ -164,6 +172,8 @@ class KeyRecord:
                 float(found["at"]),
                 bool(found.get("dropped", False)),
                 asked=str(found["asked"]) if fmt == UNCERTAIN_FORMAT else "",
+                seen=int(found["seen"]) if fmt == UNCERTAIN_FORMAT else 0,
+                until=float(found["until"]) if fmt == UNCERTAIN_FORMAT else 0.0,
             )
         except (ValueError, TypeError, KeyError):
             raise UnknownFormatError("a sent key's record", repr(data[:40])) from None
@@ -212,7 +222,7 @@ class SentKeys(Protocol):
         ...
 
 
-_Kept = tuple[str, str, int, bytes, float, bool, str, str]
+_Kept = tuple[str, str, int, bytes, float, bool, str, str, int, float]
 """A ``KeyRecord``'s fields, in order."""
 _ANSWER: Final = 3
 _AT: Final = 4
@@ -300,6 +310,8 @@ class MemorySentKeys:
             record.dropped,
             caller,
             record.asked,
+            record.seen,
+            record.until,
         )
         self._by_caller.setdefault(caller, OrderedDict())[key] = None
         if record.answer:

@@ -186,7 +186,9 @@ class Claim:
         with contextlib.suppress(StoreError):  # (best effort: it expires with the window)
             if isinstance(error, OwnerTimeoutError) and error.sent:
                 if task_id:
-                    self.record = self.record.uncertain(task_id, error.after, error.asked)
+                    self.record = self.record.uncertain(
+                        task_id, error.after, error.asked, error.seen, error.until
+                    )
                     await self.keys.settle(self.key, self.record)
                 return
             await self.keys.release(self.key)
@@ -218,7 +220,8 @@ class Retries:
         A first request whose follow-up may or may not have run (*uncertain*,
         ``journal.keys``) is looked up with ``ran``: if it ran, its record is
         answered; if it never will, this request takes its key over and runs;
-        else it waits for it as for a first request still starting.
+        else it is refused at once (MESSAGE_IN_PROGRESS: one read of the task
+        per attempt, however long the owner may still act).
 
         Returns:
             (the claim, None) for the first request; (None, the first's record,
@@ -254,13 +257,15 @@ class Retries:
             if not prior.pending and verdict:
                 logger.info("%s %s was sent before: answering its task", field, ident)
                 return None, prior
+            if prior.asked:
+                left = max(prior.until - time.time(), 0.0)
+                raise MessageInProgressError(
+                    f"the first request with {field} {quote(ident)} went to instance "
+                    f"{prior.asked}, which has not said whether it ran it; retry (it is "
+                    f"known within {left:.0f} s)"
+                )
             patience = patience or Patience(call)
             if not await patience.wait():
-                if prior.asked:
-                    raise MessageInProgressError(
-                        f"the first request with {field} {quote(ident)} went to instance "
-                        f"{prior.asked}, which has not said whether it ran it; retry"
-                    )
                 raise MessageInProgressError(
                     f"the first request with {field} {quote(ident)} is still starting; retry"
                 )

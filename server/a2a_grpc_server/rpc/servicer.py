@@ -34,6 +34,7 @@ from a2a.types.a2a_pb2 import (
     ListTasksRequest,
     ListTasksResponse,
     Message,
+    Role,
     SendMessageRequest,
     SendMessageResponse,
     StreamResponse,
@@ -65,7 +66,7 @@ from ..errors import (
     TaskHandedOverError,
 )
 from ..journal import InvalidPageTokenError, StoreError, TaskQuery
-from ..journal.keys import PENDING_FOR, KeyRecord
+from ..journal.keys import KeyRecord
 from ..log.tasklog import LogReader, TaskLog
 from ..model import generation, taskops
 from ..model.caller import EXTENSIONS_KEY, Caller, caller
@@ -575,23 +576,31 @@ class RpcServicer:
     def _first_ran(self, request: SendMessageRequest, call: Caller) -> idempotency.FirstRan:
         """How a retry tells whether its first request, routed with no answer, ran.
 
-        It ran if its message is in the task's history. It never will if the
-        task ended, another instance (or none) holds it now (the owner asked
-        can no longer write it), or the first request is older than
-        ``PENDING_FOR``. Else it may yet (None).
+        It ran if its message (the user's, with its id and parts) is in the
+        task's history after what the history held when it was sent (a message
+        id may have been used before). It never will if the task ended or is
+        gone (the retry is then refused as any message to it), another
+        instance (or none) holds it now (the owner asked can no longer write
+        it), or the time the owner could act on it is past. Else it may yet
+        (None).
         """
-        message_id = request.message.message_id
+        sent = request.message
 
         async def ran(prior: KeyRecord) -> bool | None:
             try:
                 found = await self._engine.tasks.recorded(prior.task_id, call.scope)
             except TaskNotFoundError:
-                return False  # (run again, it finds the task gone and says so)
-            if any(m.message_id == message_id for m in found.task.history):
-                return True
+                return False
+            for message in found.task.history[prior.seen :]:
+                if (
+                    message.message_id == sent.message_id
+                    and message.role == Role.ROLE_USER
+                    and message.parts == sent.parts
+                ):
+                    return True
             if taskops.is_final(found.task) or found.owner != prior.asked:
                 return False
-            return None if time.time() - prior.at < PENDING_FOR else False
+            return None if time.time() < prior.until else False
 
         return ran
 
