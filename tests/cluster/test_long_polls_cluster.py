@@ -85,3 +85,19 @@ async def test_polls_through_another_instance_never_take_a_subscribers_place(
             await read_all(stream, got)
             assert got[-1].status_update.status.state == S.TASK_STATE_COMPLETED
         await read_all(sender, [])
+
+
+async def test_a_poll_whose_relay_is_severed_answers_with_the_task_as_it_is(
+    nats_url: str,
+) -> None:
+    agent = GatedAgent()
+    async with asyncio.timeout(30), instances(agent, [nats_url]) as [a, b]:
+        task_id, at, sender = await working_on(a, b)
+        waiting = poll(b, task_id, at, timeout=10)
+        await asyncio.wait([waiting], timeout=0.5)  # (a bound: it must still wait)
+        assert not waiting.done()
+        await b.cluster.leave()  # (B stops relaying, as when it shuts down)
+        answered = await waiting  # (was UNAVAILABLE RELAY_LOST)
+        assert answered.id == task_id and generation.generation_of(answered) == at
+        agent.release.set()
+        await read_all(sender, [])

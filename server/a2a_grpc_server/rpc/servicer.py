@@ -63,6 +63,7 @@ from ..errors import (
     InvalidFieldError,
     MessageAnswerNotKeptError,
     MessageInProgressError,
+    RelayLostError,
     TaskHandedOverError,
 )
 from ..journal import InvalidPageTokenError, StoreError, TaskQuery
@@ -359,8 +360,10 @@ class RpcServicer:
                     async for seq, _, _ in reader:
                         if seq > current:
                             return
-            except (TimeoutError, FrameNotKeptError, TaskHandedOverError):
-                return  # (the deadline is near, or the task moved on: the task as it is)
+            except (TimeoutError, FrameNotKeptError, TaskHandedOverError, RelayLostError):
+                # (the deadline is near, the task moved on, or this instance stops
+                # relaying it: the task as it is)
+                return
             finally:
                 if reader is not None:
                     reader.close()
