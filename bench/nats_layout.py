@@ -1,0 +1,525 @@
+"""Layout E on JetStream: one message per change, on subjects naming task, owner, scope, context.
+
+    .venv/bin/python -m bench.nats_layout [--sizes 1000,10000,100000] [--reps 2]
+                                          [--order id-first] [--changes 1000]
+                                          [--writers 1,16] [--seconds 10] [--json PATH]
+
+Issue 41, step 1 (docs/decisions/0001-cluster-store-layout.md), second spike. One
+stream holds every change of every task, one message each, on the subject
+
+    <p>.t.<task id>.<owner>.<scope hash>.<context hash>.<kind>     (--order id-first)
+    <p>.t.<scope hash>.<task id>.<owner>.<context hash>.<kind>     (--order scope-first)
+
+``kind`` is ``s`` (a change with the task's snapshot), ``e`` (events only) or ``f``
+(the final change and snapshot). Each change is one publish, its compare-and-set
+over all of the task's subjects (``Nats-Expected-Last-Subject-Sequence`` and
+``...-Subject: <the task's filter>``). The helpers below (``Layout``, ``Reader``)
+are what tests/cluster/test_jetstream_layout.py asserts on a real nats-server.
+
+For each size N and repetition, on a nats-server of its own (one node, file
+storage), this process fills the stream (not timed) with N tasks, each an ``s``
+at creation, one ``e`` and an ``f`` (10 % left unfinished, without the ``f``),
+spread over 100 scopes (one, "big", with 10 % of them) and 10 owners; and a
+second stream with today's listing index (one entry per task, the current one,
+on ``<p>.idx.s.<scope hash>.<state>``). Then it measures, each loop bounded in
+count and in ``--seconds``:
+
+* reading a task by id: its newest snapshot, the events after it, its final;
+* listing newest first: the first page of 50 of the big scope and of a small one,
+  and the big scope's 10th page (from the cursor the 9th left), in layout E and
+  on today's index; requests per page;
+* a sweep of one owner: its unfinished tasks (its tasks whose last change it
+  wrote and is not final);
+* a change's cost, one writer and ``--writers``: E's one publish with the
+  filtered compare-and-set (to a new task; to an unfinished task written while
+  filling, its filter ending in ``*`` tokens or in ``>``), one publish with a
+  literal one, and today's three acked in turn (``bench.nats_batches``);
+* nats-server's CPU for each (``/proc/<pid>/stat``), the stream's bytes per task.
+
+Prints a table, median [min-max] over the repetitions, and writes JSON with
+every repetition's figures. Loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.js.api import StorageType, StreamConfig
+
+from tests.support import ROOT, natsserver
+from tests.support.layout_e import ORDERS, SEQUENCE, TIMEOUT, Layout, Reader, Where, change, digest
+
+from .load import cpu_seconds
+from .nats_batches import Failed, alone, in_turn
+
+# -- the benchmark ---------------------------------------------------------------------------
+
+PAGE = 50
+SCOPES = 100
+OWNERS = 10
+WINDOW = 256
+"""Tasks whose writes are in flight together while filling."""
+PAYLOAD = {"s": b"s" * 600, "e": b"e" * 200, "f": b"f" * 600}
+STREAM, INDEX = "LAYOUT", "INDEX"
+PREFIX = "l"
+
+
+@dataclass
+class Population:
+    """The tasks a repetition writes: who owns them, their scope, whether they end."""
+
+    tasks: list[Where]
+    finished: list[bool]
+
+    @classmethod
+    def make(cls, n: int, seed: int) -> Population:
+        """``n`` tasks over ``SCOPES`` scopes (scope 0 "big", 10 %) and ``OWNERS`` owners."""
+        rng = random.Random(seed)
+        tasks, finished = [], []
+        for i in range(n):
+            scope = 0 if rng.random() < 0.1 else rng.randrange(1, SCOPES)
+            tasks.append(
+                Where(
+                    digest(f"task {i}"),
+                    digest(f"owner {rng.randrange(OWNERS)}", 16),
+                    digest(f"scope {scope}"),
+                    digest(f"context {i // 4}"),
+                    "s",
+                )
+            )
+            finished.append(rng.random() >= 0.1)
+        return cls(tasks, finished)
+
+
+def scope_token(n: int) -> str:
+    """The token of scope ``n`` (0: the big one)."""
+    return digest(f"scope {n}")
+
+
+def owner_token(n: int) -> str:
+    """The token of owner ``n``."""
+    return digest(f"owner {n}", 16)
+
+
+async def _checked(answers: Awaitable[list[dict[str, Any]]]) -> list[int]:
+    found = await answers
+    for answer in found:
+        if "error" in answer:
+            raise Failed(str(answer["error"]))
+    return [int(a["seq"]) for a in found]
+
+
+async def fill(nc: NATS, layout: Layout, population: Population, seconds: float) -> float:
+    """Write every task's changes (and today's index entries), ``WINDOW`` tasks at a time.
+
+    Returns:
+        The seconds it took.
+
+    Raises:
+        TimeoutError: It took longer than ``seconds``.
+    """
+    began = time.perf_counter()
+    async with asyncio.timeout(seconds):
+        for lo in range(0, len(population.tasks), WINDOW):
+            tasks = population.tasks[lo : lo + WINDOW]
+            ends = population.finished[lo : lo + WINDOW]
+            seqs = await _checked(
+                asyncio.gather(*(change(nc, layout, t, 0, PAYLOAD["s"]) for t in tasks))
+            )
+            seqs = await _checked(
+                asyncio.gather(
+                    *(
+                        change(nc, layout, _kind(t, "e"), v, PAYLOAD["e"])
+                        for t, v in zip(tasks, seqs, strict=True)
+                    )
+                )
+            )
+            last = [(t, v) for t, v, end in zip(tasks, seqs, ends, strict=True) if end]
+            await _checked(
+                asyncio.gather(
+                    *(change(nc, layout, _kind(t, "f"), v, PAYLOAD["f"]) for t, v in last)
+                )
+            )
+            await asyncio.gather(
+                *(
+                    nc.request(_index_subject(t, end), t.task.encode() + b"x" * 90, TIMEOUT)
+                    for t, end in zip(tasks, ends, strict=True)
+                )
+            )
+    return time.perf_counter() - began
+
+
+def _kind(where: Where, kind: str) -> Where:
+    return Where(where.task, where.owner, where.scope, where.context, kind)
+
+
+def _index_subject(where: Where, finished: bool) -> str:
+    return f"{PREFIX}.idx.s.{where.scope}.{3 if finished else 2}"
+
+
+def index_filter(scope: str) -> str:
+    """Today's index: every entry of one scope, whatever its state."""
+    return f"{PREFIX}.idx.s.{scope}.*"
+
+
+async def _streams(nc: NATS) -> None:
+    js = nc.jetstream(timeout=TIMEOUT)
+    common: dict[str, Any] = {"storage": StorageType.FILE, "allow_direct": True}
+    await js.add_stream(
+        StreamConfig(
+            name=STREAM,
+            subjects=[f"{PREFIX}.t.>", "b.task.*.ev", "b.task.*.snap", "b.idx.>"],
+            allow_msg_ttl=True,
+            allow_rollup_hdrs=True,
+            duplicate_window=120.0,
+            **common,
+        )
+    )
+    await js.add_stream(StreamConfig(name=INDEX, subjects=[f"{PREFIX}.idx.>"], **common))
+
+
+Op = Callable[[int], Awaitable[int]]
+"""One measured operation (its number); the requests it made."""
+
+
+async def timed(op: Op, count: int, seconds: float, pid: int) -> dict[str, float]:
+    """Run ``op`` up to ``count`` times (at most ``seconds``); per operation figures."""
+    server0, client0 = cpu_seconds(pid), time.process_time()
+    began, requests, done = time.perf_counter(), 0, 0
+    deadline = time.monotonic() + seconds
+    for i in range(count):
+        if time.monotonic() > deadline:
+            break
+        requests += await op(i)
+        done += 1
+    wall = time.perf_counter() - began
+    return {
+        "n": done,
+        "wall_us": wall / done * 1e6,
+        "server_cpu_us": (cpu_seconds(pid) - server0) / done * 1e6,
+        "client_cpu_us": (time.process_time() - client0) / done * 1e6,
+        "requests": requests / done,
+    }
+
+
+def reads(reader: Reader, population: Population) -> Op:
+    """Read a random task by id (its snapshot and the events after it)."""
+    rng = random.Random(7)
+
+    async def op(_: int) -> int:
+        before = reader.requests
+        t = rng.choice(population.tasks)
+        snap, _events, _final = await reader.task(t.task, t.scope)
+        if snap is None:
+            raise Failed(f"task {t.task} not found")
+        return reader.requests - before
+
+    return op
+
+
+def pages(reader: Reader, subject: str, before: int | None, expected: int) -> Op:
+    """Read one page of ``PAGE`` tasks on ``subject`` below ``before`` (``expected`` found)."""
+
+    async def op(_: int) -> int:
+        start = reader.requests
+        found = await reader.page(subject, before, PAGE)
+        if len(found) != expected:
+            raise Failed(f"a page of {len(found)} on {subject}, not {expected}")
+        return reader.requests - start
+
+    return op
+
+
+async def cursor(reader: Reader, subject: str, pages_before: int) -> int:
+    """The cursor after ``pages_before`` pages on ``subject`` (read, not timed)."""
+    before: int | None = None
+    for _ in range(pages_before):
+        if reader.stream == INDEX:
+            before = (await index_page(reader, subject, before))[-1]
+        else:
+            before = (await reader.page(subject, before, PAGE))[-1].seq
+    assert before is not None
+    return before
+
+
+def sweeps(reader: Reader, owner: str, expected: int) -> Op:
+    """Find one owner's unfinished tasks."""
+
+    async def op(_: int) -> int:
+        start = reader.requests
+        found = await reader.sweep(owner)
+        if len(found) != expected:
+            raise Failed(f"a sweep found {len(found)} of {expected}")
+        return reader.requests - start
+
+    return op
+
+
+Writer = Callable[[NATS, str, int], Awaitable[int]]
+
+
+def e_writer(layout: Layout) -> Writer:
+    """E's change: one publish, its compare-and-set over the task's subjects."""
+
+    async def write(nc: NATS, task: str, version: int) -> int:
+        where = Where(digest(f"w {task}"), owner_token(0), scope_token(1), digest("c"), "e")
+        answer = await change(nc, layout, where, version, PAYLOAD["e"])
+        if "error" in answer:
+            raise Failed(str(answer["error"]))
+        return int(answer["seq"])
+
+    return write
+
+
+async def old_writer(reader: Reader, population: Population, layout: Layout) -> Writer:
+    """E's change to an unfinished task written while filling (its messages far from the end).
+
+    The ``task`` argument names one of 100 such tasks; each writer keeps its versions.
+    """
+    names = [f"{i}" for i in range(100)]
+    olds = [t for t, end in zip(population.tasks, population.finished, strict=True) if not end]
+    chosen = dict(zip(names, random.Random(3).sample(olds, 100), strict=True))
+    last = await reader.last_of([(t.task, t.scope) for t in chosen.values()])
+    versions = {name: last[t.task].seq for name, t in chosen.items()}
+
+    async def write(nc: NATS, task: str, _version: int) -> int:
+        name = task.rsplit("-", 1)[1]
+        answer = await change(nc, layout, _kind(chosen[name], "e"), versions[name])
+        if "error" in answer:
+            raise Failed(str(answer["error"]))
+        versions[name] = int(answer["seq"])
+        return versions[name]
+
+    return write
+
+
+async def writes(
+    clients: list[NATS], write: Writer, args: argparse.Namespace, pid: int, tag: str
+) -> dict[str, float]:
+    """``args.changes`` changes of 100 tasks shared by the writers; per change figures."""
+    writers = len(clients)
+    todo = iter(range(args.changes))
+    deadline = time.monotonic() + args.seconds
+    done = 0
+
+    async def writer(k: int) -> None:
+        nonlocal done
+        versions = {f"{tag}{t}": 0 for t in range(k, 100, writers)}
+        names = list(versions)
+        for i in todo:
+            if time.monotonic() > deadline:
+                return
+            task = names[i % len(names)]
+            versions[task] = await write(clients[k], task, versions[task])
+            done += 1
+
+    server0, client0 = cpu_seconds(pid), time.process_time()
+    began = time.perf_counter()
+    await asyncio.gather(*(writer(k) for k in range(writers)))
+    wall = time.perf_counter() - began
+    return {
+        "n": done,
+        "wall_us": wall / done * 1e6,
+        "server_cpu_us": (cpu_seconds(pid) - server0) / done * 1e6,
+        "client_cpu_us": (time.process_time() - client0) / done * 1e6,
+    }
+
+
+def _disk(node: natsserver.Node, stream: str) -> int:
+    root = node.store_dir / "jetstream" / "$G" / "streams" / stream
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+async def repetition(n: int, rep: int, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """One repetition at ``n`` tasks, on a nats-server of its own."""
+    layout = Layout(PREFIX, args.order)
+    fwc = Layout(PREFIX, args.order, fwc=True)
+    population = Population.make(n, seed=rep)
+    figures: dict[str, dict[str, float]] = {}
+    with natsserver.running(1) as cluster:
+        node = cluster.nodes[0]
+        assert node.proc is not None
+        pid = node.proc.pid
+        nc = await nats.connect(cluster.urls[0])
+        try:
+            await _streams(nc)
+            fill_s = await fill(nc, layout, population, args.fill_seconds)
+            info = await nc.jetstream(timeout=TIMEOUT).stream_info(STREAM)
+            index_info = await nc.jetstream(timeout=TIMEOUT).stream_info(INDEX)
+            figures["fill"] = {"wall_us": fill_s / n * 1e6, "n": n}
+            figures["bytes per task"] = {
+                "stored": info.state.bytes / n,
+                "on disk": _disk(node, STREAM) / n,
+                "index stored": index_info.state.bytes / n,
+            }
+            print(f"  filled {n} tasks in {fill_s:.1f} s ({info.state.messages} messages)")
+            reader = Reader(nc, STREAM, layout)
+            index = Reader(nc, INDEX, layout)
+            count, secs = args.ops, args.seconds
+            figures["read by id"] = await timed(reads(reader, population), count, secs, pid)
+            big, small = scope_token(0), scope_token(1)
+            in_scope = {s: sum(1 for t in population.tasks if t.scope == s) for s in (big, small)}
+            cases = {
+                "E page 1, big scope": (reader, layout.scope(big), big, 0),
+                "E page 1, small scope": (reader, layout.scope(small), small, 0),
+                "E page 10, big scope": (reader, layout.scope(big), big, 9),
+                "index page 1, big scope": (index, index_filter(big), big, 0),
+                "index page 1, small scope": (index, index_filter(small), small, 0),
+                "index page 10, big scope": (index, index_filter(big), big, 9),
+            }
+            for name, (r, subject, scope, skip) in cases.items():
+                expected = min(PAGE, in_scope[scope] - skip * PAGE)
+                if expected < PAGE and skip:
+                    continue  # (no 10th page at this size)
+                before = await cursor(r, subject, skip) if skip else None
+                if r is index:
+                    # (entries, not tasks: a page below a cursor needs no check of its own)
+                    op = _index_pages(r, subject, before, expected)
+                else:
+                    op = pages(r, subject, before, expected)
+                figures[name] = await timed(op, count, secs, pid)
+            owner = owner_token(0)
+            unfinished = sum(
+                1
+                for t, end in zip(population.tasks, population.finished, strict=True)
+                if t.owner == owner and not end
+            )
+            figures["sweep one owner"] = await timed(
+                sweeps(reader, owner, unfinished), max(count // 10, 3), secs, pid
+            )
+            figures["sweep one owner"]["tasks found"] = unfinished
+            for writers in args.writers:
+                clients = [await nats.connect(cluster.urls[0]) for _ in range(writers)]
+                try:
+                    modes: dict[str, tuple[Layout | None, Writer, int]] = {
+                        "write: E, 1 acked, filtered CAS": (None, e_writer(layout), 1),
+                        "write: E, to an old task": (layout, alone, 1),
+                        "write: E, to an old task, CAS on >": (fwc, alone, 1),
+                        "write: 1 acked, literal CAS": (None, alone, 1),
+                        "write: today, 3 acked in turn": (None, in_turn, 3),
+                    }
+                    for name, (old, write, acks) in modes.items():
+                        if old is not None:  # (versions read now: the mode before wrote)
+                            write = await old_writer(reader, population, old)
+                        tag = f"r{rep}w{writers}{len(figures)}-"
+                        found = await writes(clients, write, args, pid, tag)
+                        figures[f"{name} x{writers}"] = {**found, "requests": acks}
+                finally:
+                    for client in clients:
+                        await client.close()
+        finally:
+            await nc.close()
+    return figures
+
+
+async def index_page(reader: Reader, subject: str, before: int | None) -> list[int]:
+    """Today's listing: the ``PAGE`` index entries below ``before``, newest first (sequences)."""
+    top = before if before is not None else await reader.end(subject)
+    lo, between = await reader.start(subject, top, PAGE)
+    found = (await reader.read(subject, lo, between))[-PAGE:]
+    return [int((m.headers or {})[SEQUENCE]) for m in reversed(found)]
+
+
+def _index_pages(reader: Reader, subject: str, before: int | None, expected: int) -> Op:
+    async def op(_: int) -> int:
+        start = reader.requests
+        found = await index_page(reader, subject, before)
+        if len(found) != expected:
+            raise Failed(f"an index page of {len(found)}")
+        return reader.requests - start
+
+    return op
+
+
+def _cell(values: Iterable[float]) -> str:
+    v = list(values)
+    if not v:
+        return "-"
+    fmt = ".1f" if statistics.median(v) < 10 else ".0f"
+    return f"{statistics.median(v):{fmt}} [{min(v):{fmt}}-{max(v):{fmt}}]"
+
+
+def report(results: dict[int, list[dict[str, dict[str, float]]]], args: argparse.Namespace) -> None:
+    """Print one table per figure: a row per measure, a column per size."""
+    sizes = list(results)
+    print(f"\nlayout E ({args.order}), one nats-server, file storage, {args.reps} repetitions")
+    print("median [min-max]; per operation (a change, a read, a page, a sweep)")
+    names: list[str] = []
+    for reps in results.values():
+        for figures in reps:
+            names.extend(k for k in figures if k not in names)
+    for key, title in (
+        ("wall_us", "wall time, us"),
+        ("server_cpu_us", "nats-server CPU, us"),
+        ("requests", "requests"),
+    ):
+        print(f"\n{title:40} " + " ".join(f"{'N=' + format(n, ','):>24}" for n in sizes))
+        for name in names:
+            if name == "bytes per task" or (name == "fill" and key != "wall_us"):
+                continue
+            cells = [
+                _cell(f[name][key] for f in results[n] if key in f.get(name, {})) for n in sizes
+            ]
+            print(f"{name:40} " + " ".join(f"{c:>24}" for c in cells))
+    print(f"\n{'bytes per task':40} " + " ".join(f"{'N=' + format(n, ','):>24}" for n in sizes))
+    for key in ("stored", "on disk", "index stored"):
+        cells = [_cell(f["bytes per task"][key] for f in results[n]) for n in sizes]
+        print(f"{key:40} " + " ".join(f"{c:>24}" for c in cells))
+
+
+async def main(args: argparse.Namespace) -> dict[int, list[dict[str, dict[str, float]]]]:
+    """Every size, ``--reps`` times, each on a nats-server of its own."""
+    results: dict[int, list[dict[str, dict[str, float]]]] = {n: [] for n in args.sizes}
+    for rep in range(args.reps):
+        for n in args.sizes:
+            print(f"rep {rep + 1}, N={n}")
+            results[n].append(await repetition(n, rep, args))
+    return results
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=_ints, default=[1000, 10000, 100000])
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--order", choices=ORDERS, default="id-first")
+    parser.add_argument("--changes", type=int, default=1000, help="per write mode")
+    parser.add_argument("--writers", type=_ints, default=[1, 16])
+    parser.add_argument("--ops", type=int, default=200, help="reads and pages per case")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per case, at most")
+    parser.add_argument("--fill-seconds", type=float, default=600.0)
+    parser.add_argument("--json", type=Path, default=None)
+    arguments = parser.parse_args()
+    if arguments.json is None:
+        arguments.json = ROOT / "bench" / "results" / f"nats_layout_{arguments.order}.json"
+    found = asyncio.run(main(arguments))
+    report(found, arguments)
+    arguments.json.parent.mkdir(parents=True, exist_ok=True)
+    arguments.json.write_text(
+        json.dumps(
+            {
+                "args": {**vars(arguments), "json": str(arguments.json)},
+                "machine": platform.platform(),
+                "results": {str(n): reps for n, reps in found.items()},
+            },
+            indent=1,
+        )
+    )
+    print(f"\nwrote {arguments.json}")

@@ -1,0 +1,396 @@
+"""Spike for issue 41, layout E: one publish per change, on subjects that say who, where and what.
+
+Nothing here uses the server's code: nats-py and raw JetStream requests, with the
+layout's helpers from ``bench.nats_layout`` (so the benchmark's reader is the one
+asserted here), on one node and on a 3-node cluster with the stream at R3. Each
+test makes its own stream and prefix ``<p>``; a task's subjects are
+
+    <p>.t.<task id>.<owner>.<scope>.<context>.<kind>      kind: s (snapshot), e (events), f (final)
+
+and each change is one publish with a compare-and-set over all of them:
+``Nats-Expected-Last-Subject-Sequence: <version>`` and
+``Nats-Expected-Last-Subject-Sequence-Subject: <p>.t.<task id>.*.*.*.*`` (or ``>``,
+the same subjects). What the tests
+assert (nats-server 2.15.1):
+
+* the check counts the task's last message of any kind, owner or scope; a stale
+  version is refused (10071, nothing stored); of two racing writers one lands;
+* a retry key (``Nats-Msg-Id``) on another task's subject is a duplicate acked
+  with the first message's sequence; a refused publish does not register it;
+  which of the duplicate and the compare-and-set is checked first differs with
+  replication (see the test); after the duplicate window it is stored again;
+* a task read by id is two round trips of direct gets (wildcards are allowed in
+  ``last_by_subj``): its newest ``s`` and its ``f``, then the events after the ``s``;
+* listing a scope or a context newest first gallops on ``Nats-Num-Pending`` and
+  checks what lies below a cursor with ``multi_last``; a sweep finds a dead
+  owner's unfinished tasks from its subjects and their tasks' last messages;
+* per-message TTLs expire events before snapshots, and the stream's max age
+  wins over a longer TTL but not over ``never``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js.api import StreamConfig
+
+from tests.support import natsserver
+from tests.support.layout_e import Entry, Layout, Reader, Where, change
+
+TIMEOUT = 10.0
+_streams = itertools.count()
+
+
+@pytest.fixture(scope="module", params=[1, 3], ids=["one-node", "three-nodes-R3"])
+def cluster(request: pytest.FixtureRequest) -> Iterator[natsserver.Cluster]:
+    """One node, then a 3-node cluster (streams at R3), shared by the tests of the module."""
+    with natsserver.running(request.param) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+async def nc(cluster: natsserver.Cluster) -> AsyncIterator[NATS]:
+    """A client on the first node (on R3 the stream's leader may be another node)."""
+    client = await nats.connect(cluster.urls[0])
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def make_stream(
+    nc: NATS, cluster: natsserver.Cluster, order: str = "id-first", **options: Any
+) -> tuple[str, Layout]:
+    """A stream of its own (per-message TTLs and direct gets allowed), at as many replicas as nodes.
+
+    Waits while a new cluster elects its JetStream leader, and until the stream
+    answers on the node of ``nc``. Returns its name and layout.
+    """
+    n = next(_streams)
+    name, layout = f"LAYOUT_{n}", Layout(f"layout{n}", order)
+    config = StreamConfig(
+        name=name,
+        subjects=[f"{layout.prefix}.t.>"],
+        num_replicas=len(cluster.nodes),
+        **{"allow_msg_ttl": True, "allow_direct": True, "duplicate_window": 60.0, **options},
+    )
+    js = nc.jetstream(timeout=2.0)
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                await js.add_stream(config)
+                break
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                pass
+            except nats.js.errors.APIError as exc:
+                if exc.code != 503 and exc.err_code not in (10005, 10008, 10023):
+                    raise
+            await asyncio.sleep(0.1)  # sync-ok: paces polling while JetStream elects its leader
+        probe = Where("probe", "o", "s", "c", "s")
+        while True:
+            try:  # expects a version the probe's task does not have: stores nothing
+                answer = await change(nc, layout, probe, 1)
+                assert answer["error"]["err_code"] == 10071
+                if not await Reader(nc, name, layout).get({"last_by_subj": f"{layout.prefix}.t.>"}):
+                    return name, layout
+            except nats.errors.NoRespondersError:
+                pass
+            await asyncio.sleep(0.01)  # sync-ok: paces polling while the stream's interest spreads
+
+
+def task(name: str, owner: str = "o1", scope: str = "s1", context: str = "c1") -> Where:
+    """A task's creating change (kind ``s``)."""
+    return Where(name, owner, scope, context, "s")
+
+
+def as_(where: Where, kind: str | None = None, owner: str | None = None) -> Where:
+    """The same task, another kind or owner."""
+    return Where(where.task, owner or where.owner, where.scope, where.context, kind or where.kind)
+
+
+async def stored(nc: NATS, stream: str, layout: Layout) -> dict[str, int]:
+    """How many messages the stream holds on each of its subjects."""
+    info = await nc.jetstream(timeout=TIMEOUT).stream_info(
+        stream, subjects_filter=f"{layout.prefix}.t.>"
+    )
+    return dict(info.state.subjects or {})
+
+
+async def gone(reader: Reader, subject: str) -> None:
+    """Return once no message is left on ``subject`` (the caller bounds the wait)."""
+    while True:
+        if not await reader.get({"last_by_subj": subject}):
+            return
+        await asyncio.sleep(0.05)  # sync-ok: polls the server's expiry
+
+
+def wrong_last(seq: int) -> dict[str, Any]:
+    """JetStream's refusal of a compare-and-set, the task's last sequence being ``seq``."""
+    return {"code": 400, "err_code": 10071, "description": f"wrong last sequence: {seq}"}
+
+
+async def test_a_change_is_stored_only_at_the_tasks_version_whatever_its_kind_owner_or_scope(
+    nc: NATS, cluster: natsserver.Cluster
+) -> None:
+    async with asyncio.timeout(40):
+        stream, e = await make_stream(nc, cluster)
+        t1 = task("t1")
+        assert await change(nc, e, t1, 0) == {"stream": stream, "seq": 1}
+        # an ``e`` after the ``s``: checked against the ``s`` (another subject)
+        assert (await change(nc, e, as_(t1, "e"), 1))["seq"] == 2
+        before = await stored(nc, stream, e)
+        # stale: a snapshot at the version before the ``e``, refused, nothing stored
+        stale = await change(nc, e, t1, 1)
+        assert stale == {"error": wrong_last(2), "stream": stream, "seq": 0}
+        assert await stored(nc, stream, e) == before
+        # another owner (a claim) at the right version, then its final change
+        assert (await change(nc, e, as_(t1, owner="o2"), 2))["seq"] == 3
+        assert (await change(nc, e, as_(t1, "f", "o2"), 3))["seq"] == 4
+        # the old owner, at its old version: refused by the claim's messages
+        assert (await change(nc, e, as_(t1, "e"), 2))["error"] == wrong_last(4)
+        # creation (version 0) of an id that exists under any other tokens: refused
+        for other in (task("t1", "o3"), task("t1", scope="s9", context="c9")):
+            assert (await change(nc, e, other, 0))["error"] == wrong_last(4)
+        # the filter may end in ``>`` (the same subjects)
+        fwc = Layout(e.prefix, fwc=True)
+        assert fwc.task("t1", "s1") == f"{e.prefix}.t.t1.>"
+        assert (await change(nc, fwc, as_(t1, "f", "o2"), 3))["error"] == wrong_last(4)
+        # ids are whole tokens: ``t10`` is not under ``t1.*.*.*.*``, nor ``t1`` under it
+        assert (await change(nc, e, task("t10"), 0))["seq"] == 5
+        assert (await change(nc, e, as_(t1, "e"), 4))["seq"] == 6
+        assert await stored(nc, stream, e) == {
+            f"{e.prefix}.t.t1.o1.s1.c1.s": 1,
+            f"{e.prefix}.t.t1.o1.s1.c1.e": 2,
+            f"{e.prefix}.t.t1.o2.s1.c1.s": 1,
+            f"{e.prefix}.t.t1.o2.s1.c1.f": 1,
+            f"{e.prefix}.t.t10.o1.s1.c1.s": 1,
+        }
+
+
+async def test_of_two_writers_racing_at_one_version_exactly_one_is_stored(
+    nc: NATS, cluster: natsserver.Cluster
+) -> None:
+    other = await nats.connect(cluster.urls[-1])  # on R3 another node than ``nc``'s
+    try:
+        async with asyncio.timeout(40):
+            stream, e = await make_stream(nc, cluster)
+            t1 = task("t1")
+            version = 0
+            codes: set[int] = set()
+            for i in range(20):  # (each round a new version both try to extend)
+                answers = await asyncio.gather(
+                    change(nc, e, as_(t1, "e" if i else "s"), version),
+                    change(other, e, as_(t1, "e" if i else "s", "o2"), version),
+                )
+                assert sorted("error" in a for a in answers) == [False, True]
+                version = next(a["seq"] for a in answers if "error" not in a)
+                codes.add(next(a["error"]["err_code"] for a in answers if "error" in a))
+            # 10071 once the winner is stored; on R3 10164 while it is still in flight
+            assert codes <= {10071, 10164}
+            assert sum((await stored(nc, stream, e)).values()) == 20
+    finally:
+        await other.close()
+
+
+async def test_a_retry_key_on_another_tasks_subject_is_a_duplicate_of_the_first_message(
+    nc: NATS, cluster: natsserver.Cluster
+) -> None:
+    async with asyncio.timeout(40):
+        stream, e = await make_stream(nc, cluster)
+        t1 = task("t1")
+        assert (await change(nc, e, t1, 0, msg_id="k1"))["seq"] == 1
+        assert (await change(nc, e, as_(t1, "e"), 1))["seq"] == 2
+        # a retry through another instance: a new task id, the same key
+        retry = await change(nc, e, task("t2", "o2"), 0, msg_id="k1")
+        assert retry == {"stream": stream, "seq": 1, "duplicate": True}
+        # the same key where the compare-and-set fails (t1 is at 2, not 0): on one
+        # node the check comes first (10071), on R3 the duplicate (checked before
+        # the proposal, server/jetstream_batching.go checkMsgHeadersPreClusteredProposal)
+        both = await change(nc, e, t1, 0, msg_id="k1")
+        if len(cluster.nodes) == 1:
+            assert both == {"error": wrong_last(2), "stream": stream, "seq": 0}
+        else:
+            assert both == {"stream": stream, "seq": 1, "duplicate": True}
+        # a refused publish does not register its key: a good one with it is stored
+        assert (await change(nc, e, as_(t1, "e"), 1, msg_id="k2"))["error"] == wrong_last(2)
+        assert await change(nc, e, as_(t1, "e"), 2, msg_id="k2") == {"stream": stream, "seq": 3}
+        assert await stored(nc, stream, e) == {
+            f"{e.prefix}.t.t1.o1.s1.c1.s": 1,
+            f"{e.prefix}.t.t1.o1.s1.c1.e": 2,
+        }
+
+
+async def test_a_retry_key_is_stored_again_after_the_duplicate_window(
+    nc: NATS, cluster: natsserver.Cluster
+) -> None:
+    async with asyncio.timeout(40):
+        stream, e = await make_stream(nc, cluster, duplicate_window=1.0)
+        assert (await change(nc, e, task("t1"), 0, msg_id="k1"))["seq"] == 1
+        assert (await change(nc, e, task("t2"), 0, msg_id="k1"))["duplicate"] is True
+        began = asyncio.get_running_loop().time()
+        while True:
+            answer = await change(nc, e, task("t3"), 0, msg_id="k1")
+            if not answer.get("duplicate"):
+                break
+            await asyncio.sleep(0.05)  # sync-ok: polls the server's window closing, bounded
+        assert answer == {"stream": stream, "seq": 2}
+        assert asyncio.get_running_loop().time() - began < 5.0
+
+
+async def test_a_task_is_read_by_id_its_newest_snapshot_the_events_after_it_its_final(
+    nc: NATS, cluster: natsserver.Cluster
+) -> None:
+    async with asyncio.timeout(40):
+        stream, e = await make_stream(nc, cluster)
+        reader = Reader(nc, stream, e)
+        t1, t2 = task("t1"), task("t2", "o2", "s2", "c2")
+        versions = {"t1": 0, "t2": 0}
+
+        async def put(where: Where, data: bytes) -> int:
+            ack = await change(nc, e, where, versions[where.task], data)
+            versions[where.task] = ack["seq"]
+            return int(ack["seq"])
+
+        await put(t1, b"snap 1")
+        await put(t2, b"other snap")
+        for i in range(3):
+            await put(as_(t1, "e"), f"event {i}".encode())
+            await put(as_(t2, "e"), b"other event")
+        # a snapshot again (every 32nd change, or a claim: another owner's token)
+        snap = await put(as_(t1, owner="o9"), b"snap 2")
+        event = await put(as_(t1, "e", "o9"), b"event 3")
+        await put(as_(t2, "e"), b"other event")
+
+        newest, events, final = await reader.task("t1", "s1")
+        assert newest is not None and newest.data == b"snap 2"
+        assert reader.entry(newest).seq == snap
+        assert [(reader.entry(m).seq, m.data) for m in events] == [(event, b"event 3")]
+        assert final is None
+        # a wildcard is allowed in ``last_by_subj``: the task's last message of any kind
+        (last,) = await reader.get({"last_by_subj": e.task("t1", "s1")})
+        assert last.data == b"event 3"
+        # ended (here by a survivor's sweep: another owner, no ``s`` of its own first)
+        assert (await change(nc, e, as_(t1, "f", "o5"), event, b"final"))["seq"] == event + 2
+        newest, events, final = await reader.task("t1", "s1")
+        assert newest is not None and newest.data == b"snap 2"
+        assert (events, final is not None and final.data) == ([], b"final")
+        assert await reader.task("t3", "s1") == (None, [], None)
+
+
+@pytest.mark.parametrize("order", ["id-first", "scope-first"])
+async def test_a_scope_and_a_context_are_listed_newest_first_page_by_page(
+    nc: NATS, cluster: natsserver.Cluster, order: str
+) -> None:
+    async with asyncio.timeout(40):
+        stream, e = await make_stream(nc, cluster, order)
+        reader = Reader(nc, stream, e)
+        last: dict[str, int] = {}
+        tasks = {f"t{i}": task(f"t{i}", f"o{i % 2}", f"s{i % 3}", f"c{i % 2}") for i in range(12)}
+
+        async def put(name: str, kind: str) -> None:
+            ack = await change(nc, e, as_(tasks[name], kind), last.get(name, 0))
+            last[name] = ack["seq"]
+
+        for name in tasks:  # scopes interleaved: s0 holds t0, t3, t6, t9
+            await put(name, "s")
+        for name, kind in (("t0", "e"), ("t1", "e"), ("t6", "e"), ("t3", "f"), ("t4", "e")):
+            await put(name, kind)
+
+        def newest(scope: str, context: str | None = None) -> list[str]:
+            names = [
+                n for n, t in tasks.items() if t.scope == scope and context in (None, t.context)
+            ]
+            return sorted(names, key=lambda n: -last[n])
+
+        def names(page: list[Entry]) -> list[str]:
+            return [entry.where.task for entry in page]
+
+        scope = e.scope("s0")
+        assert newest("s0") == ["t3", "t6", "t0", "t9"]
+        assert names(await reader.page(scope, None, 10)) == newest("s0")
+        first = await reader.page(scope, None, 2)
+        assert names(first) == ["t3", "t6"]
+        # a change to a task of the next page meanwhile moves it above the cursor:
+        # the next page skips it (its older messages below are not its current one)
+        await put("t0", "e")
+        assert names(await reader.page(scope, first[-1].seq, 2)) == ["t9"]
+        assert names(await reader.page(scope, None, 10)) == ["t0", "t3", "t6", "t9"]
+        # by context, within the scope
+        assert newest("s1", "c1") == ["t1", "t7"]
+        assert names(await reader.page(e.context("s1", "c1"), None, 10)) == ["t1", "t7"]
+        # the entries are each task's last message
+        page = await reader.page(e.scope("s1"), None, 10)
+        assert [(x.where.task, x.seq, x.where.kind) for x in page] == [
+            (n, last[n], "e" if n in ("t1", "t4") else "s") for n in newest("s1")
+        ]
+
+
+@pytest.mark.parametrize("order", ["id-first", "scope-first"])
+async def test_a_sweep_finds_a_dead_owners_unfinished_tasks_and_not_those_claimed_since(
+    nc: NATS, cluster: natsserver.Cluster, order: str
+) -> None:
+    async with asyncio.timeout(40):
+        stream, e = await make_stream(nc, cluster, order)
+        reader = Reader(nc, stream, e)
+        last: dict[str, int] = {}
+
+        async def put(name: str, owner: str, kind: str) -> None:
+            where = Where(name, owner, f"scope-of-{name}", "c", kind)
+            ack = await change(nc, e, where, last.get(name, 0))
+            last[name] = ack["seq"]
+
+        writes = [
+            ("t1", "o1", "s"), ("t1", "o1", "e"),                    # o1's, unfinished
+            ("t2", "o1", "s"), ("t2", "o1", "e"), ("t2", "o1", "f"),  # ended
+            ("t3", "o1", "s"), ("t3", "o2", "s"),                    # claimed by o2
+            ("t4", "o1", "s"), ("t4", "o2", "s"), ("t4", "o2", "f"),  # claimed, ended
+            ("t5", "o2", "s"),                                       # o2's
+            ("t6", "o1", "s"), ("t6", "o2", "s"), ("t6", "o1", "e"),  # claimed back by o1
+        ]  # fmt: skip
+        for name, owner, kind in writes:
+            await put(name, owner, kind)
+
+        swept = await reader.sweep("o1")
+        assert [(x.where.task, x.seq) for x in swept] == [("t1", last["t1"]), ("t6", last["t6"])]
+        assert [x.where.task for x in await reader.sweep("o2")] == ["t3", "t5"]
+        assert await reader.sweep("o3") == []
+        # the sweep's claim of t1 by o3, then the sweep again
+        await put("t1", "o3", "s")
+        assert [x.where.task for x in await reader.sweep("o1")] == ["t6"]
+        assert [x.where.task for x in await reader.sweep("o3")] == ["t1"]
+
+
+async def test_events_expire_before_snapshots_and_max_age_wins_over_a_longer_ttl(
+    nc: NATS, cluster: natsserver.Cluster
+) -> None:
+    async with asyncio.timeout(40):
+        stream, e = await make_stream(nc, cluster, max_age=3.0, duplicate_window=1.0)
+        reader = Reader(nc, stream, e)
+        t1, t2 = task("t1"), task("t2")
+        assert (await change(nc, e, t1, 0, ttl="1h"))["seq"] == 1
+        assert (await change(nc, e, as_(t1, "e"), 1, ttl="1s"))["seq"] == 2
+        assert (await change(nc, e, t2, 0, ttl="never"))["seq"] == 3
+        assert (await change(nc, e, as_(t2, "f"), 3, ttl="never"))["seq"] == 4
+        began = asyncio.get_running_loop().time()
+        await gone(reader, e.snapshots("t1", "s1", "e"))
+        expired = asyncio.get_running_loop().time() - began
+        # the event is gone, the snapshot stays: the task's version went back to 1, so
+        # a writer holding the event's sequence is refused (and an unsnapshotted event lost)
+        assert (await change(nc, e, as_(t1, "e"), 2))["error"] == wrong_last(1)
+        newest, events, _ = await reader.task("t1", "s1")
+        assert newest is not None and events == []
+        # the stream's max age (3 s) removes the snapshot with its longer TTL, not ``never``
+        await gone(reader, e.snapshots("t1", "s1"))
+        aged = asyncio.get_running_loop().time() - began
+        assert [
+            reader.entry(m).seq for m in await reader.get({"multi_last": [e.task("t2", "s1")]})
+        ] == [3, 4]
+        assert expired < 3.0 and 2.0 < aged < 6.0, (expired, aged)

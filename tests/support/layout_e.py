@@ -1,0 +1,346 @@
+"""Layout E on JetStream, the spike's reader and writer (issue 41; docs/decisions/0001).
+
+One stream holds every change of every task, one message each, on the subject
+
+    <p>.t.<task id>.<owner>.<scope hash>.<context hash>.<kind>     (id-first)
+    <p>.t.<scope hash>.<task id>.<owner>.<context hash>.<kind>     (scope-first)
+
+``kind`` is ``s`` (a change with the task's snapshot), ``e`` (events only) or ``f``
+(the final change and snapshot). Each change is one publish, its compare-and-set
+over all of the task's subjects (``Nats-Expected-Last-Subject-Sequence`` and
+``...-Subject: <the task's filter>``). tests/cluster/test_jetstream_layout.py asserts
+these helpers on a real nats-server; ``bench.nats_layout`` measures them. Nothing of
+the server's code is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+TIMEOUT = 10.0
+"""Seconds one request may take."""
+BATCH = 256
+"""Messages one batched direct get returns at most."""
+MULTI_LAST_TASKS = 200
+"""Tasks whose last messages one ``multi_last`` asks for (the server answers at most 1,024)."""
+PENDING = "Nats-Num-Pending"
+SEQUENCE = "Nats-Sequence"
+SUBJECT = "Nats-Subject"
+ORDERS = ("id-first", "scope-first")
+
+
+def digest(text: str, size: int = 32) -> str:
+    """A subject token for ``text``: the first ``size`` hex digits of its SHA-256."""
+    return hashlib.sha256(text.encode()).hexdigest()[:size]
+
+
+@dataclass(frozen=True)
+class Where:
+    """The tokens of one message of a task."""
+
+    task: str
+    owner: str
+    scope: str
+    context: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Subjects of layout E under ``prefix``, in one of two token orders (see the module)."""
+
+    prefix: str
+    order: str = "id-first"
+    fwc: bool = False
+    """Whether a task's filter ends in ``>`` (else ``*`` tokens)."""
+
+    def subject(self, where: Where) -> str:
+        """The subject of one change."""
+        w, p = where, self.prefix
+        if self.order == "scope-first":
+            return f"{p}.t.{w.scope}.{w.task}.{w.owner}.{w.context}.{w.kind}"
+        return f"{p}.t.{w.task}.{w.owner}.{w.scope}.{w.context}.{w.kind}"
+
+    def parse(self, subject: str) -> Where:
+        """The tokens of a subject of this layout."""
+        tokens = subject.split(".")[-5:]
+        if self.order == "scope-first":
+            scope, task, owner, context, kind = tokens
+        else:
+            task, owner, scope, context, kind = tokens
+        return Where(task, owner, scope, context, kind)
+
+    def task(self, task: str, scope: str) -> str:
+        """Every subject of one task (its compare-and-set and reads by id).
+
+        Each remaining token a ``*`` (``fwc``: one ``>``, the same subjects; the
+        benchmark's writes to old tasks measure both).
+        """
+        if self.order == "scope-first":
+            head, rest = f"{self.prefix}.t.{scope}.{task}", ".*.*.*"
+        else:
+            head, rest = f"{self.prefix}.t.{task}", ".*.*.*.*"
+        return f"{head}.>" if self.fwc else head + rest
+
+    def snapshots(self, task: str, scope: str, kind: str = "s") -> str:
+        """The task's ``kind`` messages, whoever wrote them."""
+        if self.order == "scope-first":
+            return f"{self.prefix}.t.{scope}.{task}.*.*.{kind}"
+        return f"{self.prefix}.t.{task}.*.*.*.{kind}"
+
+    def scope(self, scope: str) -> str:
+        """Every message of the scope's tasks."""
+        if self.order == "scope-first":
+            return f"{self.prefix}.t.{scope}.>"
+        return f"{self.prefix}.t.*.*.{scope}.>"
+
+    def context(self, scope: str, context: str) -> str:
+        """Every message of the tasks of one context of the scope."""
+        if self.order == "scope-first":
+            return f"{self.prefix}.t.{scope}.*.*.{context}.*"
+        return f"{self.prefix}.t.*.*.{scope}.{context}.*"
+
+    def owner(self, owner: str) -> str:
+        """Every message an owner wrote."""
+        if self.order == "scope-first":
+            return f"{self.prefix}.t.*.*.{owner}.>"
+        return f"{self.prefix}.t.*.{owner}.>"
+
+    def headers(
+        self, where: Where, version: int, *, msg_id: str | None = None, ttl: str | None = None
+    ) -> dict[str, str]:
+        """A change's headers: the compare-and-set over the task's subjects, a retry key, a TTL."""
+        headers = {
+            "Nats-Expected-Last-Subject-Sequence": str(version),
+            "Nats-Expected-Last-Subject-Sequence-Subject": self.task(where.task, where.scope),
+        }
+        if msg_id is not None:
+            headers["Nats-Msg-Id"] = msg_id
+        if ttl is not None:
+            headers["Nats-TTL"] = ttl
+        return headers
+
+
+async def change(
+    nc: NATS,
+    layout: Layout,
+    where: Where,
+    version: int,
+    payload: bytes = b"",
+    *,
+    msg_id: str | None = None,
+    ttl: str | None = None,
+) -> dict[str, Any]:
+    """Publish one change at ``version`` (0: create); JetStream's answer (a PubAck or an error)."""
+    headers = layout.headers(where, version, msg_id=msg_id, ttl=ttl)
+    reply = await nc.request(layout.subject(where), payload, TIMEOUT, headers=headers)
+    answer: dict[str, Any] = json.loads(reply.data)
+    return answer
+
+
+@dataclass
+class Entry:
+    """A task as a listing or a sweep sees it: its last message there."""
+
+    where: Where
+    seq: int
+
+
+@dataclass
+class Reader:
+    """Direct gets on one stream of layout E, counting the requests they cost."""
+
+    nc: NATS
+    stream: str
+    layout: Layout
+    requests: int = 0
+    _inbox: int = field(default=0, repr=False)
+
+    async def get(self, request: dict[str, Any]) -> list[Msg]:
+        """A direct get; its messages (none if nothing matched).
+
+        Raises:
+            AssertionError: Another status than found, not found and end of batch.
+        """
+        self.requests += 1
+        subject = f"$JS.API.DIRECT.GET.{self.stream}"
+        body = json.dumps(request).encode()
+        if "batch" not in request and "multi_last" not in request:
+            msg = await self.nc.request(subject, body, TIMEOUT)
+            status = (msg.headers or {}).get("Status")
+            if status == "404":
+                return []
+            if status is not None:
+                raise AssertionError(f"{status} {(msg.headers or {}).get('Description')}")
+            return [msg]
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        found: list[Msg] = []
+        try:
+            await self.nc.publish(subject, body, inbox)
+            while True:
+                msg = await sub.next_msg(timeout=TIMEOUT)
+                status = (msg.headers or {}).get("Status")
+                if status is None:
+                    found.append(msg)
+                elif status == "204" or (status == "404" and not found):
+                    return found
+                else:
+                    raise AssertionError(f"{status} {(msg.headers or {}).get('Description')}")
+        finally:
+            await sub.unsubscribe()
+
+    def entry(self, msg: Msg) -> Entry:
+        """Where a message answered by a direct get was written, and its sequence."""
+        headers = msg.headers or {}
+        return Entry(self.layout.parse(headers[SUBJECT]), int(headers[SEQUENCE]))
+
+    async def task(self, task: str, scope: str) -> tuple[Msg | None, list[Msg], Msg | None]:
+        """A task by id: its newest ``s``, the ``e`` after it, and its ``f`` if it ended.
+
+        The newest ``s`` and the ``f`` together (last by subject, wildcards over
+        owner and context), then, unless ended, a batch of the events on the
+        literal subject of the snapshot's owner (a claim writes an ``s``). A batch
+        on a wildcard would cost the whole stream: nats-server walks every block
+        after the last match once the stream has more than 64 Ki subjects
+        (``wcMaxSizeToCheck`` in server/filestore.go).
+        """
+        snaps, final = await asyncio.gather(
+            self.get({"last_by_subj": self.layout.snapshots(task, scope)}),
+            self.get({"last_by_subj": self.layout.snapshots(task, scope, "f")}),
+        )
+        if not snaps or final:
+            return (snaps[0] if snaps else None), [], (final[0] if final else None)
+        snap = self.entry(snaps[0])
+        events = Where(task, snap.where.owner, snap.where.scope, snap.where.context, "e")
+        request = {"seq": snap.seq + 1, "next_by_subj": self.layout.subject(events)}
+        return snaps[0], await self.get({**request, "batch": BATCH}), None
+
+    async def count_from(self, subject: str, start: int) -> int:
+        """How many messages on ``subject`` (a filter) are at sequence ``start`` or after."""
+        msgs = await self.get({"seq": max(start, 1), "next_by_subj": subject, "batch": 1})
+        return 1 + int((msgs[0].headers or {}).get(PENDING, "0")) if msgs else 0
+
+    async def end(self, subject: str) -> int:
+        """One past the sequence of the last message on ``subject`` (1 if none)."""
+        msgs = await self.get({"last_by_subj": subject})
+        return int((msgs[0].headers or {})[SEQUENCE]) + 1 if msgs else 1
+
+    async def start(self, subject: str, top: int, want: int) -> tuple[int, int]:
+        """A sequence from which ``want`` messages (or all) on ``subject`` lie before ``top``.
+
+        Gallops down from ``top`` in steps of x4, counting with ``Nats-Num-Pending``
+        (what server/a2a_grpc_server/jetstream/index.py does). Returns the sequence
+        and how many lie from it to before ``top``.
+        """
+        at_top = await self.count_from(subject, top)
+        span = 4 * want
+        while True:
+            lo = max(top - span, 1)
+            between = await self.count_from(subject, lo) - at_top
+            if lo == 1 or between >= want:
+                return lo, between
+            span *= 4
+
+    async def read(self, subject: str, lo: int, count: int) -> list[Msg]:
+        """The ``count`` messages on ``subject`` from ``lo``, oldest first.
+
+        Each batch asks for no more than remain: a batch that finds fewer walks
+        the stream to its end.
+        """
+        found: list[Msg] = []
+        pos = lo
+        while len(found) < count:
+            want = min(count - len(found), BATCH)
+            msgs = await self.get({"seq": pos, "next_by_subj": subject, "batch": want})
+            found.extend(msgs)
+            if len(msgs) < want:
+                break
+            pos = int((msgs[-1].headers or {})[SEQUENCE]) + 1
+        return found
+
+    async def last_of(self, tasks: Sequence[tuple[str, str]]) -> dict[str, Entry]:
+        """Each task's last message, by task id: ``multi_last`` of their filters, in chunks."""
+        last: dict[str, Entry] = {}
+        for i in range(0, len(tasks), MULTI_LAST_TASKS):
+            chunk = tasks[i : i + MULTI_LAST_TASKS]
+            msgs = await self.get({"multi_last": [self.layout.task(t, s) for t, s in chunk]})
+            for msg in msgs:
+                entry = self.entry(msg)
+                known = last.get(entry.where.task)
+                if known is None or known.seq < entry.seq:
+                    last[entry.where.task] = entry
+        return last
+
+    async def page(
+        self, subject: str, before: int | None, want: int, per_task: int = 3
+    ) -> list[Entry]:
+        """Up to ``want`` tasks with messages on ``subject``, newest last change first.
+
+        ``subject`` is a scope's or a context's filter; ``before`` the cursor (the
+        sequence of the previous page's last entry; None: from the stream's end).
+        Windows found by galloping are read forwards; each task counts once, at
+        its last message in the windows read. From a cursor, a task may have
+        newer messages above it (it was listed before, or changed since): the
+        page keeps only tasks whose last message is the one read (``last_of``).
+        Each window is sized for ``per_task`` messages per task missing.
+        """
+        top = before if before is not None else await self.end(subject)
+        seen: set[str] = set()
+        found: list[Entry] = []
+        while len(found) < want and top > 1:
+            lo, between = await self.start(subject, top, (want - len(found)) * per_task)
+            window: dict[str, Entry] = {}
+            for msg in await self.read(subject, lo, between):
+                entry = self.entry(msg)
+                if entry.seq < top and entry.where.task not in seen:
+                    window[entry.where.task] = entry  # (oldest first: the last one stays)
+            seen.update(window)
+            fresh = sorted(window.values(), key=lambda e: -e.seq)
+            if before is not None and fresh:
+                current = await self.last_of([(e.where.task, e.where.scope) for e in fresh])
+                fresh = [e for e in fresh if current[e.where.task].seq == e.seq]
+            found.extend(fresh)
+            top = lo
+        return found[:want]
+
+    async def subjects(self, subject: str) -> dict[str, int]:
+        """The stream's subjects matching ``subject``, each with its count (stream info, paged)."""
+        found: dict[str, int] = {}
+        while True:
+            self.requests += 1
+            body = json.dumps({"subjects_filter": subject, "offset": len(found)}).encode()
+            reply = await self.nc.request(f"$JS.API.STREAM.INFO.{self.stream}", body, TIMEOUT)
+            info = json.loads(reply.data)
+            if "error" in info:
+                raise AssertionError(str(info["error"]))
+            page = info["state"].get("subjects") or {}
+            found.update(page)
+            if not page or len(found) >= info.get("total", 0):
+                return found
+
+    async def sweep(self, owner: str) -> list[Entry]:
+        """The owner's unfinished tasks: its tasks whose last message it wrote and is not ``f``.
+
+        The owner's subjects (stream info, no message read) give its tasks; those
+        without an ``f`` of its own are checked by their last message (``last_of``):
+        another owner may have claimed or ended them since.
+        """
+        kinds: dict[tuple[str, str], set[str]] = {}
+        for subject in await self.subjects(self.layout.owner(owner)):
+            where = self.layout.parse(subject)
+            kinds.setdefault((where.task, where.scope), set()).add(where.kind)
+        open_ = [task for task, k in kinds.items() if "f" not in k]
+        last = await self.last_of(open_)
+        return sorted(
+            (e for e in last.values() if e.where.owner == owner and e.where.kind != "f"),
+            key=lambda e: e.seq,
+        )
