@@ -124,8 +124,8 @@ class ServerConfig:
         idempotency_max_keys: Most message ids remembered with the in-memory
             journal (a few hundred bytes each, and message-only answers up to
             64 MiB in all). Past either bound the oldest id of the caller
-            keeping the most goes: one caller's many ids never push out
-            another caller's. In cluster mode, the most ids this instance's
+            keeping the most goes: each caller keeps at least its fair share
+            (the bound divided by the callers). In cluster mode, the most ids this instance's
             claims keep in the shared bucket: past it, the oldest of the
             caller that claimed the most through it is deleted.
         quota_parked_tasks: Most tasks of one principal waiting for input

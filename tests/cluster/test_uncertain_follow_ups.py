@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import grpc
+import pytest
 from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import GetTaskRequest, Role, SendMessageRequest, Task, TaskState
 
@@ -98,3 +99,22 @@ async def test_a_turn_under_a_message_id_used_before_runs_when_retried(nats_url:
         seen = await b.stub.GetTask(GetTaskRequest(id=task.id), metadata=V1)
     assert said(seen) == ["hi", "one", "two"], f"refused {refusals}"
     assert answer.status.message.parts[0].text == "got two"
+
+
+async def test_an_owner_records_no_follow_up_after_its_askers_wait(nats_url: str) -> None:
+    # A second review: an owner slowed past its asker's wait (here its task's lock, as a
+    # slow journal would) recorded the follow-up afterwards, whenever it got there, so a
+    # retry that took the key over after ``until`` ran it a second time.
+    async with asyncio.timeout(30), instances(Asking(), [nats_url], lease=2.0) as [a, b]:
+        task = (await a.stub.SendMessage(send_request("hi"), metadata=V1)).task
+        live = a.service.engine.tasks.live_task(task.id)
+        assert live is not None
+        one = send_request("one", task_id=task.id)
+        async with live.lock:  # (the owner's add_user_message queues behind this)
+            with pytest.raises(grpc.aio.AioRpcError) as held:
+                await b.stub.SendMessage(copy(one), metadata=KEYED, timeout=1.0)
+            assert held.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        async with live.lock:  # (the lock is fair: the owner's turn came, and went)
+            pass
+        seen = await a.stub.GetTask(GetTaskRequest(id=task.id), metadata=V1)
+    assert said(seen) == ["hi"], "recorded after its asker stopped waiting"

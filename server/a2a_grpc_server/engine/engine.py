@@ -240,7 +240,7 @@ class TaskEngine:
             try:
                 if follow_up:
                     try:
-                        await live.add_user_message(message)
+                        await live.add_user_message(message, act_by=call.act_by)
                     except TaskTooLargeError as exc:
                         raise InvalidFieldError(
                             "message", f"{exc.message}; start a new task (omit message.task_id)"
@@ -639,7 +639,12 @@ class TaskEngine:
         if live is None or live.log.closed:
             raise _no_more_messages(recorded)
         run = self.runs.current(recorded.id)
-        if live.admitting or (run is not None and not run.finished):
+        if live.admitting:
+            raise UnsupportedOperationError(
+                f"task {quote(recorded.id)} is taking another follow-up; retry once that "
+                "one has started"
+            )
+        if run is not None and not run.finished:
             raise UnsupportedOperationError(
                 f"task {quote(recorded.id)} is still {taskops.state_name(recorded.status.state)}; "
                 "send follow-ups only when it asks for input, or cancel it"

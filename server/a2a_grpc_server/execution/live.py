@@ -28,7 +28,7 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import InvalidAgentResponseError
 
 from ..config import DEFAULT_MAX_TASK_BYTES
-from ..errors import TaskHandedOverError, quote
+from ..errors import OwnerTooLateError, TaskHandedOverError, quote
 from ..journal import (
     Change,
     FinalTaskError,
@@ -241,9 +241,16 @@ class LiveTask:
             if error is not None:
                 raise error
 
-    async def add_user_message(self, message: Message) -> None:
-        """Record a follow-up user message in the task's history (a change without a frame)."""
+    async def add_user_message(self, message: Message, act_by: float | None = None) -> None:
+        """Record a follow-up user message in the task's history (a change without a frame).
+
+        Raises:
+            OwnerTooLateError: The event loop's time is past ``act_by`` (a routed
+                follow-up whose asker may have given up): nothing is recorded.
+        """
         async with self.lock:
+            if act_by is not None and asyncio.get_running_loop().time() > act_by:
+                raise OwnerTooLateError("the follow-up reached its task too late to be recorded")
             assert self._task is not None
             self._size.admit(self._task, self.task_id, message.ByteSize(), "this message")
             updated = taskops.copy(self._task)

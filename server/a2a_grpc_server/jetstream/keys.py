@@ -16,8 +16,9 @@ bound one caller's keys. Each instance does it for the keys it claimed
 the most through it is deleted from the bucket, as the in-memory store drops
 it. One caller's keys are thus at most ``most`` per live instance (those an
 instance claimed before it restarted are bounded by the window alone), and
-one caller's flood never deletes another caller's key. A delete leaves a
-marker of about 100 bytes in the bucket until the window ends.
+a caller within its fair share (``most`` divided by the callers) keeps its
+keys whatever another sends. A delete leaves a marker of about 100 bytes in
+the bucket until the window ends.
 
 A claim of a key never sent and a settled record go through the lean
 publish of ``requests`` (each is one publish with an ack; nats-py's KV
@@ -37,7 +38,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from ..journal.keys import PENDING_FOR, KeyRecord
+from ..journal.keys import PENDING_FOR, KeyRecord, PerCaller
 from ..model.names import TASK_PREFIX
 from .conn import KEYS_BUCKET, ensure_kv
 from .pullread import bucket_of
@@ -60,7 +61,7 @@ class Claimed:
         self._window, self._most, self._clock = window, most, clock
         self._claims: OrderedDict[str, tuple[str, float]] = OrderedDict()
         """Key: (caller, when claimed), oldest claim first."""
-        self._by_caller: dict[str, OrderedDict[str, None]] = {}
+        self._by_caller = PerCaller()
 
     def __len__(self) -> int:
         return len(self._claims)
@@ -68,8 +69,7 @@ class Claimed:
     def add(self, key: str, caller: str) -> list[str]:
         """Track a key just claimed; the keys to delete to stay within ``most``.
 
-        Those of the caller tracking the most go first, oldest first (O(callers)
-        each, only at the bound).
+        Those of the caller tracking the most go first, oldest first (O(1) each).
         """
         now = self._clock()
         claims = self._claims
@@ -80,12 +80,10 @@ class Claimed:
             self.discard(oldest)
         self.discard(key)
         claims[key] = (caller, now)
-        self._by_caller.setdefault(caller, OrderedDict())[key] = None
+        self._by_caller.add(caller, key)
         evicted: list[str] = []
-        by_caller = self._by_caller
         while len(claims) > self._most:
-            greediest = max(by_caller, key=lambda c: len(by_caller[c]))
-            gone = next(iter(by_caller[greediest]))
+            gone = self._by_caller.greediest_oldest()
             self.discard(gone)
             evicted.append(gone)
         return evicted
@@ -93,12 +91,8 @@ class Claimed:
     def discard(self, key: str) -> None:
         """Stop tracking ``key`` (released, or deleted)."""
         found = self._claims.pop(key, None)
-        if found is None:
-            return
-        keys = self._by_caller[found[0]]
-        del keys[key]
-        if not keys:
-            del self._by_caller[found[0]]
+        if found is not None:
+            self._by_caller.discard(found[0], key)
 
 
 class JetStreamSentKeys:

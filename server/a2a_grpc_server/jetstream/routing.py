@@ -65,12 +65,14 @@ from ..errors import (
     UnknownFormatError,
     UnsignedMessageError,
 )
+from ..journal.keys import PENDING_FOR
 from ..model.caller import Caller
 from ..model.names import TASK_PREFIX
 from ..obs import tracing
 from .conn import CONTROL_SUBJECT
 from .formats import CURRENT, check_header
 from .formats import HEADER as FORMAT
+from .retry import REQUEST_TIMEOUT
 from .signing import ANSWERS, MAX_SKEW, REPLY_TO, Signer
 
 if TYPE_CHECKING:
@@ -184,6 +186,9 @@ class Router:
         # so it starts nothing it could not answer in time.
         # (answering ANSWER_MARGIN before the client gives up, so it gets our reason).
         timeout = self._bound if call.timeout is None else call.timeout - ANSWER_MARGIN
+        # (a keyed request's key stays pending while it waits: less than the time a
+        # retry takes a pending key for abandoned)
+        timeout = min(timeout, PENDING_FOR / 2)
         if timeout <= 0:
             raise OwnerTooLateError("too little of the call's deadline is left to ask the owner")
         metadata, who = encode_caller(call)
@@ -206,9 +211,7 @@ class Router:
                 f"instance {owner}, which runs this task, did not answer within {timeout:.1f} s; "
                 "the request may or may not have taken effect (GetTask tells)"
             )
-            # (signed before the wait: received within MAX_SKEW of that, acted on within
-            # its timeout, its writes retried for retry_for)
-            unknown.until = time.time() + MAX_SKEW + timeout + self._retry_for
+            unknown.until = self._acts_until(timeout)
             raise unknown from exc
         except nats.errors.Error as exc:  # e.g. this instance's connection is closing
             raise OwnerUnavailableError(
@@ -219,6 +222,18 @@ class Router:
         if error is not None:
             raise error
         return bytes(msg.data)
+
+    def _acts_until(self, timeout: float) -> float:
+        """When (wall clock) the owner of a request just unanswered can no longer act on it.
+
+        It was signed about ``timeout`` ago; the owner took it within ``MAX_SKEW``
+        of its own clock (which may be ``MAX_SKEW`` off this one), records
+        nothing past ``timeout`` after receipt (``Caller.act_by``), and a write
+        begun by then lands within one ``Retry`` (``retry_for`` and an attempt
+        either side). Another instance judging the time may be ``MAX_SKEW`` off.
+        """
+        write = self._retry_for + 2 * REQUEST_TIMEOUT
+        return time.time() + 3 * MAX_SKEW + timeout + write
 
     async def _ask(
         self,
@@ -341,6 +356,7 @@ class Router:
             call = decode_caller(headers.get(CALL_HEADERS, "[]"), headers[CALLER], timeout)
             if timeout < ANSWER_MARGIN:
                 raise OwnerTooLateError("the request reached the task's owner too late to act")
+            call.act_by = received + timeout  # (a follow-up records nothing after it)
             with tracing.routed(msg.subject.rsplit(".", 1)[-1], call.headers):
                 reply, reply_headers = await serve(msg, call), None
         except (A2AError, ServerError) as exc:

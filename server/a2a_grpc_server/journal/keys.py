@@ -27,8 +27,9 @@ seconds. Records expire ``window`` seconds after they were claimed (the
 record that goes is the oldest of the caller keeping the most (records, or
 answers' bytes, as the bound is; the caller is the record's principal,
 tenants aside, as for final tasks in ``journal.memory``): one caller sending
-many keyed messages forgets its own oldest keys (a retry of those runs again),
-never another caller's first. Choosing costs O(callers keeping keys). An
+many keyed messages forgets its own oldest keys first (a retry of those runs
+again). Each caller thus keeps at least its fair share, ``most`` divided by
+the callers keeping keys; a caller over it loses keys when others send. An
 answer over ``ANSWER_KEPT`` is not kept (a retry is told so). The shared
 store (``jetstream.keys``) is a KV bucket whose max age is the window.
 """
@@ -222,6 +223,54 @@ class SentKeys(Protocol):
         ...
 
 
+class PerCaller:
+    """Each caller's keys, oldest first, and which caller keeps the most, in O(1) each.
+
+    Callers are kept by how many keys they hold (a count moves by one at a time,
+    so the most is found without a scan); of callers holding equally many, the
+    first to reach that count goes first.
+    """
+
+    def __init__(self) -> None:
+        self._keys: dict[str, OrderedDict[str, None]] = {}
+        self._by_count: dict[int, dict[str, None]] = {}
+        self._top = 0
+
+    def add(self, caller: str, key: str) -> None:
+        """Count ``key`` as ``caller``'s newest (a key it holds already stays in its place)."""
+        keys = self._keys.setdefault(caller, OrderedDict())
+        if key not in keys:
+            keys[key] = None
+            self._move(caller, len(keys) - 1, len(keys))
+
+    def discard(self, caller: str, key: str) -> None:
+        """Stop counting ``key`` (no error if it is not counted)."""
+        keys = self._keys.get(caller)
+        if keys is None or key not in keys:
+            return
+        del keys[key]
+        if not keys:
+            del self._keys[caller]
+        self._move(caller, len(keys) + 1, len(keys))
+
+    def greediest_oldest(self) -> str:
+        """The oldest key of the caller holding the most (there must be one)."""
+        caller = next(iter(self._by_count[self._top]))
+        return next(iter(self._keys[caller]))
+
+    def _move(self, caller: str, old: int, new: int) -> None:
+        if old:
+            bucket = self._by_count[old]
+            del bucket[caller]
+            if not bucket:
+                del self._by_count[old]
+        if new:
+            self._by_count.setdefault(new, {})[caller] = None
+        self._top = max(self._top, new)
+        while self._top and self._top not in self._by_count:
+            self._top -= 1
+
+
 _Kept = tuple[str, str, int, bytes, float, bool, str, str, int, float]
 """A ``KeyRecord``'s fields, in order."""
 _ANSWER: Final = 3
@@ -255,7 +304,7 @@ class MemorySentKeys:
         """Records, oldest claim first (for the window), as plain tuples: the collector
         stops tracking a tuple of strings and numbers, so the records kept cost its full
         passes nothing."""
-        self._by_caller: dict[str, OrderedDict[str, None]] = {}
+        self._by_caller = PerCaller()
         """Each caller's keys, oldest claim first (for ``most``)."""
         self._answers: dict[str, OrderedDict[str, None]] = {}
         """Each caller's keys whose record keeps an answer, oldest answer first."""
@@ -313,7 +362,7 @@ class MemorySentKeys:
             record.seen,
             record.until,
         )
-        self._by_caller.setdefault(caller, OrderedDict())[key] = None
+        self._by_caller.add(caller, key)
         if record.answer:
             self._answers.setdefault(caller, OrderedDict())[key] = None
             size = len(record.answer)
@@ -325,11 +374,7 @@ class MemorySentKeys:
         if found is None:
             return
         self._unkeep_answer(key, found)
-        caller = found[_CALLER]
-        keys = self._by_caller[caller]
-        del keys[key]
-        if not keys:
-            del self._by_caller[caller]
+        self._by_caller.discard(found[_CALLER], key)
 
     def _unkeep_answer(self, key: str, found: _Kept) -> None:
         if not found[_ANSWER]:
@@ -343,11 +388,14 @@ class MemorySentKeys:
             del self._answers[caller], self._caller_bytes[caller]
 
     def _bound(self) -> None:
-        """Over a bound, the oldest of the caller keeping the most goes (see the module)."""
-        by_caller, answers = self._by_caller, self._answers
+        """Over a bound, the oldest of the caller keeping the most goes (see the module).
+
+        Past ``most`` records that is O(1) (``PerCaller``); past the answers'
+        bytes, O(callers keeping answers) (byte counts move by any amount).
+        """
+        answers = self._answers
         while len(self._records) > self._most:
-            greediest = max(by_caller, key=lambda caller: len(by_caller[caller]))
-            self._pop(next(iter(by_caller[greediest])))
+            self._pop(self._by_caller.greediest_oldest())
         while self._bytes > self._most_bytes:
             greediest = max(answers, key=self._caller_bytes.__getitem__)
             self._pop(next(iter(answers[greediest])))

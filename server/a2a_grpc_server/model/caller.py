@@ -51,7 +51,7 @@ class Caller:
         tenant: The request's ``tenant``.
     """
 
-    __slots__ = ("_context", "headers", "principal", "scope", "tenant", "timeout")
+    __slots__ = ("_context", "act_by", "headers", "principal", "scope", "tenant", "timeout")
 
     def __init__(
         self,
@@ -66,6 +66,9 @@ class Caller:
         self.tenant = tenant
         self.scope = scope_key(tenant, principal.name if principal is not None else "")
         """Whose tasks this caller may see (see ``scope``)."""
+        self.act_by: float | None = None
+        """A routed request's: the event loop's time after which the owner records nothing
+        for it (its asker may have given up; see ``jetstream.routing``)."""
         self._context: ServerCallContext | None = None
 
     def header_map(self) -> dict[str, str]:
