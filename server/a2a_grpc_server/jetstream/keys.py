@@ -184,9 +184,15 @@ class JetStreamSentKeys:
             logger.warning("a message id past idempotency_max_keys not deleted: %s", exc)
 
     async def wait_deleted(self) -> None:
-        """Wait for the deletes under way (tests, shutdown)."""
+        """Wait for the deletes under way (for leak checks)."""
         while self._deleting:
             await asyncio.gather(*self._deleting, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop the deletes under way (at shutdown: the window ends those keys anyway)."""
+        for job in list(self._deleting):
+            job.cancel()
+        await self.wait_deleted()
 
     async def settle(self, key: str, record: KeyRecord) -> None:
         """See ``journal.keys.SentKeys.settle``."""

@@ -166,9 +166,9 @@ class NatsCluster:
             await self.lease.stop(release=True)
 
     async def close(self) -> None:
-        """Finish the index's and the keys' deletes (bounded), then close the NATS connection."""
+        """Finish the index's deletes (bounded), stop the keys', then close the NATS connection."""
         if self._keys is not None:
-            await self._keys.wait_deleted()
+            await self._keys.close()
         await self._journal.close()
         await self._requests.close()
         await self.conn.close()
