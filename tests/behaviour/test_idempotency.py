@@ -268,9 +268,9 @@ async def test_the_card_declares_the_extension_and_a_window_of_0_turns_it_off() 
 async def test_a_key_expires_after_the_window_and_a_pending_one_is_taken_over() -> None:
     now = [1000.0]
     keys = MemorySentKeys(window=60.0, most=2, clock=lambda: now[0])
-    mine = KeyRecord("d1", "t1")
+    mine = KeyRecord("d1")
     assert await keys.claim("k", mine) is None
-    assert await keys.claim("k", KeyRecord("d2")) == KeyRecord("d1", "t1", at=1000.0)
+    assert await keys.claim("k", KeyRecord("d2")) == KeyRecord("d1", at=1000.0)
     now[0] += PENDING_FOR + 1  # its claimer never said what it started: abandoned
     assert await keys.claim("k", KeyRecord("d3")) is None
     await keys.settle("k", KeyRecord("d3").started("t3", 4))

@@ -138,6 +138,20 @@ async def test_an_abandoned_pending_record_and_one_past_the_window_are_taken_ove
     assert await a.claim(key, KeyRecord("d3")) is None, "past the window: a new request"
 
 
+async def test_an_abandoned_follow_up_is_returned_for_its_task_to_be_looked_at(
+    stores: tuple[list[SentKeys], Clock],
+) -> None:
+    # Its message may be in the task already (its writer died after the owner recorded
+    # it): the retry looks (``rpc.idempotency``) before it takes the key over.
+    (a, b), clock = stores
+    key = new_key()
+    assert await a.claim(key, KeyRecord("d", "t-1")) is None
+    clock.now += PENDING_FOR + 1
+    found = await b.claim(key, KeyRecord("d", "t-1"))
+    assert found is not None and found.pending and found.abandoned(clock.now)
+    assert await b.claim(key, KeyRecord("d", "t-1"), found) is None, "taken over, named"
+
+
 async def test_an_uncertain_record_is_kept_and_taken_over_only_unchanged(
     stores: tuple[list[SentKeys], Clock],
 ) -> None:

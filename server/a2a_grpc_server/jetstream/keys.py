@@ -38,7 +38,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from ..journal.keys import PENDING_FOR, KeyRecord, PerCaller
+from ..journal.keys import KeyRecord, PerCaller
 from ..model.names import TASK_PREFIX
 from .conn import KEYS_BUCKET, ensure_kv
 from .pullread import bucket_of
@@ -159,7 +159,7 @@ class JetStreamSentKeys:
                 return await attempt()  # (released meanwhile: claim it again)
             found = KeyRecord.decode(entry.value or b"")
             stale = now - found.at >= self._window
-            abandoned = found.pending and now - found.at > PENDING_FOR
+            abandoned = found.abandoned(now) and not found.task_id
             if not (stale or abandoned or found == replacing):
                 return found
             try:

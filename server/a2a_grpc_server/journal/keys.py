@@ -21,7 +21,8 @@ request with that key was (a digest of its body) and where its answer is:
   retry is told to come back.
 
 A pending record whose writer died is taken over after ``PENDING_FOR``
-seconds. Records expire ``window`` seconds after they were claimed (the
+seconds (a follow-up's once its retry found it did not run, as for an
+*uncertain* one). Records expire ``window`` seconds after they were claimed (the
 ``idempotency_window`` setting). The in-memory store keeps at most
 ``most`` records, and ``ANSWERS_KEPT_BYTES`` of answers; over a bound, the
 record that goes is the oldest of the caller keeping the most (records, or
@@ -89,6 +90,15 @@ class KeyRecord:
     def pending(self) -> bool:
         """Whether the first request is still starting."""
         return self.after < 0 and not self.answer and not self.dropped
+
+    def abandoned(self, now: float) -> bool:
+        """Whether it is pending and older than ``PENDING_FOR`` (its writer died starting).
+
+        A store takes an abandoned record of a new task over in ``claim``; one of
+        a follow-up (``task_id`` set) it returns: the message may have been
+        recorded in the task, which ``rpc.idempotency`` looks at first.
+        """
+        return self.pending and now - self.at > PENDING_FOR
 
     def started(self, task_id: str, after: int) -> KeyRecord:
         """This record once the first request's run started."""
@@ -327,7 +337,7 @@ class MemorySentKeys:
         self._expire(now)
         kept = self._records.get(key)
         found = KeyRecord(*kept) if kept is not None else None
-        abandoned = found is not None and found.pending and now - found.at > PENDING_FOR
+        abandoned = found is not None and found.abandoned(now) and not found.task_id
         if found is not None and not abandoned and found != replacing:
             return found
         self._pop(key)

@@ -249,11 +249,17 @@ class Retries:
                 return Claim(keys, key, mine), None
             if prior.digest != mine.digest:
                 raise MessageKeyReusedError(field, ident)
-            verdict = await ran(prior) if prior.asked and ran is not None else True
-            if verdict is False:
-                logger.info("%s %s never ran where it was sent: running it", field, ident)
-                replacing = prior
-                continue
+            stale = bool(prior.task_id) and prior.abandoned(time.time())
+            if prior.asked or stale:  # (a follow-up that may have been recorded: look)
+                verdict = await ran(prior) if ran is not None else not stale
+                if verdict is False:
+                    logger.info("%s %s never ran where it was sent: running it", field, ident)
+                    replacing = prior
+                    continue
+                if verdict and stale:  # (its writer died after the owner recorded it)
+                    return None, prior.started(prior.task_id, 0)
+            else:
+                verdict = True
             if not prior.pending and verdict:
                 logger.info("%s %s was sent before: answering its task", field, ident)
                 return None, prior

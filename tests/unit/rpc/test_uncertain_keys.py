@@ -7,10 +7,15 @@ runs at once (it was held MESSAGE_IN_PROGRESS for minutes, a review found).
 
 from __future__ import annotations
 
+import time
+
+from a2a.types.a2a_pb2 import Message, SendMessageRequest
+
 from a2a_grpc_server.cluster.routed import decode_error, encode_error
 from a2a_grpc_server.errors import OwnerTimeoutError, OwnerTooLateError
-from a2a_grpc_server.journal.keys import KeyRecord, MemorySentKeys
-from a2a_grpc_server.rpc.idempotency import Claim
+from a2a_grpc_server.journal.keys import PENDING_FOR, KeyRecord, MemorySentKeys
+from a2a_grpc_server.model.caller import Caller
+from a2a_grpc_server.rpc.idempotency import URI, Claim, Retries
 
 
 async def claimed() -> Claim:
@@ -36,3 +41,26 @@ async def test_a_wait_that_ran_out_leaves_the_key_uncertain() -> None:
     found = await claim.keys.claim("k", KeyRecord("d"))
     assert found is not None
     assert (found.asked, found.after, found.seen, found.until) == ("owner-1", 3, 2, 99.0)
+
+
+async def test_an_abandoned_follow_up_is_answered_if_it_was_recorded() -> None:
+    # Its claimer died after the owner recorded the message: taking the key over blindly
+    # after PENDING_FOR ran the turn a second time (a review found).
+    now = [time.time() - PENDING_FOR - 10]
+    retries = Retries(MemorySentKeys(window=3600.0, most=10, clock=lambda: now[0]))
+    call = Caller((("a2a-extensions", URI),))
+    request = SendMessageRequest(message=Message(message_id="m-1", task_id="t-1"))
+    claim, _ = await retries.admit(request, call)
+    assert claim is not None, "the first request: its claimer dies before it settles"
+    now[0] = time.time()
+
+    async def recorded(prior: KeyRecord) -> bool:
+        return True
+
+    async def not_recorded(prior: KeyRecord) -> bool:
+        return False
+
+    again, prior = await retries.admit(request, call, recorded)
+    assert again is None and prior is not None and prior.task_id == "t-1" and not prior.pending
+    taken, _ = await retries.admit(request, call, not_recorded)
+    assert taken is not None, "not recorded: the retry takes the key over and runs"
