@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.nats_layout [--sizes 1000,10000,100000] [--reps 2]
                                           [--order id-first] [--changes 1000]
                                           [--writers 1,16] [--seconds 10] [--json PATH]
+                                          [--index today|sourced]
 
 Issue 41, step 1 (docs/decisions/0001-cluster-store-layout.md), second spike. One
 stream holds every change of every task, one message each, on the subject
@@ -35,6 +36,16 @@ count and in ``--seconds``:
   filling, its filter ending in ``*`` tokens or in ``>``), one publish with a
   literal one, and today's three acked in turn (``bench.nats_batches``);
 * nats-server's CPU for each (``/proc/<pid>/stat``), the stream's bytes per task.
+
+``--index sourced`` also makes, before filling, the listing index nats-server keeps by
+itself: a stream ``CURRENT`` sourcing the ``s`` and ``f`` messages through subject
+transforms, one entry per task on ``<p>.cur.<scope>.<context>.<task id>``
+(``Layout.sourced``). It then measures as well: how long the index takes to catch up
+after the fill; its pages (as above); the check a reader makes to see every ``s`` and
+``f`` stored before it (``Reader.catch_up``, at rest); the lag from a change's ack to
+the index holding it (p50, p99, each writer polling its last entry); a change that is
+an ``s`` (600 bytes, sourced) with the index there, then again once it is deleted;
+and the index's bytes per task.
 
 Prints a table, median [min-max] over the repetitions, and writes JSON with
 every repetition's figures. Loopback only.
@@ -74,7 +85,7 @@ OWNERS = 10
 WINDOW = 256
 """Tasks whose writes are in flight together while filling."""
 PAYLOAD = {"s": b"s" * 600, "e": b"e" * 200, "f": b"f" * 600}
-STREAM, INDEX = "LAYOUT", "INDEX"
+STREAM, INDEX, CURRENT = "LAYOUT", "INDEX", "CURRENT"
 PREFIX = "l"
 
 
@@ -176,7 +187,7 @@ def index_filter(scope: str) -> str:
     return f"{PREFIX}.idx.s.{scope}.*"
 
 
-async def _streams(nc: NATS) -> None:
+async def _streams(nc: NATS, layout: Layout, sourced: bool) -> None:
     js = nc.jetstream(timeout=TIMEOUT)
     common: dict[str, Any] = {"storage": StorageType.FILE, "allow_direct": True}
     await js.add_stream(
@@ -190,6 +201,8 @@ async def _streams(nc: NATS) -> None:
         )
     )
     await js.add_stream(StreamConfig(name=INDEX, subjects=[f"{PREFIX}.idx.>"], **common))
+    if sourced:
+        await js.add_stream(layout.sourced(CURRENT, STREAM, storage=StorageType.FILE))
 
 
 Op = Callable[[int], Awaitable[int]]
@@ -250,6 +263,8 @@ async def cursor(reader: Reader, subject: str, pages_before: int) -> int:
     for _ in range(pages_before):
         if reader.stream == INDEX:
             before = (await index_page(reader, subject, before))[-1]
+        elif reader.stream == CURRENT:
+            before = (await reader.latest(subject, before, PAGE))[-1].seq
         else:
             before = (await reader.page(subject, before, PAGE))[-1].seq
     assert before is not None
@@ -272,12 +287,12 @@ def sweeps(reader: Reader, owner: str, expected: int) -> Op:
 Writer = Callable[[NATS, str, int], Awaitable[int]]
 
 
-def e_writer(layout: Layout) -> Writer:
+def e_writer(layout: Layout, kind: str = "e") -> Writer:
     """E's change: one publish, its compare-and-set over the task's subjects."""
 
     async def write(nc: NATS, task: str, version: int) -> int:
-        where = Where(digest(f"w {task}"), owner_token(0), scope_token(1), digest("c"), "e")
-        answer = await change(nc, layout, where, version, PAYLOAD["e"])
+        where = Where(digest(f"w {task}"), owner_token(0), scope_token(1), digest("c"), kind)
+        answer = await change(nc, layout, where, version, PAYLOAD[kind])
         if "error" in answer:
             raise Failed(str(answer["error"]))
         return int(answer["seq"])
@@ -339,6 +354,68 @@ async def writes(
     }
 
 
+async def lags(
+    clients: list[NATS], layout: Layout, args: argparse.Namespace, tag: str
+) -> dict[str, float]:
+    """``args.changes`` ``s`` changes; each writer then polls the index until it holds its own.
+
+    Per change: the lag from the ack to the index holding it (``Reader.wait_for``).
+    """
+    write = e_writer(layout, "s")
+    writers = len(clients)
+    todo = iter(range(args.changes))
+    deadline = time.monotonic() + args.seconds
+    found: list[float] = []
+    polls = 0
+
+    async def writer(k: int) -> None:
+        nonlocal polls
+        index = Reader(clients[k], CURRENT, layout)
+        versions = {f"{tag}{t}": 0 for t in range(k, 100, writers)}
+        names = list(versions)
+        for i in todo:
+            if time.monotonic() > deadline:
+                return
+            task = names[i % len(names)]
+            versions[task] = await write(clients[k], task, versions[task])
+            acked = time.perf_counter()
+            made = await index.wait_for(versions[task])
+            found.append(time.perf_counter() - acked)
+            polls += made
+
+    async with asyncio.timeout(args.seconds + TIMEOUT):
+        await asyncio.gather(*(writer(k) for k in range(writers)))
+    found.sort()
+    return {
+        "n": len(found),
+        "lag_p50_us": found[len(found) // 2] * 1e6,
+        "lag_p99_us": found[min(len(found) - 1, len(found) * 99 // 100)] * 1e6,
+        "requests": polls / len(found),
+    }
+
+
+def catch_ups(index: Reader, origin: Reader) -> Op:
+    """A reader's check that the index holds every ``s`` and ``f`` stored before it."""
+
+    async def op(_: int) -> int:
+        start = index.requests + origin.requests
+        await index.catch_up(origin)
+        return index.requests + origin.requests - start
+
+    return op
+
+
+def _sourced_pages(reader: Reader, subject: str, before: int | None, expected: int) -> Op:
+    async def op(_: int) -> int:
+        start = reader.requests
+        found = await reader.latest(subject, before, PAGE)
+        if len(found) != expected:
+            raise Failed(f"a page of {len(found)} in the sourced index")
+        return reader.requests - start
+
+    return op
+
+
 def _disk(node: natsserver.Node, stream: str) -> int:
     root = node.store_dir / "jetstream" / "$G" / "streams" / stream
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
@@ -356,8 +433,19 @@ async def repetition(n: int, rep: int, args: argparse.Namespace) -> dict[str, di
         pid = node.proc.pid
         nc = await nats.connect(cluster.urls[0])
         try:
-            await _streams(nc)
+            sourced = args.index == "sourced"
+            await _streams(nc, layout, sourced)
             fill_s = await fill(nc, layout, population, args.fill_seconds)
+            reader = Reader(nc, STREAM, layout)
+            index = Reader(nc, INDEX, layout)
+            current = Reader(nc, CURRENT, layout)
+            if sourced:
+                began = time.perf_counter()
+                async with asyncio.timeout(args.fill_seconds):
+                    await current.catch_up(reader)
+                behind = time.perf_counter() - began
+                figures["index behind the fill"] = {"wall_us": behind * 1e6, "n": 1}
+                print(f"  the sourced index caught up {behind:.2f} s after the fill")
             info = await nc.jetstream(timeout=TIMEOUT).stream_info(STREAM)
             index_info = await nc.jetstream(timeout=TIMEOUT).stream_info(INDEX)
             figures["fill"] = {"wall_us": fill_s / n * 1e6, "n": n}
@@ -366,9 +454,13 @@ async def repetition(n: int, rep: int, args: argparse.Namespace) -> dict[str, di
                 "on disk": _disk(node, STREAM) / n,
                 "index stored": index_info.state.bytes / n,
             }
+            if sourced:
+                current_info = await nc.jetstream(timeout=TIMEOUT).stream_info(CURRENT)
+                figures["bytes per task"]["sourced stored"] = current_info.state.bytes / n
+                figures["bytes per task"]["sourced on disk"] = _disk(node, CURRENT) / n
+                if current_info.state.messages != n:
+                    raise Failed(f"the sourced index holds {current_info.state.messages} of {n}")
             print(f"  filled {n} tasks in {fill_s:.1f} s ({info.state.messages} messages)")
-            reader = Reader(nc, STREAM, layout)
-            index = Reader(nc, INDEX, layout)
             count, secs = args.ops, args.seconds
             figures["read by id"] = await timed(reads(reader, population), count, secs, pid)
             big, small = scope_token(0), scope_token(1)
@@ -381,6 +473,15 @@ async def repetition(n: int, rep: int, args: argparse.Namespace) -> dict[str, di
                 "index page 1, small scope": (index, index_filter(small), small, 0),
                 "index page 10, big scope": (index, index_filter(big), big, 9),
             }
+            if sourced:
+                cases["sourced page 1, big scope"] = (current, layout.current_scope(big), big, 0)
+                cases["sourced page 1, small scope"] = (
+                    current,
+                    layout.current_scope(small),
+                    small,
+                    0,
+                )
+                cases["sourced page 10, big scope"] = (current, layout.current_scope(big), big, 9)
             for name, (r, subject, scope, skip) in cases.items():
                 expected = min(PAGE, in_scope[scope] - skip * PAGE)
                 if expected < PAGE and skip:
@@ -389,9 +490,20 @@ async def repetition(n: int, rep: int, args: argparse.Namespace) -> dict[str, di
                 if r is index:
                     # (entries, not tasks: a page below a cursor needs no check of its own)
                     op = _index_pages(r, subject, before, expected)
+                elif r is current:
+                    op = _sourced_pages(r, subject, before, expected)
                 else:
                     op = pages(r, subject, before, expected)
                 figures[name] = await timed(op, count, secs, pid)
+            if sourced:  # (an ``e`` last in E, as while tasks run: the check looks past it)
+                probe = Where(
+                    digest("probe"), owner_token(OWNERS), digest("probe"), digest("c"), "e"
+                )
+                if "error" in await change(nc, layout, probe, 0, PAYLOAD["e"]):
+                    raise Failed("the probe's event was refused")
+                figures["read-your-writes check"] = await timed(
+                    catch_ups(current, reader), count, secs, pid
+                )
             owner = owner_token(0)
             unfinished = sum(
                 1
@@ -407,6 +519,7 @@ async def repetition(n: int, rep: int, args: argparse.Namespace) -> dict[str, di
                 try:
                     modes: dict[str, tuple[Layout | None, Writer, int]] = {
                         "write: E, 1 acked, filtered CAS": (None, e_writer(layout), 1),
+                        "write: E, an s (sourced)": (None, e_writer(layout, "s"), 1),
                         "write: E, to an old task": (layout, alone, 1),
                         "write: E, to an old task, CAS on >": (fwc, alone, 1),
                         "write: 1 acked, literal CAS": (None, alone, 1),
@@ -418,9 +531,26 @@ async def repetition(n: int, rep: int, args: argparse.Namespace) -> dict[str, di
                         tag = f"r{rep}w{writers}{len(figures)}-"
                         found = await writes(clients, write, args, pid, tag)
                         figures[f"{name} x{writers}"] = {**found, "requests": acks}
+                    if sourced:
+                        tag = f"r{rep}w{writers}{len(figures)}-"
+                        figures[f"lag: ack to index x{writers}"] = await lags(
+                            clients, layout, args, tag
+                        )
                 finally:
                     for client in clients:
                         await client.close()
+            if sourced:  # the same ``s`` changes, paired, once the index is gone
+                await nc.jetstream(timeout=TIMEOUT).delete_stream(CURRENT)
+                for writers in args.writers:
+                    clients = [await nats.connect(cluster.urls[0]) for _ in range(writers)]
+                    try:
+                        tag = f"r{rep}w{writers}{len(figures)}-"
+                        found = await writes(clients, e_writer(layout, "s"), args, pid, tag)
+                        name = f"write: E, an s, index deleted x{writers}"
+                        figures[name] = {**found, "requests": 1}
+                    finally:
+                        for client in clients:
+                            await client.close()
         finally:
             await nc.close()
     return figures
@@ -456,7 +586,10 @@ def _cell(values: Iterable[float]) -> str:
 def report(results: dict[int, list[dict[str, dict[str, float]]]], args: argparse.Namespace) -> None:
     """Print one table per figure: a row per measure, a column per size."""
     sizes = list(results)
-    print(f"\nlayout E ({args.order}), one nats-server, file storage, {args.reps} repetitions")
+    print(
+        f"\nlayout E ({args.order}, index {args.index}), one nats-server, file storage,"
+        f" {args.reps} repetitions"
+    )
     print("median [min-max]; per operation (a change, a read, a page, a sweep)")
     names: list[str] = []
     for reps in results.values():
@@ -471,14 +604,27 @@ def report(results: dict[int, list[dict[str, dict[str, float]]]], args: argparse
         for name in names:
             if name == "bytes per task" or (name == "fill" and key != "wall_us"):
                 continue
+            if name.startswith("lag") and key != "requests":
+                continue
             cells = [
                 _cell(f[name][key] for f in results[n] if key in f.get(name, {})) for n in sizes
             ]
             print(f"{name:40} " + " ".join(f"{c:>24}" for c in cells))
     print(f"\n{'bytes per task':40} " + " ".join(f"{'N=' + format(n, ','):>24}" for n in sizes))
-    for key in ("stored", "on disk", "index stored"):
-        cells = [_cell(f["bytes per task"][key] for f in results[n]) for n in sizes]
+    for key in ("stored", "on disk", "index stored", "sourced stored", "sourced on disk"):
+        cells = [
+            _cell(f["bytes per task"][key] for f in results[n] if key in f["bytes per task"])
+            for n in sizes
+        ]
         print(f"{key:40} " + " ".join(f"{c:>24}" for c in cells))
+    lagged = [name for name in names if name.startswith("lag")]
+    if lagged:
+        print(f"\n{'lag, us':40} " + " ".join(f"{'N=' + format(n, ','):>24}" for n in sizes))
+        for name in lagged:
+            for key in ("lag_p50_us", "lag_p99_us"):
+                cells = [_cell(f[name][key] for f in results[n] if name in f) for n in sizes]
+                label = f"{name}, {key[4:7]}"
+                print(f"{label:40} " + " ".join(f"{c:>24}" for c in cells))
 
 
 async def main(args: argparse.Namespace) -> dict[int, list[dict[str, dict[str, float]]]]:
@@ -506,9 +652,17 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=10.0, help="per case, at most")
     parser.add_argument("--fill-seconds", type=float, default=600.0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--index",
+        choices=("today", "sourced"),
+        default="today",
+        help="sourced: also the index nats-server keeps by sourcing (see the module)",
+    )
     arguments = parser.parse_args()
     if arguments.json is None:
-        arguments.json = ROOT / "bench" / "results" / f"nats_layout_{arguments.order}.json"
+        tail = "_sourced" if arguments.index == "sourced" else ""
+        name = f"nats_layout_{arguments.order}{tail}.json"
+        arguments.json = ROOT / "bench" / "results" / name
     found = asyncio.run(main(arguments))
     report(found, arguments)
     arguments.json.parent.mkdir(parents=True, exist_ok=True)

@@ -25,13 +25,21 @@ assert (nats-server 2.15.1):
   checks what lies below a cursor with ``multi_last``; a sweep finds a dead
   owner's unfinished tasks from its subjects and their tasks' last messages;
 * per-message TTLs expire events before snapshots, and the stream's max age
-  wins over a longer TTL but not over ``never``.
+  wins over a longer TTL but not over ``never``;
+* a second stream sourcing the ``s`` and ``f`` through subject transforms, one
+  message per subject (``Layout.sourced``), keeps one entry per task, its newest
+  ``s`` or ``f`` whoever wrote it, with ``Nats-Stream-Source`` naming the message
+  it copies; it lists newest first; a reader waits, bounded, until it holds its
+  own write or all written before; it keeps its copies when E's expire (a copied
+  ``Nats-TTL`` holds where it allows TTLs; a duplicate window of its own drops a
+  reused retry key); it resumes after a node is killed, no entry lost or copied twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -43,7 +51,16 @@ from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
 
 from tests.support import natsserver
-from tests.support.layout_e import Entry, Layout, Reader, Where, change
+from tests.support.layout_e import (
+    SOURCE,
+    Entry,
+    Layout,
+    Reader,
+    Source,
+    Where,
+    change,
+    source,
+)
 
 TIMEOUT = 10.0
 _streams = itertools.count()
@@ -394,3 +411,256 @@ async def test_events_expire_before_snapshots_and_max_age_wins_over_a_longer_ttl
             reader.entry(m).seq for m in await reader.get({"multi_last": [e.task("t2", "s1")]})
         ] == [3, 4]
         assert expired < 3.0 and 2.0 < aged < 6.0, (expired, aged)
+
+
+# -- the listing index nats-server keeps by itself: a stream sourcing E's s and f ------------
+
+
+async def make_index(
+    nc: NATS,
+    cluster: natsserver.Cluster,
+    origin: str,
+    layout: Layout,
+    suffix: str = "CURRENT",
+    **options: Any,
+) -> tuple[str, Reader]:
+    """A stream sourcing ``origin``'s ``s`` and ``f``, one entry per task, at as many replicas.
+
+    Waits until it answers direct gets on the node of ``nc``. Returns its name and reader.
+    """
+    name = f"{origin}_{suffix}"
+    config = layout.sourced(name, origin, num_replicas=len(cluster.nodes), **options)
+    js = nc.jetstream(timeout=2.0)
+    reader = Reader(nc, name, layout)
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                await js.add_stream(config)
+                await reader.reached()
+                return name, reader
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                pass
+            except nats.js.errors.APIError as exc:
+                if exc.code != 503 and exc.err_code not in (10005, 10008, 10023):
+                    raise
+            await asyncio.sleep(0.05)  # sync-ok: paces polling while the stream's interest spreads
+
+
+async def test_the_sourced_index_keeps_each_tasks_newest_snapshot_on_one_subject(
+    nc: NATS, cluster: natsserver.Cluster
+) -> None:
+    async with asyncio.timeout(40):
+        stream, e = await make_stream(nc, cluster, "scope-first")
+        name, index = await make_index(nc, cluster, stream, e)
+        origin = Reader(nc, stream, e)
+        t1, t2 = task("t1"), task("t2", "o1", "s2", "c2")
+        v1 = (await change(nc, e, t1, 0, b"snap 1", msg_id="k1"))["seq"]
+        v1 = (await change(nc, e, as_(t1, "e"), v1, b"event"))["seq"]
+        v2 = (await change(nc, e, t2, 0, b"other snap"))["seq"]
+        v2 = (await change(nc, e, as_(t2, "e"), v2, b"other event"))["seq"]
+        await index.catch_up(origin)
+        (entry,) = await index.get({"last_by_subj": e.current("s1", "c1", "t1")})
+        assert entry.data == b"snap 1"
+        # a claim by another owner: the same index subject, its ``s`` in place of the first
+        claim = (await change(nc, e, as_(t1, owner="o2"), v1, b"snap 2"))["seq"]
+        assert await index.wait_for(claim) >= 1
+        (entry,) = await index.get({"last_by_subj": e.current("s1", "c1", "t1")})
+        assert (entry.data, index.entry(entry)) == (
+            b"snap 2",
+            Entry(as_(t1, owner="o2"), index.entry(entry).seq, claim),
+        )
+        v1 = (await change(nc, e, as_(t1, "e", "o2"), claim, b"event 2"))["seq"]
+        final = (await change(nc, e, as_(t1, "f", "o2"), v1, b"final"))["seq"]
+        await index.catch_up(origin)
+        # one entry per task, its newest ``s`` or ``f``; no ``e`` ever
+        info = await nc.jetstream(timeout=TIMEOUT).stream_info(name, subjects_filter=">")
+        assert info.state.subjects == {
+            e.current("s1", "c1", "t1"): 1,
+            e.current("s2", "c2", "t2"): 1,
+        }
+        assert (info.state.messages, info.state.last_seq) == (2, 4)  # 3 of t1's, 1 of t2's
+        (entry,) = await index.get({"last_by_subj": e.current("s1", "c1", "t1")})
+        assert entry.data == b"final"
+        # the payload as in E; the headers less the compare-and-set; where it came from
+        headers = dict(entry.headers or {})
+        assert source(entry) == Source(stream, final, e.subject(as_(t1, "f", "o2")))
+        assert not any(h.startswith("Nats-Expected") for h in headers)
+        filters = "\x0c".join(t.src for t in e.transforms())
+        dests = "\x0c".join(t.dest for t in e.transforms())
+        assert headers[SOURCE].startswith(f"{stream} {final} {filters} {dests} ")
+        (first,) = await index.get({"last_by_subj": e.current("s2", "c2", "t2")})
+        assert index.entry(first) == Entry(t2, 2, 3)
+
+
+async def test_the_sourced_index_lists_a_scope_and_a_context_newest_first_page_by_page(
+    nc: NATS, cluster: natsserver.Cluster
+) -> None:
+    async with asyncio.timeout(40):
+        stream, e = await make_stream(nc, cluster, "scope-first")
+        _, index = await make_index(nc, cluster, stream, e)
+        origin = Reader(nc, stream, e)
+        last: dict[str, int] = {}
+        tasks = {f"t{i}": task(f"t{i}", f"o{i % 2}", f"s{i % 3}", f"c{i % 2}") for i in range(12)}
+
+        async def put(name: str, kind: str) -> None:
+            ack = await change(nc, e, as_(tasks[name], kind), last.get(name, 0))
+            last[name] = ack["seq"]
+
+        for name in tasks:  # scopes interleaved: s0 holds t0, t3, t6, t9
+            await put(name, "s")
+        for name, kind in (("t0", "e"), ("t6", "s"), ("t3", "f"), ("t9", "e")):
+            await put(name, kind)
+        await index.catch_up(origin)
+
+        def names(page: list[Entry]) -> list[str]:
+            return [entry.where.task for entry in page]
+
+        # newest ``s`` or ``f`` first: an ``e`` (t0's, t9's) moves nothing
+        scope = e.current_scope("s0")
+        assert names(await index.latest(scope, None, 10)) == ["t3", "t6", "t9", "t0"]
+        first = await index.latest(scope, None, 2)
+        assert [(x.where.kind, x.origin) for x in first] == [("f", last["t3"]), ("s", last["t6"])]
+        # a snapshot of a task of the next page moves it above the cursor: gone from below
+        await put("t0", "s")
+        await index.wait_for(last["t0"])
+        assert names(await index.latest(scope, first[-1].seq, 2)) == ["t9"]
+        assert names(await index.latest(scope, None, 10)) == ["t0", "t3", "t6", "t9"]
+        # by context, within the scope
+        assert names(await index.latest(e.current_context("s1", "c1"), None, 10)) == ["t7", "t1"]
+
+
+async def test_the_sourced_index_is_read_after_a_write_within_a_bounded_wait(
+    nc: NATS, cluster: natsserver.Cluster
+) -> None:
+    async with asyncio.timeout(40):
+        stream, e = await make_stream(nc, cluster, "scope-first")
+        _, index = await make_index(nc, cluster, stream, e)
+        origin = Reader(nc, stream, e)
+        assert await index.catch_up(origin) == 1  # (both empty)
+        loop = asyncio.get_running_loop()
+        version, lags, polls = 0, [], []
+        for i in range(40):
+            ack = await change(nc, e, as_(task("t1"), "e" if i % 2 else "s"), version, b"x")
+            version = ack["seq"]
+            began = loop.time()
+            if i % 2 == 0:  # the writer's own ``s``: waits for its sequence
+                polls.append(await index.wait_for(version))
+            else:  # any reader: waits for every ``s`` and ``f`` before E's end (an ``e`` here)
+                polls.append(await index.catch_up(origin))
+            lags.append(loop.time() - began)
+            (entry,) = await index.get({"last_by_subj": e.current("s1", "c1", "t1")})
+            assert index.entry(entry).origin == (version if i % 2 == 0 else version - 1)
+        # not at once, every time: the index is a hop behind the ack
+        assert max(lags) < 1.0 and max(polls) >= 1, (lags, polls)
+
+
+async def test_the_sourced_index_keeps_its_copy_when_e_expires_and_honours_copied_ttls(
+    nc: NATS, cluster: natsserver.Cluster
+) -> None:
+    async with asyncio.timeout(40):
+        stream, e = await make_stream(nc, cluster, "scope-first", max_age=2.0, duplicate_window=1.0)
+        _, index = await make_index(nc, cluster, stream, e)
+        _, ttls = await make_index(nc, cluster, stream, e, "TTL", allow_msg_ttl=True)
+        _, dedup = await make_index(nc, cluster, stream, e, "DEDUP", duplicate_window=60.0)
+        origin = Reader(nc, stream, e)
+        a = (await change(nc, e, task("t1"), 0, b"one", ttl="1s", msg_id="k1"))["seq"]
+        b = (await change(nc, e, task("t2"), 0, b"two"))["seq"]
+        while True:  # the key again, on another task: stored once E's window (1 s) is over
+            answer = await change(nc, e, task("t3"), 0, b"three", msg_id="k1")
+            if not answer.get("duplicate"):
+                break
+            await asyncio.sleep(0.05)  # sync-ok: polls the server's window closing, bounded
+        c = answer["seq"]
+        for reader in (index, ttls, dedup):
+            await reader.catch_up(origin)
+        await gone(origin, e.scope("s1"))  # t1 by its TTL (1 s), the others by E's max age (2 s)
+        # the index without TTLs keeps all (its own limits); with TTLs, those without
+        assert [index.entry(m).origin for m in await index.get({"multi_last": [">"]})] == [a, b, c]
+        assert [ttls.entry(m).origin for m in await ttls.get({"multi_last": [">"]})] == [b, c]
+        # the key is copied (t1's entry has it): an index with a duplicate window (a sourcing
+        # stream has none unless set) drops t3 as a duplicate of t1, silently
+        (entry,) = await index.get({"last_by_subj": e.current("s1", "c1", "t1")})
+        assert (entry.headers or {}).get("Nats-Msg-Id") == "k1"
+        assert [dedup.entry(m).origin for m in await dedup.get({"multi_last": [">"]})] == [a, b]
+        info = await nc.jetstream(timeout=TIMEOUT).stream_info(index.stream)
+        assert info.config.duplicate_window in (None, 0)
+
+
+async def put_retrying(client: NATS, layout: Layout, where: Where, version: int, key: str) -> int:
+    """A change with a retry key, tried again while the stream has no leader; its sequence."""
+    headers = layout.headers(where, version, msg_id=key)
+    while True:
+        try:
+            reply = await client.request(layout.subject(where), b"x", 1.0, headers=headers)
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            continue
+        answer = json.loads(reply.data)
+        if "error" not in answer:
+            return int(answer["seq"])
+        assert answer["error"]["code"] == 503, answer
+        await asyncio.sleep(0.05)  # sync-ok: paces retries while the stream elects a leader
+
+
+async def test_the_sourced_index_resumes_after_a_node_is_killed_without_gaps_or_copies(
+    nc: NATS, cluster: natsserver.Cluster
+) -> None:
+    async with asyncio.timeout(40):
+        stream, e = await make_stream(nc, cluster, "scope-first")
+        name, _ = await make_index(nc, cluster, stream, e)
+        js = nc.jetstream(timeout=TIMEOUT)
+        # the node to kill: the index's leader (on one node, the only one)
+        leader = (await js.stream_info(name)).cluster
+        killed = next(n for n in cluster.nodes if leader is None or leader.leader in (None, n.name))
+        alive = next((n for n in cluster.nodes if n is not killed), killed)
+        versions: dict[str, int] = {}
+
+        async def burst(client: NATS, round_: int) -> None:  # an ``s`` and an ``e`` per task
+            async def one(name: str) -> None:
+                for kind in "se":
+                    where = as_(task(name), kind)
+                    key = f"{name}-{round_}-{kind}"
+                    versions[name] = await put_retrying(
+                        client, e, where, versions.get(name, 0), key
+                    )
+
+            await asyncio.gather(*(one(f"t{i}") for i in range(50)))
+
+        await burst(nc, 0)  # acked; the index may still be behind when the node dies
+        killed.kill()
+        other = await nats.connect(alive.url) if alive is not killed else None
+        try:
+            if other is not None:  # R3: writes go on while a node is down
+                await burst(other, 1)
+            await asyncio.to_thread(killed.start)
+            client = other or await nats.connect(killed.url)
+            try:
+                await burst(client, 2)
+                index = Reader(client, name, e)
+                origin = Reader(client, stream, e)
+                while True:  # until caught up at once (on R3 another replica may answer next)
+                    try:
+                        if await index.catch_up(origin) == 1:
+                            break
+                    except nats.errors.NoRespondersError:  # (a node's interest spreading)
+                        await asyncio.sleep(0.05)  # sync-ok: paces polling, bounded
+                info = await client.jetstream(timeout=TIMEOUT).stream_info(name, ">")
+                # one entry per task, its last ``s``, and each ``s`` sourced once: no copies
+                assert len(info.state.subjects or {}) == 50
+                snapshots = sum(
+                    count
+                    for subject, count in (await stored(client, stream, e)).items()
+                    if subject.endswith(".s")
+                )
+                assert (info.state.messages, info.state.last_seq) == (50, snapshots)
+                last = await index.get({"multi_last": [e.current_scope("s1")]})
+                snaps = [e.snapshots(f"t{i}", "s1") for i in range(50)]
+                e_last = await origin.get({"multi_last": snaps})
+                assert sorted(index.entry(m).origin for m in last) == sorted(
+                    origin.entry(m).seq for m in e_last
+                )
+            finally:
+                if client is not other:
+                    await client.close()
+        finally:
+            if other is not None:
+                await other.close()

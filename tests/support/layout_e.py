@@ -11,6 +11,15 @@ over all of the task's subjects (``Nats-Expected-Last-Subject-Sequence`` and
 ``...-Subject: <the task's filter>``). tests/cluster/test_jetstream_layout.py asserts
 these helpers on a real nats-server; ``bench.nats_layout`` measures them. Nothing of
 the server's code is used.
+
+The listing index nats-server keeps by itself (``sourced``): a second stream
+sources the ``s`` and ``f`` messages, its subject transforms mapping each to one
+subject per task, at most one message each (``max_msgs_per_subject: 1``):
+
+    <p>.cur.<scope hash>.<context hash>.<task id>
+
+Each entry is the task's newest ``s`` or ``f``, its payload and headers, with
+``Nats-Stream-Source: <stream> <seq> <filters> <transforms> <original subject> <id>``.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js.api import StreamConfig, StreamSource, SubjectTransform
 
 TIMEOUT = 10.0
 """Seconds one request may take."""
@@ -34,6 +44,7 @@ MULTI_LAST_TASKS = 200
 PENDING = "Nats-Num-Pending"
 SEQUENCE = "Nats-Sequence"
 SUBJECT = "Nats-Subject"
+SOURCE = "Nats-Stream-Source"
 ORDERS = ("id-first", "scope-first")
 
 
@@ -114,6 +125,44 @@ class Layout:
             return f"{self.prefix}.t.*.*.{owner}.>"
         return f"{self.prefix}.t.*.{owner}.>"
 
+    def current(self, scope: str, context: str, task: str) -> str:
+        """A task's subject in the sourced index."""
+        return f"{self.prefix}.cur.{scope}.{context}.{task}"
+
+    def current_scope(self, scope: str) -> str:
+        """Every entry of one scope in the sourced index."""
+        return f"{self.prefix}.cur.{scope}.>"
+
+    def current_context(self, scope: str, context: str) -> str:
+        """Every entry of one context of the scope in the sourced index."""
+        return f"{self.prefix}.cur.{scope}.{context}.*"
+
+    def transforms(self) -> list[SubjectTransform]:
+        """The sourced index's transforms: each ``s`` and ``f`` to its task's one subject.
+
+        A ``{{wildcard(n)}}`` is the n-th ``*`` of the source filter; the owner's
+        is left out, so a claim lands on the same subject.
+        """
+        if self.order == "scope-first":
+            scope, task, context = 1, 2, 4
+        else:
+            task, scope, context = 1, 3, 4
+        dest = (
+            f"{self.prefix}.cur.{{{{wildcard({scope})}}}}.{{{{wildcard({context})}}}}"
+            f".{{{{wildcard({task})}}}}"
+        )
+        return [SubjectTransform(src=f"{self.prefix}.t.*.*.*.*.{k}", dest=dest) for k in "sf"]
+
+    def sourced(self, name: str, origin: str, **options: Any) -> StreamConfig:
+        """The config of a stream ``name`` keeping one entry per task of ``origin``."""
+        source = StreamSource(name=origin, subject_transforms=self.transforms())
+        return StreamConfig(
+            name=name,
+            sources=[source],
+            max_msgs_per_subject=1,
+            **{"allow_direct": True, **options},
+        )
+
     def headers(
         self, where: Where, version: int, *, msg_id: str | None = None, ttl: str | None = None
     ) -> dict[str, str]:
@@ -152,6 +201,31 @@ class Entry:
 
     where: Where
     seq: int
+    origin: int = 0
+    """In the sourced index: the sequence of the message in the stream it came from."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a sourced message came from (its ``Nats-Stream-Source`` header)."""
+
+    stream: str
+    seq: int
+    subject: str
+    """Its subject there (before the transform)."""
+
+
+def source(msg: Msg) -> Source | None:
+    """The origin of a message read from a sourcing stream (None: not sourced).
+
+    The header is ``<stream> <seq> <filters> <transforms> <subject> [<id>]``
+    (filters and transforms joined by form feeds; server/stream.go, ``genSourceHeader``).
+    """
+    text = (msg.headers or {}).get(SOURCE)
+    if text is None:
+        return None
+    fields = text.split(" ")
+    return Source(fields[0], int(fields[1]), fields[4])
 
 
 @dataclass
@@ -199,8 +273,15 @@ class Reader:
             await sub.unsubscribe()
 
     def entry(self, msg: Msg) -> Entry:
-        """Where a message answered by a direct get was written, and its sequence."""
+        """Where a message answered by a direct get was written, and its sequence.
+
+        Of a sourced message: where it was written in the stream it came from
+        (the owner and kind the index's subject leaves out) and its sequence there.
+        """
         headers = msg.headers or {}
+        origin = source(msg)
+        if origin is not None:
+            return Entry(self.layout.parse(origin.subject), int(headers[SEQUENCE]), origin.seq)
         return Entry(self.layout.parse(headers[SUBJECT]), int(headers[SEQUENCE]))
 
     async def task(self, task: str, scope: str) -> tuple[Msg | None, list[Msg], Msg | None]:
@@ -344,3 +425,62 @@ class Reader:
             (e for e in last.values() if e.where.owner == owner and e.where.kind != "f"),
             key=lambda e: e.seq,
         )
+
+    async def latest(self, subject: str, before: int | None, want: int) -> list[Entry]:
+        """The ``want`` newest entries on ``subject`` below ``before`` (None: all), newest first.
+
+        A listing on an index of one entry per task (today's, or the sourced
+        one): no task twice, none to check below a cursor (a task changed since
+        has left it).
+        """
+        top = before if before is not None else await self.end(subject)
+        lo, between = await self.start(subject, top, want)
+        found = (await self.read(subject, lo, between))[-want:]
+        return [self.entry(m) for m in reversed(found)]
+
+    async def reached(self) -> int:
+        """The origin's sequence this sourced index holds everything up to (0: nothing).
+
+        Its last entry's ``Nats-Stream-Source`` (one direct get, ``>``: no subject
+        walked). Sourcing stores in the origin's order, so every ``s`` and ``f``
+        below it is in. (If that entry expired, this answers 0 until the next.)
+        """
+        msgs = await self.get({"last_by_subj": ">"})
+        origin = source(msgs[0]) if msgs else None
+        return origin.seq if origin is not None else 0
+
+    async def wait_for(self, seq: int) -> int:
+        """Return once this sourced index holds the origin's message ``seq``; polls made.
+
+        Read-your-writes for a writer: ``seq`` is its last ``s`` or ``f``'s ack.
+        The caller bounds the wait.
+        """
+        polls = 1
+        while await self.reached() < seq:
+            polls += 1
+        return polls
+
+    async def catch_up(self, origin: Reader) -> int:
+        """Return once this sourced index holds every ``s`` and ``f`` ``origin`` had; polls made.
+
+        Read-your-writes for any reader: the origin's last sequence (``>``, no
+        walk), then, while the index is below it, the first ``s`` and ``f`` in
+        between (``next_by_subj`` from the index's position, near the end). The
+        caller bounds the wait.
+        """
+        target = await origin.end(">") - 1
+        polls = 0
+        while True:
+            reached = await self.reached()
+            polls += 1
+            if reached >= target:
+                return polls
+            first = await asyncio.gather(
+                *(
+                    origin.get({"seq": reached + 1, "next_by_subj": t.src, "batch": 1})
+                    for t in self.layout.transforms()
+                )
+            )
+            due = [int((m[0].headers or {})[SEQUENCE]) for m in first if m]
+            if not any(seq <= target for seq in due):
+                return polls
