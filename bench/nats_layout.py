@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.nats_layout [--sizes 1000,10000,100000] [--reps 2]
                                           [--order id-first] [--changes 1000]
                                           [--writers 1,16] [--seconds 10] [--json PATH]
-                                          [--index today|sourced]
+                                          [--index today|sourced|literal]
 
 Issue 41, step 1 (docs/decisions/0001-cluster-store-layout.md), second spike. One
 stream holds every change of every task, one message each, on the subject
@@ -47,6 +47,21 @@ the index holding it (p50, p99, each writer polling its last entry); a change th
 an ``s`` (600 bytes, sourced) with the index there, then again once it is deleted;
 and the index's bytes per task.
 
+``--index literal`` (spike 4) writes E with a state token (``Layout.states``) and
+gives each task 1 to 3 state changes after its creation (``Population.script``:
+``s`` submitted, ``e``, then ``s`` working / input-required, the last an ``f``
+completed if the task ends): 2 to 4 ``s``/``f`` per task, 3 on average. It makes the
+sourced index above and ``LISTING``, the literal index (``Layout.literal``: every
+``s`` and ``f`` copied onto ``<p>.ix.s.<scope>.<state>``, ``<p>.ix.c.<scope>.<context>``,
+``<p>.ix.o.<owner>``, stale entries kept), and measures beside the rest: its pages
+(page 1 of the big and a small scope, page 10 of the big one, page 1 of the big
+scope's working and completed tasks, each entry checked against E), today's index
+on the same states, today's page 1 with its tasks' snapshots read from E (what a
+listing returns), a sweep through the owner's entries, the lag to it, its bytes
+per task; then an ``s`` change's cost (nats-server's CPU read once the index holds
+it) with each index alone, filled, with none, and with fresh variants made from
+E's end, varying one thing at a time (``s_costs``).
+
 Prints a table, median [min-max] over the repetitions, and writes JSON with
 every repetition's figures. Loopback only.
 """
@@ -69,7 +84,7 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
-from nats.js.api import StorageType, StreamConfig
+from nats.js.api import StorageType, StreamConfig, StreamSource
 
 from tests.support import ROOT, natsserver
 from tests.support.layout_e import ORDERS, SEQUENCE, TIMEOUT, Layout, Reader, Where, change, digest
@@ -85,8 +100,10 @@ OWNERS = 10
 WINDOW = 256
 """Tasks whose writes are in flight together while filling."""
 PAYLOAD = {"s": b"s" * 600, "e": b"e" * 200, "f": b"f" * 600}
-STREAM, INDEX, CURRENT = "LAYOUT", "INDEX", "CURRENT"
+STREAM, INDEX, CURRENT, LISTING = "LAYOUT", "INDEX", "CURRENT", "LISTING"
 PREFIX = "l"
+SUBMITTED, WORKING, INPUT, COMPLETED = "1", "2", "3", "6"
+"""State tokens (``--index literal``): ``TaskState`` numbers."""
 
 
 @dataclass
@@ -95,12 +112,38 @@ class Population:
 
     tasks: list[Where]
     finished: list[bool]
+    changes: list[int]
+    """``--index literal``: each task's state changes after its creation, 1 to 3."""
+
+    def script(self, i: int, states: bool) -> list[tuple[str, str]]:
+        """Task ``i``'s changes in order, each a kind and the state after it.
+
+        Without ``states``: ``s``, ``e``, ``f`` (unfinished: no ``f``). With: ``s``
+        submitted, ``e``, then ``changes[i]`` changes of state, each an ``s``
+        (working, input-required, working) but the last an ``f`` (completed) if
+        the task finishes.
+        """
+        if not states:
+            return [("s", ""), ("e", ""), *([("f", "")] if self.finished[i] else [])]
+        steps = [("s", SUBMITTED), ("e", SUBMITTED)]
+        for j in range(1, self.changes[i] + 1):
+            if j == self.changes[i] and self.finished[i]:
+                steps.append(("f", COMPLETED))
+            else:
+                steps.append(("s", WORKING if j % 2 else INPUT))
+        return steps
+
+    def state(self, i: int) -> str:
+        """Task ``i``'s state once filled (today's index's token)."""
+        if not self.changes[i]:
+            return "3" if self.finished[i] else "2"
+        return self.script(i, True)[-1][1]
 
     @classmethod
-    def make(cls, n: int, seed: int) -> Population:
+    def make(cls, n: int, seed: int, states: bool = False) -> Population:
         """``n`` tasks over ``SCOPES`` scopes (scope 0 "big", 10 %) and ``OWNERS`` owners."""
-        rng = random.Random(seed)
-        tasks, finished = [], []
+        rng, steps = random.Random(seed), random.Random(seed + 1_000)  # (the same tasks)
+        tasks, finished, changes = [], [], []
         for i in range(n):
             scope = 0 if rng.random() < 0.1 else rng.randrange(1, SCOPES)
             tasks.append(
@@ -113,7 +156,8 @@ class Population:
                 )
             )
             finished.append(rng.random() >= 0.1)
-        return cls(tasks, finished)
+            changes.append(steps.randint(1, 3) if states else 0)
+        return cls(tasks, finished, changes)
 
 
 def scope_token(n: int) -> str:
@@ -146,40 +190,45 @@ async def fill(nc: NATS, layout: Layout, population: Population, seconds: float)
     began = time.perf_counter()
     async with asyncio.timeout(seconds):
         for lo in range(0, len(population.tasks), WINDOW):
-            tasks = population.tasks[lo : lo + WINDOW]
-            ends = population.finished[lo : lo + WINDOW]
-            seqs = await _checked(
-                asyncio.gather(*(change(nc, layout, t, 0, PAYLOAD["s"]) for t in tasks))
-            )
-            seqs = await _checked(
-                asyncio.gather(
-                    *(
-                        change(nc, layout, _kind(t, "e"), v, PAYLOAD["e"])
-                        for t, v in zip(tasks, seqs, strict=True)
+            todo = range(lo, min(lo + WINDOW, len(population.tasks)))
+            scripts = {i: population.script(i, layout.states) for i in todo}
+            versions = dict.fromkeys(todo, 0)
+            for step in range(max(len(steps) for steps in scripts.values())):
+                now = [(i, steps[step]) for i, steps in scripts.items() if step < len(steps)]
+                seqs = await _checked(
+                    asyncio.gather(
+                        *(
+                            change(
+                                nc,
+                                layout,
+                                _kind(population.tasks[i], k, st),
+                                versions[i],
+                                PAYLOAD[k],
+                            )
+                            for i, (k, st) in now
+                        )
                     )
                 )
-            )
-            last = [(t, v) for t, v, end in zip(tasks, seqs, ends, strict=True) if end]
-            await _checked(
-                asyncio.gather(
-                    *(change(nc, layout, _kind(t, "f"), v, PAYLOAD["f"]) for t, v in last)
-                )
-            )
+                versions.update((i, v) for (i, _), v in zip(now, seqs, strict=True))
             await asyncio.gather(
                 *(
-                    nc.request(_index_subject(t, end), t.task.encode() + b"x" * 90, TIMEOUT)
-                    for t, end in zip(tasks, ends, strict=True)
+                    nc.request(
+                        _index_subject(population.tasks[i], population.state(i)),
+                        population.tasks[i].task.encode() + b"x" * 90,
+                        TIMEOUT,
+                    )
+                    for i in todo
                 )
             )
     return time.perf_counter() - began
 
 
-def _kind(where: Where, kind: str) -> Where:
-    return Where(where.task, where.owner, where.scope, where.context, kind)
+def _kind(where: Where, kind: str, state: str = WORKING) -> Where:
+    return Where(where.task, where.owner, where.scope, where.context, kind, state)
 
 
-def _index_subject(where: Where, finished: bool) -> str:
-    return f"{PREFIX}.idx.s.{where.scope}.{3 if finished else 2}"
+def _index_subject(where: Where, state: str) -> str:
+    return f"{PREFIX}.idx.s.{where.scope}.{state}"
 
 
 def index_filter(scope: str) -> str:
@@ -187,7 +236,7 @@ def index_filter(scope: str) -> str:
     return f"{PREFIX}.idx.s.{scope}.*"
 
 
-async def _streams(nc: NATS, layout: Layout, sourced: bool) -> None:
+async def _streams(nc: NATS, layout: Layout, index: str) -> None:
     js = nc.jetstream(timeout=TIMEOUT)
     common: dict[str, Any] = {"storage": StorageType.FILE, "allow_direct": True}
     await js.add_stream(
@@ -201,8 +250,10 @@ async def _streams(nc: NATS, layout: Layout, sourced: bool) -> None:
         )
     )
     await js.add_stream(StreamConfig(name=INDEX, subjects=[f"{PREFIX}.idx.>"], **common))
-    if sourced:
+    if index in ("sourced", "literal"):
         await js.add_stream(layout.sourced(CURRENT, STREAM, storage=StorageType.FILE))
+    if index == "literal":
+        await js.add_stream(layout.literal(LISTING, STREAM, storage=StorageType.FILE))
 
 
 Op = Callable[[int], Awaitable[int]]
@@ -265,6 +316,9 @@ async def cursor(reader: Reader, subject: str, pages_before: int) -> int:
             before = (await index_page(reader, subject, before))[-1]
         elif reader.stream == CURRENT:
             before = (await reader.latest(subject, before, PAGE))[-1].seq
+        elif reader.stream == LISTING:
+            origin = Reader(reader.nc, STREAM, reader.layout)
+            before = (await reader.listing(subject, before, PAGE, origin))[-1].seq
         else:
             before = (await reader.page(subject, before, PAGE))[-1].seq
     assert before is not None
@@ -291,7 +345,9 @@ def e_writer(layout: Layout, kind: str = "e") -> Writer:
     """E's change: one publish, its compare-and-set over the task's subjects."""
 
     async def write(nc: NATS, task: str, version: int) -> int:
-        where = Where(digest(f"w {task}"), owner_token(0), scope_token(1), digest("c"), kind)
+        where = Where(
+            digest(f"w {task}"), owner_token(0), scope_token(1), digest("c"), kind, WORKING
+        )
         answer = await change(nc, layout, where, version, PAYLOAD[kind])
         if "error" in answer:
             raise Failed(str(answer["error"]))
@@ -323,9 +379,18 @@ async def old_writer(reader: Reader, population: Population, layout: Layout) -> 
 
 
 async def writes(
-    clients: list[NATS], write: Writer, args: argparse.Namespace, pid: int, tag: str
+    clients: list[NATS],
+    write: Writer,
+    args: argparse.Namespace,
+    pid: int,
+    tag: str,
+    settle: Callable[[], Awaitable[None]] | None = None,
 ) -> dict[str, float]:
-    """``args.changes`` changes of 100 tasks shared by the writers; per change figures."""
+    """``args.changes`` changes of 100 tasks shared by the writers; per change figures.
+
+    ``settle``: awaited after the last ack, before nats-server's CPU is read (an
+    index catching up: its copies are part of a change's cost; not of its wall time).
+    """
     writers = len(clients)
     todo = iter(range(args.changes))
     deadline = time.monotonic() + args.seconds
@@ -346,6 +411,8 @@ async def writes(
     began = time.perf_counter()
     await asyncio.gather(*(writer(k) for k in range(writers)))
     wall = time.perf_counter() - began
+    if settle is not None:
+        await settle()
     return {
         "n": done,
         "wall_us": wall / done * 1e6,
@@ -355,7 +422,12 @@ async def writes(
 
 
 async def lags(
-    clients: list[NATS], layout: Layout, args: argparse.Namespace, tag: str
+    clients: list[NATS],
+    layout: Layout,
+    args: argparse.Namespace,
+    tag: str,
+    stream: str = CURRENT,
+    subject: str = ">",
 ) -> dict[str, float]:
     """``args.changes`` ``s`` changes; each writer then polls the index until it holds its own.
 
@@ -370,7 +442,7 @@ async def lags(
 
     async def writer(k: int) -> None:
         nonlocal polls
-        index = Reader(clients[k], CURRENT, layout)
+        index = Reader(clients[k], stream, layout)
         versions = {f"{tag}{t}": 0 for t in range(k, 100, writers)}
         names = list(versions)
         for i in todo:
@@ -379,7 +451,7 @@ async def lags(
             task = names[i % len(names)]
             versions[task] = await write(clients[k], task, versions[task])
             acked = time.perf_counter()
-            made = await index.wait_for(versions[task])
+            made = await index.wait_for(versions[task], subject)
             found.append(time.perf_counter() - acked)
             polls += made
 
@@ -416,6 +488,136 @@ def _sourced_pages(reader: Reader, subject: str, before: int | None, expected: i
     return op
 
 
+def _literal_pages(
+    reader: Reader, origin: Reader, subject: str, before: int | None, expected: int
+) -> Op:
+    async def op(_: int) -> int:
+        start = reader.requests + origin.requests
+        found = await reader.listing(subject, before, PAGE, origin)
+        if len(found) != expected:
+            raise Failed(f"a page of {len(found)} in the literal index, not {expected}")
+        return reader.requests + origin.requests - start
+
+    return op
+
+
+def _literal_sweeps(reader: Reader, origin: Reader, owner: str, expected: int) -> Op:
+    async def op(_: int) -> int:
+        start = reader.requests + origin.requests
+        found = await reader.owner_sweep(owner, origin)
+        if len(found) != expected:
+            raise Failed(f"a sweep of the literal index found {len(found)} of {expected}")
+        return reader.requests + origin.requests - start
+
+    return op
+
+
+async def literal_caught_up(listing: Reader, origin: Reader, parts: str = "sco") -> None:
+    """Return once each part of the literal index holds the origin's last ``s`` and ``f``."""
+    ends = [await origin.end(origin.layout.kinds(k)) - 1 for k in "sf"]
+    for part in parts:
+        await listing.wait_for(max(ends), f"{listing.layout.prefix}.ix.{part}.>")
+
+
+async def s_costs(
+    url: str,
+    nc: NATS,
+    layout: Layout,
+    reader: Reader,
+    args: argparse.Namespace,
+    pid: int,
+    rep: int,
+    figures: dict[str, dict[str, float]],
+) -> None:
+    """An ``s`` change's cost with each index alone, filled and fresh, and with none.
+
+    Filled: the literal index (``CURRENT`` deleted), then ``CURRENT`` made again
+    from E's start (spike 3's, caught up untimed). Fresh: each variant made from
+    E's end, so it holds only the changes measured; one thing varied at a time.
+    nats-server's CPU is read once the index holds the last change.
+    """
+    js = nc.jetstream(timeout=TIMEOUT)
+    common: dict[str, Any] = {"storage": StorageType.FILE, "allow_direct": True}
+
+    async def measure(label: str, stream: str | None, parts: str = "") -> None:
+        index = Reader(nc, stream or STREAM, layout)
+
+        async def settle() -> None:
+            last = await reader.end(">") - 1
+            async with asyncio.timeout(args.fill_seconds):
+                if parts:
+                    for part in parts:
+                        await index.wait_for(last, f"{PREFIX}.ix.{part}.>")
+                elif stream is not None:
+                    await index.wait_for(last)
+
+        await e_writer(layout, "s")(nc, f"r{rep}{label}", 0)  # (the sourcing set up, untimed)
+        await settle()
+        for writers in args.writers:
+            clients = [await nats.connect(url) for _ in range(writers)]
+            try:
+                tag = f"r{rep}w{writers}{len(figures)}-"
+                found = await writes(clients, e_writer(layout, "s"), args, pid, tag, settle)
+                figures[f"s: {label} x{writers}"] = {**found, "requests": 1}
+            finally:
+                for client in clients:
+                    await client.close()
+
+    await js.delete_stream(CURRENT)
+    await measure("literal index (filled)", LISTING, "sco")
+    await js.delete_stream(LISTING)
+    await js.add_stream(layout.sourced(CURRENT, STREAM, **common))
+    async with asyncio.timeout(args.fill_seconds):
+        await Reader(nc, CURRENT, layout).catch_up(reader)
+    await measure("sourced index (filled)", CURRENT)
+    await js.delete_stream(CURRENT)
+    await measure("no index", None)
+    one = [layout.transforms()[0]]
+    variants: dict[str, Callable[[int], tuple[StreamConfig, str]]] = {
+        "sourced, fresh": lambda start: (
+            layout.sourced(CURRENT, STREAM, start, **common),
+            "",
+        ),
+        "sourced, fresh, no per-subject limit": lambda start: (
+            layout.sourced(CURRENT, STREAM, start, per_subject=-1, **common),
+            "",
+        ),
+        "sourced, fresh, one transform": lambda start: (
+            StreamConfig(
+                name=CURRENT,
+                sources=[StreamSource(name=STREAM, subject_transforms=one, opt_start_seq=start)],
+                max_msgs_per_subject=1,
+                **common,
+            ),
+            "",
+        ),
+        "source, fresh, no transform": lambda start: (
+            StreamConfig(
+                name=CURRENT,
+                sources=[
+                    StreamSource(name=STREAM, filter_subject=layout.kinds("s"), opt_start_seq=start)
+                ],
+                **common,
+            ),
+            "",
+        ),
+        "literal, fresh": lambda start: (
+            layout.literal(LISTING, STREAM, start=start, **common),
+            "sco",
+        ),
+        "literal, fresh, scope part only": lambda start: (
+            layout.literal(LISTING, STREAM, "s", start, **common),
+            "s",
+        ),
+    }
+    for label, make in variants.items():
+        config, parts = make(await reader.end(">"))
+        await js.add_stream(config)
+        await measure(label, config.name, parts)
+        assert config.name is not None
+        await js.delete_stream(config.name)
+
+
 def _disk(node: natsserver.Node, stream: str) -> int:
     root = node.store_dir / "jetstream" / "$G" / "streams" / stream
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
@@ -423,9 +625,10 @@ def _disk(node: natsserver.Node, stream: str) -> int:
 
 async def repetition(n: int, rep: int, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """One repetition at ``n`` tasks, on a nats-server of its own."""
-    layout = Layout(PREFIX, args.order)
-    fwc = Layout(PREFIX, args.order, fwc=True)
-    population = Population.make(n, seed=rep)
+    literal = args.index == "literal"
+    layout = Layout(PREFIX, args.order, states=literal)
+    fwc = Layout(PREFIX, args.order, fwc=True, states=literal)
+    population = Population.make(n, seed=rep, states=literal)
     figures: dict[str, dict[str, float]] = {}
     with natsserver.running(1) as cluster:
         node = cluster.nodes[0]
@@ -433,8 +636,8 @@ async def repetition(n: int, rep: int, args: argparse.Namespace) -> dict[str, di
         pid = node.proc.pid
         nc = await nats.connect(cluster.urls[0])
         try:
-            sourced = args.index == "sourced"
-            await _streams(nc, layout, sourced)
+            sourced = args.index in ("sourced", "literal")
+            await _streams(nc, layout, args.index)
             fill_s = await fill(nc, layout, population, args.fill_seconds)
             reader = Reader(nc, STREAM, layout)
             index = Reader(nc, INDEX, layout)
@@ -446,6 +649,14 @@ async def repetition(n: int, rep: int, args: argparse.Namespace) -> dict[str, di
                 behind = time.perf_counter() - began
                 figures["index behind the fill"] = {"wall_us": behind * 1e6, "n": 1}
                 print(f"  the sourced index caught up {behind:.2f} s after the fill")
+            listing = Reader(nc, LISTING, layout)
+            if literal:
+                began = time.perf_counter()
+                async with asyncio.timeout(args.fill_seconds):
+                    await literal_caught_up(listing, reader)
+                behind = time.perf_counter() - began
+                figures["literal index behind the fill"] = {"wall_us": behind * 1e6, "n": 1}
+                print(f"  the literal index caught up {behind:.2f} s after the fill")
             info = await nc.jetstream(timeout=TIMEOUT).stream_info(STREAM)
             index_info = await nc.jetstream(timeout=TIMEOUT).stream_info(INDEX)
             figures["fill"] = {"wall_us": fill_s / n * 1e6, "n": n}
@@ -460,12 +671,20 @@ async def repetition(n: int, rep: int, args: argparse.Namespace) -> dict[str, di
                 figures["bytes per task"]["sourced on disk"] = _disk(node, CURRENT) / n
                 if current_info.state.messages != n:
                     raise Failed(f"the sourced index holds {current_info.state.messages} of {n}")
+            if literal:
+                listing_info = await nc.jetstream(timeout=TIMEOUT).stream_info(LISTING)
+                figures["bytes per task"]["literal stored"] = listing_info.state.bytes / n
+                figures["bytes per task"]["literal on disk"] = _disk(node, LISTING) / n
+                entries = sum(len(population.script(i, True)) - 1 for i in range(n))
+                figures["bytes per task"]["literal entries"] = listing_info.state.messages / n
+                if listing_info.state.messages != 3 * entries:
+                    raise Failed(f"the literal index holds {listing_info.state.messages}")
             print(f"  filled {n} tasks in {fill_s:.1f} s ({info.state.messages} messages)")
             count, secs = args.ops, args.seconds
             figures["read by id"] = await timed(reads(reader, population), count, secs, pid)
             big, small = scope_token(0), scope_token(1)
             in_scope = {s: sum(1 for t in population.tasks if t.scope == s) for s in (big, small)}
-            cases = {
+            cases: dict[str, tuple[Reader, str, str | int, int]] = {
                 "E page 1, big scope": (reader, layout.scope(big), big, 0),
                 "E page 1, small scope": (reader, layout.scope(small), small, 0),
                 "E page 10, big scope": (reader, layout.scope(big), big, 9),
@@ -482,22 +701,53 @@ async def repetition(n: int, rep: int, args: argparse.Namespace) -> dict[str, di
                     0,
                 )
                 cases["sourced page 10, big scope"] = (current, layout.current_scope(big), big, 9)
+            if literal:
+                cases["literal page 1, big scope"] = (listing, layout.listing(big), big, 0)
+                cases["literal page 1, small scope"] = (listing, layout.listing(small), small, 0)
+                cases["literal page 10, big scope"] = (listing, layout.listing(big), big, 9)
+                cases["index page 1 + snapshots, big scope"] = (index, index_filter(big), big, 0)
+                for state, label in ((WORKING, "working"), (COMPLETED, "completed")):
+                    in_state = sum(
+                        1
+                        for i, t in enumerate(population.tasks)
+                        if t.scope == big and population.state(i) == state
+                    )
+                    page = min(PAGE, in_state)
+                    cases[f"index page 1, big scope, {label}"] = (
+                        index,
+                        _index_subject(Where("", "", big, "", ""), state),
+                        page,
+                        0,
+                    )
+                    cases[f"literal page 1, big scope, {label}"] = (
+                        listing,
+                        layout.listing(big, state),
+                        page,
+                        0,
+                    )
             for name, (r, subject, scope, skip) in cases.items():
-                expected = min(PAGE, in_scope[scope] - skip * PAGE)
+                if isinstance(scope, int):  # (a state's page: how many it finds)
+                    expected = scope
+                else:
+                    expected = min(PAGE, in_scope[scope] - skip * PAGE)
                 if expected < PAGE and skip:
                     continue  # (no 10th page at this size)
                 before = await cursor(r, subject, skip) if skip else None
-                if r is index:
+                if name.startswith("index page 1 + snapshots"):
+                    op = _index_pages_with_snapshots(r, reader, subject, expected)
+                elif r is index:
                     # (entries, not tasks: a page below a cursor needs no check of its own)
                     op = _index_pages(r, subject, before, expected)
                 elif r is current:
                     op = _sourced_pages(r, subject, before, expected)
+                elif r is listing:
+                    op = _literal_pages(r, reader, subject, before, expected)
                 else:
                     op = pages(r, subject, before, expected)
                 figures[name] = await timed(op, count, secs, pid)
             if sourced:  # (an ``e`` last in E, as while tasks run: the check looks past it)
                 probe = Where(
-                    digest("probe"), owner_token(OWNERS), digest("probe"), digest("c"), "e"
+                    digest("probe"), owner_token(OWNERS), digest("probe"), digest("c"), "e", "2"
                 )
                 if "error" in await change(nc, layout, probe, 0, PAYLOAD["e"]):
                     raise Failed("the probe's event was refused")
@@ -514,6 +764,13 @@ async def repetition(n: int, rep: int, args: argparse.Namespace) -> dict[str, di
                 sweeps(reader, owner, unfinished), max(count // 10, 3), secs, pid
             )
             figures["sweep one owner"]["tasks found"] = unfinished
+            if literal:
+                figures["literal sweep one owner"] = await timed(
+                    _literal_sweeps(listing, reader, owner, unfinished),
+                    max(count // 10, 3),
+                    secs,
+                    pid,
+                )
             for writers in args.writers:
                 clients = [await nats.connect(cluster.urls[0]) for _ in range(writers)]
                 try:
@@ -536,10 +793,17 @@ async def repetition(n: int, rep: int, args: argparse.Namespace) -> dict[str, di
                         figures[f"lag: ack to index x{writers}"] = await lags(
                             clients, layout, args, tag
                         )
+                    if literal:
+                        tag = f"r{rep}w{writers}{len(figures)}-"
+                        figures[f"lag: ack to literal index x{writers}"] = await lags(
+                            clients, layout, args, tag, LISTING, f"{PREFIX}.ix.s.>"
+                        )
                 finally:
                     for client in clients:
                         await client.close()
-            if sourced:  # the same ``s`` changes, paired, once the index is gone
+            if literal:
+                await s_costs(cluster.urls[0], nc, layout, reader, args, pid, rep, figures)
+            elif sourced:  # the same ``s`` changes, paired, once the index is gone
                 await nc.jetstream(timeout=TIMEOUT).delete_stream(CURRENT)
                 for writers in args.writers:
                     clients = [await nats.connect(cluster.urls[0]) for _ in range(writers)]
@@ -562,6 +826,24 @@ async def index_page(reader: Reader, subject: str, before: int | None) -> list[i
     lo, between = await reader.start(subject, top, PAGE)
     found = (await reader.read(subject, lo, between))[-PAGE:]
     return [int((m.headers or {})[SEQUENCE]) for m in reversed(found)]
+
+
+def _index_pages_with_snapshots(reader: Reader, origin: Reader, subject: str, expected: int) -> Op:
+    """Today's page 1 and what a listing then reads: its tasks' last ``s`` and ``f`` in E."""
+
+    async def op(_: int) -> int:
+        start = reader.requests + origin.requests
+        top = await reader.end(subject)
+        lo, between = await reader.start(subject, top, PAGE)
+        found = (await reader.read(subject, lo, between))[-PAGE:]
+        scope = subject.split(".")[-2]
+        tasks = [(m.data[:32].decode(), scope) for m in found]
+        last = await origin.last_changes(tasks)
+        if len(last) != expected:
+            raise Failed(f"{len(last)} snapshots for an index page, not {expected}")
+        return reader.requests + origin.requests - start
+
+    return op
 
 
 def _index_pages(reader: Reader, subject: str, before: int | None, expected: int) -> Op:
@@ -611,7 +893,16 @@ def report(results: dict[int, list[dict[str, dict[str, float]]]], args: argparse
             ]
             print(f"{name:40} " + " ".join(f"{c:>24}" for c in cells))
     print(f"\n{'bytes per task':40} " + " ".join(f"{'N=' + format(n, ','):>24}" for n in sizes))
-    for key in ("stored", "on disk", "index stored", "sourced stored", "sourced on disk"):
+    for key in (
+        "stored",
+        "on disk",
+        "index stored",
+        "sourced stored",
+        "sourced on disk",
+        "literal stored",
+        "literal on disk",
+        "literal entries",
+    ):
         cells = [
             _cell(f["bytes per task"][key] for f in results[n] if key in f["bytes per task"])
             for n in sizes
@@ -654,13 +945,14 @@ if __name__ == "__main__":
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--index",
-        choices=("today", "sourced"),
+        choices=("today", "sourced", "literal"),
         default="today",
-        help="sourced: also the index nats-server keeps by sourcing (see the module)",
+        help="sourced: also the index nats-server keeps by sourcing; literal: that and the"
+        " literal one (see the module)",
     )
     arguments = parser.parse_args()
     if arguments.json is None:
-        tail = "_sourced" if arguments.index == "sourced" else ""
+        tail = "" if arguments.index == "today" else f"_{arguments.index}"
         name = f"nats_layout_{arguments.order}{tail}.json"
         arguments.json = ROOT / "bench" / "results" / name
     found = asyncio.run(main(arguments))

@@ -32,7 +32,12 @@ assert (nats-server 2.15.1):
   it copies; it lists newest first; a reader waits, bounded, until it holds its
   own write or all written before; it keeps its copies when E's expire (a copied
   ``Nats-TTL`` holds where it allows TTLs; a duplicate window of its own drops a
-  reused retry key); it resumes after a node is killed, no entry lost or copied twice.
+  reused retry key); it resumes after a node is killed, no entry lost or copied twice;
+* the literal index (``Layout.literal``, E with a state token): each ``s`` and ``f``
+  lands on ``<p>.ix.s.<scope>.<state>``, ``<p>.ix.c.<scope>.<context>`` and
+  ``<p>.ix.o.<owner>``; a page lists each task once, at its latest change, skipping
+  stale entries (checked against E); a state's page follows a state change; a sweep
+  of the owner's entries finds exactly its unfinished tasks, before and after a claim.
 """
 
 from __future__ import annotations
@@ -664,3 +669,180 @@ async def test_the_sourced_index_resumes_after_a_node_is_killed_without_gaps_or_
         finally:
             if other is not None:
                 await other.close()
+
+
+# -- the literal index: E's s and f copied to few literal subjects, verified on read ---------
+
+
+async def make_literal(
+    nc: NATS, cluster: natsserver.Cluster, origin: str, layout: Layout
+) -> tuple[str, Reader]:
+    """A stream sourcing ``origin``'s ``s`` and ``f`` into the literal index, at as many replicas.
+
+    Waits until it answers direct gets on the node of ``nc``. Returns its name and reader.
+    """
+    name = f"{origin}_LISTING"
+    config = layout.literal(name, origin, num_replicas=len(cluster.nodes))
+    js = nc.jetstream(timeout=2.0)
+    reader = Reader(nc, name, layout)
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                await js.add_stream(config)
+                await reader.reached()
+                return name, reader
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                pass
+            except nats.js.errors.APIError as exc:
+                if exc.code != 503 and exc.err_code not in (10005, 10008, 10023):
+                    raise
+            await asyncio.sleep(0.05)  # sync-ok: paces polling while the stream's interest spreads
+
+
+async def literal_setup(
+    nc: NATS, cluster: natsserver.Cluster
+) -> tuple[str, Layout, Reader, Reader, str]:
+    """A scope-first stream with the state token and its literal index: name, layout, readers."""
+    n = next(_streams)
+    layout = Layout(f"layout{n}", "scope-first", states=True)
+    name = f"LAYOUT_{n}"
+    config = StreamConfig(
+        name=name,
+        subjects=[f"{layout.prefix}.t.>"],
+        num_replicas=len(cluster.nodes),
+        allow_direct=True,
+    )
+    js = nc.jetstream(timeout=2.0)
+    origin = Reader(nc, name, layout)
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                await js.add_stream(config)
+                await origin.get({"last_by_subj": f"{layout.prefix}.t.>"})
+                break
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                pass
+            except nats.js.errors.APIError as exc:
+                if exc.code != 503 and exc.err_code not in (10005, 10008, 10023):
+                    raise
+            await asyncio.sleep(0.05)  # sync-ok: paces polling while JetStream elects its leader
+    index_name, index = await make_literal(nc, cluster, name, layout)
+    return name, layout, origin, index, index_name
+
+
+class Tasks:
+    """Tasks written one change at a time, each change waited for in every part of the index."""
+
+    def __init__(self, nc: NATS, layout: Layout, index: Reader) -> None:
+        self.nc, self.layout, self.index = nc, layout, index
+        self.last: dict[str, int] = {}
+        self.where: dict[str, Where] = {}
+
+    async def put(self, where: Where) -> int:
+        """Write one change at the task's version; return once the index holds it (if s or f)."""
+        ack = await change(self.nc, self.layout, where, self.last.get(where.task, 0))
+        assert "error" not in ack, ack
+        self.last[where.task], self.where[where.task] = ack["seq"], where
+        if where.kind != "e":
+            p = self.layout.prefix
+            for part in "sco":
+                await self.index.wait_for(ack["seq"], f"{p}.ix.{part}.>")
+        return int(ack["seq"])
+
+
+async def test_the_literal_index_lists_each_task_once_at_its_latest_change_skipping_stale_entries(
+    nc: NATS, cluster: natsserver.Cluster
+) -> None:
+    async with asyncio.timeout(40):
+        _, e, origin, index, name = await literal_setup(nc, cluster)
+        w = Tasks(nc, e, index)
+        for i in range(6):  # scope s0: t0, t2, t4 (context c0: t0, t4); s1: the others
+            await w.put(Where(f"t{i}", "o1", f"s{i % 2}", f"c{i % 4 // 2 * 2 + i % 2}", "s", "1"))
+        await w.put(Where("t0", "o1", "s0", "c0", "s", "2"))  # working
+        await w.put(Where("t0", "o1", "s0", "c0", "e", "2"))  # an event: no entry
+        await w.put(Where("t2", "o1", "s0", "c2", "f", "6"))  # completed
+        await w.put(Where("t4", "o1", "s0", "c0", "s", "2"))  # working
+        # every s and f is an entry on each of three literal subjects, stale ones included
+        info = await nc.jetstream(timeout=TIMEOUT).stream_info(name, subjects_filter=">")
+        p = e.prefix
+        assert info.state.subjects == {
+            f"{p}.ix.s.s0.1": 3,
+            f"{p}.ix.s.s0.2": 2,
+            f"{p}.ix.s.s0.6": 1,
+            f"{p}.ix.s.s1.1": 3,
+            f"{p}.ix.c.s0.c0": 4,
+            f"{p}.ix.c.s0.c2": 2,
+            f"{p}.ix.c.s1.c1": 2,
+            f"{p}.ix.c.s1.c3": 1,
+            f"{p}.ix.o.o1": 9,
+        }
+
+        def names(page: list[Entry]) -> list[str]:
+            return [x.where.task for x in page]
+
+        # each task once, at its latest change; its stale entries skipped
+        page = await index.listing(e.listing("s0"), None, 10, origin)
+        assert [(x.where.task, x.where.state, x.origin) for x in page] == [
+            ("t4", "2", w.last["t4"]),
+            ("t2", "6", w.last["t2"]),
+            ("t0", "2", w.last["t0"] - 1),  # (its ``s``, not the ``e`` after it)
+        ]
+        first = await index.listing(e.listing("s0"), None, 2, origin)
+        assert names(first) == ["t4", "t2"]
+        assert names(await index.listing(e.listing("s0"), first[-1].seq, 2, origin)) == ["t0"]
+        # a change of a task of the next page moves it above the cursor: gone from below
+        await w.put(Where("t0", "o1", "s0", "c0", "s", "3"))  # input-required
+        assert names(await index.listing(e.listing("s0"), first[-1].seq, 2, origin)) == []
+        assert names(await index.listing(e.listing("s0"), None, 10, origin)) == ["t0", "t4", "t2"]
+        # by state, through the state change: t0 left ``working``, its entry there is stale
+        assert names(await index.listing(e.listing("s0", "2"), None, 10, origin)) == ["t4"]
+        assert names(await index.listing(e.listing("s0", "3"), None, 10, origin)) == ["t0"]
+        assert names(await index.listing(e.listing("s0", "1"), None, 10, origin)) == []
+        assert names(await index.listing(e.listing("s1", "1"), None, 10, origin)) == [
+            "t5",
+            "t3",
+            "t1",
+        ]
+        # by context
+        assert names(await index.listing(e.listing_context("s0", "c0"), None, 10, origin)) == [
+            "t0",
+            "t4",
+        ]
+
+
+async def test_a_sweep_through_the_owner_index_finds_exactly_its_unfinished_tasks_after_a_claim(
+    nc: NATS, cluster: natsserver.Cluster
+) -> None:
+    async with asyncio.timeout(40):
+        _, e, origin, index, _ = await literal_setup(nc, cluster)
+        w = Tasks(nc, e, index)
+
+        def at(name: str, owner: str, kind: str, state: str) -> Where:
+            return Where(name, owner, f"scope-of-{name}", "c", kind, state)
+
+        writes = [
+            ("t1", "o1", "s", "1"), ("t1", "o1", "e", "1"),                          # o1's
+            ("t2", "o1", "s", "1"), ("t2", "o1", "s", "2"), ("t2", "o1", "f", "6"),  # ended
+            ("t3", "o1", "s", "1"), ("t3", "o2", "s", "2"),                          # claimed
+            ("t4", "o1", "s", "1"), ("t4", "o2", "s", "1"), ("t4", "o2", "f", "6"),  # claimed, done
+            ("t5", "o2", "s", "2"),                                                  # o2's
+            ("t6", "o1", "s", "1"), ("t6", "o2", "s", "1"), ("t6", "o1", "s", "2"),  # back to o1
+        ]  # fmt: skip
+        for name, owner, kind, state in writes:
+            await w.put(at(name, owner, kind, state))
+
+        def swept(entries: list[Entry]) -> list[tuple[str, int]]:
+            return [(x.where.task, x.seq) for x in entries]
+
+        assert swept(await index.owner_sweep("o1", origin)) == [
+            ("t1", w.last["t1"]),
+            ("t6", w.last["t6"]),
+        ]
+        assert swept(await index.owner_sweep("o1", origin)) == swept(await origin.sweep("o1"))
+        assert [x.where.task for x in await index.owner_sweep("o2", origin)] == ["t3", "t5"]
+        assert await index.owner_sweep("o3", origin) == []
+        # the sweep's claim of t1 by o3 (an ``s`` of its own), then the sweeps again
+        await w.put(at("t1", "o3", "s", "1"))
+        assert [x.where.task for x in await index.owner_sweep("o1", origin)] == ["t6"]
+        assert [x.where.task for x in await index.owner_sweep("o3", origin)] == ["t1"]
+        assert [x.where.task for x in await index.owner_sweep("o2", origin)] == ["t3", "t5"]

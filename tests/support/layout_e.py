@@ -20,6 +20,20 @@ subject per task, at most one message each (``max_msgs_per_subject: 1``):
 
 Each entry is the task's newest ``s`` or ``f``, its payload and headers, with
 ``Nats-Stream-Source: <stream> <seq> <filters> <transforms> <original subject> <id>``.
+
+The literal index (spike 4, ``Layout.literal``): with ``Layout.states`` every subject
+of E ends in one more token, the task's state after the change; a stream sources
+the ``s`` and ``f`` three times (one source each) onto few literal subjects, no
+per-subject limit:
+
+    <p>.ix.s.<scope hash>.<state>      a scope's listing (``*``: every state)
+    <p>.ix.c.<scope hash>.<context>    a context's
+    <p>.ix.o.<owner>                   an owner's (sweeps)
+
+Every ``s`` and ``f`` adds an entry; a task's older ones are stale, never deleted
+(they go with the index's max age or copied ``Nats-TTL``s). A reader keeps an entry
+only if its origin (``Nats-Stream-Source``) is its task's last ``s`` or ``f`` in E
+(``Reader.listing``, ``Reader.owner_sweep``).
 """
 
 from __future__ import annotations
@@ -41,6 +55,8 @@ BATCH = 256
 """Messages one batched direct get returns at most."""
 MULTI_LAST_TASKS = 200
 """Tasks whose last messages one ``multi_last`` asks for (the server answers at most 1,024)."""
+MULTI_LAST_SNAPSHOTS = 100
+"""Tasks whose last ``s`` and ``f`` one ``multi_last`` asks for (a subject per owner and state)."""
 PENDING = "Nats-Num-Pending"
 SEQUENCE = "Nats-Sequence"
 SUBJECT = "Nats-Subject"
@@ -62,6 +78,8 @@ class Where:
     scope: str
     context: str
     kind: str
+    state: str = ""
+    """The task's state after the change (a subject token only if ``Layout.states``)."""
 
 
 @dataclass(frozen=True)
@@ -72,22 +90,29 @@ class Layout:
     order: str = "id-first"
     fwc: bool = False
     """Whether a task's filter ends in ``>`` (else ``*`` tokens)."""
+    states: bool = False
+    """Whether a subject ends in one more token, the task's state after the change."""
+
+    @property
+    def _tail(self) -> str:
+        return ".*" if self.states else ""
 
     def subject(self, where: Where) -> str:
         """The subject of one change."""
         w, p = where, self.prefix
+        state = f".{w.state}" if self.states else ""
         if self.order == "scope-first":
-            return f"{p}.t.{w.scope}.{w.task}.{w.owner}.{w.context}.{w.kind}"
-        return f"{p}.t.{w.task}.{w.owner}.{w.scope}.{w.context}.{w.kind}"
+            return f"{p}.t.{w.scope}.{w.task}.{w.owner}.{w.context}.{w.kind}{state}"
+        return f"{p}.t.{w.task}.{w.owner}.{w.scope}.{w.context}.{w.kind}{state}"
 
     def parse(self, subject: str) -> Where:
         """The tokens of a subject of this layout."""
-        tokens = subject.split(".")[-5:]
+        tokens = subject.split(".")[-6:] if self.states else [*subject.split(".")[-5:], ""]
         if self.order == "scope-first":
-            scope, task, owner, context, kind = tokens
+            scope, task, owner, context, kind, state = tokens
         else:
-            task, owner, scope, context, kind = tokens
-        return Where(task, owner, scope, context, kind)
+            task, owner, scope, context, kind, state = tokens
+        return Where(task, owner, scope, context, kind, state)
 
     def task(self, task: str, scope: str) -> str:
         """Every subject of one task (its compare-and-set and reads by id).
@@ -99,13 +124,13 @@ class Layout:
             head, rest = f"{self.prefix}.t.{scope}.{task}", ".*.*.*"
         else:
             head, rest = f"{self.prefix}.t.{task}", ".*.*.*.*"
-        return f"{head}.>" if self.fwc else head + rest
+        return f"{head}.>" if self.fwc else head + rest + self._tail
 
     def snapshots(self, task: str, scope: str, kind: str = "s") -> str:
         """The task's ``kind`` messages, whoever wrote them."""
         if self.order == "scope-first":
-            return f"{self.prefix}.t.{scope}.{task}.*.*.{kind}"
-        return f"{self.prefix}.t.{task}.*.*.*.{kind}"
+            return f"{self.prefix}.t.{scope}.{task}.*.*.{kind}{self._tail}"
+        return f"{self.prefix}.t.{task}.*.*.*.{kind}{self._tail}"
 
     def scope(self, scope: str) -> str:
         """Every message of the scope's tasks."""
@@ -116,8 +141,8 @@ class Layout:
     def context(self, scope: str, context: str) -> str:
         """Every message of the tasks of one context of the scope."""
         if self.order == "scope-first":
-            return f"{self.prefix}.t.{scope}.*.*.{context}.*"
-        return f"{self.prefix}.t.*.*.{scope}.{context}.*"
+            return f"{self.prefix}.t.{scope}.*.*.{context}.*{self._tail}"
+        return f"{self.prefix}.t.*.*.{scope}.{context}.*{self._tail}"
 
     def owner(self, owner: str) -> str:
         """Every message an owner wrote."""
@@ -151,15 +176,85 @@ class Layout:
             f"{self.prefix}.cur.{{{{wildcard({scope})}}}}.{{{{wildcard({context})}}}}"
             f".{{{{wildcard({task})}}}}"
         )
-        return [SubjectTransform(src=f"{self.prefix}.t.*.*.*.*.{k}", dest=dest) for k in "sf"]
+        return [SubjectTransform(src=self.kinds(k), dest=dest) for k in "sf"]
 
-    def sourced(self, name: str, origin: str, **options: Any) -> StreamConfig:
-        """The config of a stream ``name`` keeping one entry per task of ``origin``."""
-        source = StreamSource(name=origin, subject_transforms=self.transforms())
+    def kinds(self, kind: str) -> str:
+        """Every message of one kind (a source's filter; its ``*`` are the wildcards)."""
+        return f"{self.prefix}.t.*.*.*.*.{kind}{self._tail}"
+
+    def sourced(
+        self, name: str, origin: str, start: int = 0, per_subject: int = 1, **options: Any
+    ) -> StreamConfig:
+        """The config of a stream ``name`` keeping one entry per task of ``origin``.
+
+        ``start``: the origin's sequence to source from (0: its first); ``per_subject``:
+        the entries kept per task (spike 3: 1; more only to measure what the limit costs).
+        """
+        source = StreamSource(
+            name=origin, subject_transforms=self.transforms(), opt_start_seq=start or None
+        )
         return StreamConfig(
             name=name,
             sources=[source],
-            max_msgs_per_subject=1,
+            max_msgs_per_subject=per_subject,
+            **{"allow_direct": True, **options},
+        )
+
+    def listing(self, scope: str, state: str = "*") -> str:
+        """A scope's entries in the literal index, of one state (``*``: of every state)."""
+        return f"{self.prefix}.ix.s.{scope}.{state}"
+
+    def listing_context(self, scope: str, context: str) -> str:
+        """A context's entries in the literal index."""
+        return f"{self.prefix}.ix.c.{scope}.{context}"
+
+    def listing_owner(self, owner: str) -> str:
+        """An owner's entries in the literal index (its ``s`` and ``f``)."""
+        return f"{self.prefix}.ix.o.{owner}"
+
+    def literal_sources(
+        self, origin: str, parts: str = "sco", start: int = 0
+    ) -> list[StreamSource]:
+        """The literal index's sources: ``s`` (scope, state), ``c`` (context), ``o`` (owner).
+
+        One source of ``origin`` per part, each mapping the ``s`` and ``f``
+        messages (their filters, ``kinds``) to the part's subject: the transforms
+        of one source may not share a filter. Needs ``states``.
+        """
+        if not self.states:
+            raise ValueError("the literal index needs the state token")
+        if self.order == "scope-first":
+            scope, _task, owner, context, state = 1, 2, 3, 4, 5
+        else:
+            _task, owner, scope, context, state = 1, 2, 3, 4, 5
+        p = self.prefix
+        dests = {
+            "s": f"{p}.ix.s.{{{{wildcard({scope})}}}}.{{{{wildcard({state})}}}}",
+            "c": f"{p}.ix.c.{{{{wildcard({scope})}}}}.{{{{wildcard({context})}}}}",
+            "o": f"{p}.ix.o.{{{{wildcard({owner})}}}}",
+        }
+        return [
+            StreamSource(
+                name=origin,
+                subject_transforms=[
+                    SubjectTransform(src=self.kinds(k), dest=dests[part]) for k in "sf"
+                ],
+                opt_start_seq=start or None,
+            )
+            for part in parts
+        ]
+
+    def literal(
+        self, name: str, origin: str, parts: str = "sco", start: int = 0, **options: Any
+    ) -> StreamConfig:
+        """The config of a stream ``name``: the literal index of ``origin`` (no per-subject limit).
+
+        Every ``s`` and ``f`` adds an entry to each part's subject; older entries
+        of its task stay (stale) until the index's max age or their copied ``Nats-TTL``.
+        """
+        return StreamConfig(
+            name=name,
+            sources=self.literal_sources(origin, parts, start),
             **{"allow_direct": True, **options},
         )
 
@@ -255,20 +350,28 @@ class Reader:
             if status is not None:
                 raise AssertionError(f"{status} {(msg.headers or {}).get('Description')}")
             return [msg]
-        inbox = self.nc.new_inbox()
-        sub = await self.nc.subscribe(inbox)
         found: list[Msg] = []
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def collect(msg: Msg) -> None:  # (a callback: 3-4 times cheaper than next_msg)
+            status = (msg.headers or {}).get("Status")
+            if done.done():
+                return
+            if status is None:
+                found.append(msg)
+            elif status == "204" or (status == "404" and not found):
+                done.set_result(None)
+            else:
+                description = (msg.headers or {}).get("Description")
+                done.set_exception(AssertionError(f"{status} {description}"))
+
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox, cb=collect)
         try:
             await self.nc.publish(subject, body, inbox)
-            while True:
-                msg = await sub.next_msg(timeout=TIMEOUT)
-                status = (msg.headers or {}).get("Status")
-                if status is None:
-                    found.append(msg)
-                elif status == "204" or (status == "404" and not found):
-                    return found
-                else:
-                    raise AssertionError(f"{status} {(msg.headers or {}).get('Description')}")
+            async with asyncio.timeout(TIMEOUT):
+                await done
+            return found
         finally:
             await sub.unsubscribe()
 
@@ -351,8 +454,9 @@ class Reader:
     async def last_of(self, tasks: Sequence[tuple[str, str]]) -> dict[str, Entry]:
         """Each task's last message, by task id: ``multi_last`` of their filters, in chunks."""
         last: dict[str, Entry] = {}
-        for i in range(0, len(tasks), MULTI_LAST_TASKS):
-            chunk = tasks[i : i + MULTI_LAST_TASKS]
+        size = MULTI_LAST_SNAPSHOTS if self.layout.states else MULTI_LAST_TASKS
+        for i in range(0, len(tasks), size):  # (a subject per state: fewer tasks at once)
+            chunk = tasks[i : i + size]
             msgs = await self.get({"multi_last": [self.layout.task(t, s) for t, s in chunk]})
             for msg in msgs:
                 entry = self.entry(msg)
@@ -438,25 +542,27 @@ class Reader:
         found = (await self.read(subject, lo, between))[-want:]
         return [self.entry(m) for m in reversed(found)]
 
-    async def reached(self) -> int:
+    async def reached(self, subject: str = ">") -> int:
         """The origin's sequence this sourced index holds everything up to (0: nothing).
 
         Its last entry's ``Nats-Stream-Source`` (one direct get, ``>``: no subject
         walked). Sourcing stores in the origin's order, so every ``s`` and ``f``
         below it is in. (If that entry expired, this answers 0 until the next.)
+        Of an index with several sources (the literal one), ``subject`` names
+        one source's entries: each keeps its own order, not the others'.
         """
-        msgs = await self.get({"last_by_subj": ">"})
+        msgs = await self.get({"last_by_subj": subject})
         origin = source(msgs[0]) if msgs else None
         return origin.seq if origin is not None else 0
 
-    async def wait_for(self, seq: int) -> int:
+    async def wait_for(self, seq: int, subject: str = ">") -> int:
         """Return once this sourced index holds the origin's message ``seq``; polls made.
 
         Read-your-writes for a writer: ``seq`` is its last ``s`` or ``f``'s ack.
-        The caller bounds the wait.
+        The caller bounds the wait. ``subject``: as in ``reached``.
         """
         polls = 1
-        while await self.reached() < seq:
+        while await self.reached(subject) < seq:
             polls += 1
         return polls
 
@@ -484,3 +590,102 @@ class Reader:
             due = [int((m[0].headers or {})[SEQUENCE]) for m in first if m]
             if not any(seq <= target for seq in due):
                 return polls
+
+    async def last_changes(self, tasks: Sequence[tuple[str, str]]) -> dict[str, int]:
+        """Each task's last ``s`` or ``f`` (its sequence), by task id: ``multi_last``, in chunks.
+
+        Two filters per task (its ``s``, its ``f``): the events are not read.
+        """
+        last: dict[str, int] = {}
+        for i in range(0, len(tasks), MULTI_LAST_SNAPSHOTS):
+            chunk = tasks[i : i + MULTI_LAST_SNAPSHOTS]
+            filters = [self.layout.snapshots(t, s, k) for t, s in chunk for k in "sf"]
+            for msg in await self.get({"multi_last": filters}):
+                entry = self.entry(msg)
+                last[entry.where.task] = max(last.get(entry.where.task, 0), entry.seq)
+        return last
+
+    async def listing(
+        self, subject: str, before: int | None, want: int, origin: Reader, per_task: int = 3
+    ) -> list[Entry]:
+        """Up to ``want`` tasks on ``subject`` of the literal index, newest change first.
+
+        ``subject`` is literal (a scope's state, a context) or a few of them (a
+        scope's states); ``before`` the cursor (an entry's sequence here; None:
+        from the end). Each window found by galloping is read forwards; a task
+        counts at its newest entry in the windows read, and only if that entry is
+        its task's last ``s`` or ``f`` in ``origin`` (one ``multi_last`` per
+        window): the older entries of a task written since are stale, never
+        deleted. Each window is sized for ``per_task`` entries per task missing.
+        """
+        top = before if before is not None else await self.end(subject)
+        seen: set[str] = set()
+        found: list[Entry] = []
+        while len(found) < want and top > 1:
+            lo, between = await self.tight(subject, top, (want - len(found)) * per_task)
+            window: dict[str, Entry] = {}
+            for msg in await self.read(subject, lo, between):
+                entry = self.entry(msg)
+                if entry.seq < top and entry.where.task not in seen:
+                    window[entry.where.task] = entry  # (oldest first: the last one stays)
+            seen.update(window)
+            candidates = sorted(window.values(), key=lambda e: -e.seq)
+            while candidates and len(found) < want:  # the newest first, as many as missing
+                chunk, candidates = (
+                    candidates[: want - len(found)],
+                    candidates[want - len(found) :],
+                )
+                last = await origin.last_changes([(e.where.task, e.where.scope) for e in chunk])
+                found.extend(e for e in chunk if last.get(e.where.task) == e.origin)
+            top = lo
+        return found[:want]
+
+    async def tight(self, subject: str, top: int, want: int) -> tuple[int, int]:
+        """As ``start``, but steps sized by the density found, then narrowed to 5/4 of ``want``.
+
+        On an index whose entries are large (the literal one copies snapshots),
+        a few one-message probes cost less than the entries read past ``want``:
+        each probe's count sizes the next step (interpolated; at most 8 to narrow).
+        """
+        at_top = await self.count_from(subject, top)
+        hi, at_hi, span = top, 0, 4 * want
+        while True:
+            lo = max(top - span, 1)
+            between = await self.count_from(subject, lo) - at_top
+            if lo == 1 or between >= want:
+                break
+            hi, at_hi = lo, between
+            span = span * 4 if between == 0 else max(span * 5 // 4, span * want * 5 // between // 4)
+        for _ in range(8):
+            if between <= want * 5 // 4 or hi - lo <= 1:
+                break
+            goal = want * 9 // 8  # (interpolated: entries spread about evenly)
+            mid = hi - (hi - lo) * (goal - at_hi) // max(between - at_hi, 1)
+            mid = min(max(mid, lo + 1), hi - 1)
+            count = await self.count_from(subject, mid) - at_top
+            if count >= want:
+                lo, between = mid, count
+            else:
+                hi, at_hi = mid, count
+        return lo, between
+
+    async def owner_sweep(self, owner: str, origin: Reader) -> list[Entry]:
+        """The owner's unfinished tasks, from its entries in the literal index.
+
+        Every entry on ``<p>.ix.o.<owner>`` (the owner's ``s`` and ``f``, all
+        read), the newest per task; those not ``f`` are checked by their task's
+        last message in ``origin`` (``last_of``): it must be the owner's and not
+        ``f`` (another owner may have claimed or ended it since). Returns the
+        origin's entries, oldest first.
+        """
+        subject = self.layout.listing_owner(owner)
+        newest: dict[str, Entry] = {}
+        for msg in await self.read(subject, 1, await self.count_from(subject, 1)):
+            entry = self.entry(msg)
+            newest[entry.where.task] = entry
+        open_ = [(e.where.task, e.where.scope) for e in newest.values() if e.where.kind != "f"]
+        last = await origin.last_of(open_)
+        return sorted(
+            (e for e in last.values() if e.where.owner == owner and e.where.kind != "f"),
+            key=lambda e: e.seq,
+        )
