@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import nats
@@ -38,6 +38,7 @@ from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
 from tests.support import natsserver
+from tests.support.spikes import add_stream
 
 Message = tuple[str, bytes, Mapping[str, str]]
 """One message of a batch: subject, payload, headers."""
@@ -51,23 +52,6 @@ _streams = itertools.count()
 def cas(version: int) -> dict[str, str]:
     """The compare-and-set header: the subject's last stored sequence must be ``version``."""
     return {"Nats-Expected-Last-Subject-Sequence": str(version)}
-
-
-@pytest.fixture(scope="module", params=[1, 3], ids=["one-node", "three-nodes-R3"])
-def cluster(request: pytest.FixtureRequest) -> Iterator[natsserver.Cluster]:
-    """One node, then a 3-node cluster (streams at R3), shared by the tests of the module."""
-    with natsserver.running(request.param) as nodes:
-        yield nodes
-
-
-@pytest.fixture
-async def nc(cluster: natsserver.Cluster) -> AsyncIterator[NATS]:
-    """A client on the first node (on R3 the stream's leader may be another node)."""
-    client = await nats.connect(cluster.urls[0])
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 async def make_stream(nc: NATS, cluster: natsserver.Cluster, **options: Any) -> tuple[str, str]:
@@ -92,19 +76,9 @@ async def make_stream(nc: NATS, cluster: natsserver.Cluster, **options: Any) -> 
             **options,
         },
     )
-    js = nc.jetstream(timeout=2.0)
     async with asyncio.timeout(30):
-        while True:
-            try:
-                info = await js.add_stream(config)
-                assert info.config.num_replicas == len(cluster.nodes)
-                break
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-                pass
-            except nats.js.errors.APIError as exc:
-                if exc.code != 503 and exc.err_code not in (10005, 10008, 10023):
-                    raise
-            await asyncio.sleep(0.1)  # sync-ok: paces polling while JetStream elects its leader
+        info = await add_stream(nc.jetstream(timeout=2.0), config)
+        assert info.config.num_replicas == len(cluster.nodes)
         while True:
             if await _answers(nc, name, prefix):
                 return name, prefix
