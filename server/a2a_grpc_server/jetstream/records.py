@@ -115,12 +115,20 @@ class Entry:
     def unpack(cls, msg: Msg, pos: int) -> list[Entry]:
         """The changes a stream message (delivered or read directly) holds."""
         check_header(msg.headers, "a message of the task record")
-        seq = int((msg.headers or {}).get(SEQ, "0"))
-        data, offset, found = memoryview(msg.data), 0, list[Entry]()
-        while offset < len(data):
-            kind, state, size = _RECORD.unpack_from(data, offset)
+        return cls.unpack_records(msg.data, pos, int((msg.headers or {}).get(SEQ, "0")))
+
+    @classmethod
+    def unpack_records(cls, data: bytes, pos: int, seq: int) -> list[Entry]:
+        """The changes encoded one after the other in ``data``, the first numbered ``seq``.
+
+        Raises:
+            UnknownFormatError: A change of a kind this version does not know.
+        """
+        view, offset, found = memoryview(data), 0, list[Entry]()
+        while offset < len(view):
+            kind, state, size = _RECORD.unpack_from(view, offset)
             offset += _RECORD.size
-            body = bytes(data[offset : offset + size])
+            body = bytes(view[offset : offset + size])
             offset += size
             name = _NAMES.get(kind)
             if name is None:
@@ -206,7 +214,7 @@ def _shard_header(value: str | None) -> int:
     return int(value)
 
 
-def _record(change: Change) -> bytes:
+def record(change: Change) -> bytes:
     """One change as it goes into a message (see the module docstring)."""
     if change.message is not None:
         data = change.message.SerializeToString()
@@ -230,12 +238,12 @@ def messages(
     runs: list[list[bytes]] = [[]]
     size = 0
     for change in changes:
-        record = _record(change)
-        if runs[-1] and size + len(record) > most:
+        encoded = record(change)
+        if runs[-1] and size + len(encoded) > most:
             runs.append([])
             size = 0
-        runs[-1].append(record)
-        size += len(record)
+        runs[-1].append(encoded)
+        size += len(encoded)
     out, seq = [], changes[0].seq
     if nonce is None:
         nonce = os.urandom(4).hex()  # (one per write: its retries keep it)

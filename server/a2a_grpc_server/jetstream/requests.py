@@ -36,6 +36,9 @@ EXPECT = "Nats-Expected-Last-Subject-Sequence"
 """The header of a publish that is a compare-and-set on its subject's last sequence."""
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a failed expected-last-subject-sequence check."""
+WRONG_LAST_SEQUENCE_IN_FLIGHT = 10164
+"""The same check failed against a write still being replicated (R3, two writers at once:
+tests/cluster/test_tasklog.py)."""
 _SEQ = re.compile(rb'"seq":(\d+)')
 
 
@@ -308,6 +311,6 @@ def _ack(msg: Msg) -> int:
         if found is not None:
             return int(found.group(1))
     error = json.loads(data).get("error") or {"code": 500, "description": data.decode()}
-    if error.get("err_code") == WRONG_LAST_SEQUENCE:
+    if error.get("err_code") in (WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_IN_FLIGHT):
         raise WrongLastSequenceError(error.get("description", ""))
     raise nats.js.errors.APIError.from_error(error)

@@ -1,0 +1,501 @@
+"""The task log of format 3 (layout E): one message per change, on the task's own subjects.
+
+docs/decisions/0001-cluster-store-layout.md chose this layout (issue 41). This
+module is step 1 of its plan: the log alone, asserted on a real nats-server
+(tests/cluster/test_tasklog.py). ``serve`` does not use it yet: the journal writes
+format 2 until step 2 puts this log behind the upgrade rule (``formats``).
+
+Stream ``A2A_LOG`` holds every change of every task, one message each, on
+
+    a2a.log.t.<task id>.<owner>.<scope>.<context>.<kind>
+
+``owner``, ``scope`` and ``context`` are digests (``token``: a subject token
+whatever the id holds); ``kind`` is ``s`` (changes and the task's snapshot after
+them), ``e`` (changes only) or ``f`` (the final change and the final snapshot).
+A task's version is the stream sequence of its last message. Every message is a
+compare-and-set over all of the task's subjects
+(``Nats-Expected-Last-Subject-Sequence`` with ``...-Subject: a2a.log.t.<task id>.>``):
+JetStream stores it only if nobody wrote the task since the version the writer
+holds, so a claim under another owner, an ``e`` after an ``s``, a second create
+(version 0) are all refused alike. Nothing is written after an ``f``: the check
+cannot tell a final version from another, so a writer must have read or written
+the ``f`` to hold its version, and every ``TaskLog`` remembers the final versions
+it has seen (bounded) and refuses to extend them; a refused write reads its cause.
+
+Headers: ``A2a-Format: 3``; ``A2a-Seq`` and ``A2a-Count`` (the number of the
+message's first change in the task's log and how many it holds, as in format 2);
+``A2a-State`` (the state its last frame carries); ``Nats-Msg-Id``
+(``<task id>:<first seq>:<writer>:<nonce>``: a retried publish finds its own
+earlier attempt); ``A2a-Scope`` on ``s`` and ``f`` (whose task it is, the
+scope itself: the subject holds its digest); ``A2a-Changes`` on ``s`` and ``f``
+(the bytes of the payload that are changes; the rest is the ``Task``). The
+changes are encoded as in format 2 (``records``).
+
+The listing index is kept by nats-server (``current_config``): stream
+``A2A_CURRENT`` sources each ``s`` and ``f`` through subject transforms onto
+
+    a2a.cur.<scope>.<context>.<task id>
+
+keeping one message per subject: each task's newest snapshot, whoever wrote it
+(the owner is left out, so a claim lands on the same entry). Nothing of ours
+writes, repairs or collects it; lifetimes are the streams' (``max_age``).
+
+A reader refuses a message in another format with ``UnknownFormatError``.
+
+Who runs what: a task's writer holds its lock (``LiveTask``), so its appends are
+in order; any other writer (a survivor claiming it) goes through the same
+compare-and-set. Reads take no lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from a2a.types.a2a_pb2 import Task
+from nats.aio.msg import Msg
+from nats.js.api import StorageType, StreamConfig, StreamSource, SubjectTransform
+
+from ..errors import UnknownFormatError
+from ..journal import (
+    Change,
+    FinalTaskError,
+    PartialWriteError,
+    StoreError,
+    TaskExistsError,
+    UnknownTaskError,
+    VersionConflictError,
+)
+from ..model import taskops
+from .formats import HEADER as FORMAT
+from .records import COUNT, MSG_ID, PAYLOAD_SLACK, SEQ, STATE, STREAM_SEQ, Entry, record
+from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError
+from .retry import Retry
+
+LOG_FORMAT = 3
+"""The format of this log's messages (the only one it reads)."""
+LOG_STREAM = "A2A_LOG"
+LOG_SUBJECT = "a2a.log"
+CURRENT_STREAM = "A2A_CURRENT"
+CURRENT_SUBJECT = "a2a.cur"
+EXPECT_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+"""The filter a compare-and-set checks (every subject of the task), not the message's own."""
+SCOPE = "A2a-Scope"
+CHANGES = "A2a-Changes"
+SOURCE = "Nats-Stream-Source"
+"""A copied message's origin: ``<stream> <seq> <filters> <transforms> <subject> [<id>]``."""
+SNAPSHOT, EVENTS, FINAL = "s", "e", "f"
+KINDS = (SNAPSHOT, EVENTS, FINAL)
+BATCH = 256
+"""Messages one direct get returns at most."""
+KNOWN_FINAL = 4096
+"""Final versions a log remembers (a writer holding an older one gets its cause read)."""
+_NOT_A_TOKEN = frozenset(".*> \t\r\n")
+
+
+def token(text: str) -> str:
+    """A subject token for ``text``: the first 32 hex digits of its SHA-256."""
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _task_token(task_id: str) -> str:
+    """``task_id`` as a subject token (task ids are one already).
+
+    Raises:
+        ValueError: It is empty or holds a character no subject token may.
+    """
+    if not task_id or not _NOT_A_TOKEN.isdisjoint(task_id):
+        raise ValueError(f"task id {task_id!r} is not a subject token")
+    return task_id
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """Whose change it is: the task, who writes it, and the scope and context it lists under."""
+
+    task_id: str
+    owner: str
+    scope: str
+    context_id: str
+
+    def subject(self, kind: str) -> str:
+        """The subject of a change of ``kind`` (``s``, ``e`` or ``f``)."""
+        task = _task_token(self.task_id)
+        owner, scope, context = token(self.owner), token(self.scope), token(self.context_id)
+        return f"{LOG_SUBJECT}.t.{task}.{owner}.{scope}.{context}.{kind}"
+
+
+def task_filter(task_id: str) -> str:
+    """Every subject of one task: its compare-and-set, and its reads."""
+    return f"{LOG_SUBJECT}.t.{_task_token(task_id)}.>"
+
+
+def kind_filter(task_id: str, kind: str) -> str:
+    """The task's messages of one kind, whoever wrote them."""
+    return f"{LOG_SUBJECT}.t.{_task_token(task_id)}.*.*.*.{kind}"
+
+
+def owner_filter(owner: str) -> str:
+    """Every message an owner wrote (a sweep's filter)."""
+    return f"{LOG_SUBJECT}.t.*.{token(owner)}.>"
+
+
+def current_subject(scope: str, context_id: str, task_id: str) -> str:
+    """A task's entry in the listing index."""
+    return f"{CURRENT_SUBJECT}.{token(scope)}.{token(context_id)}.{_task_token(task_id)}"
+
+
+def log_config(replicas: int = 1, max_age: float = 0.0) -> StreamConfig:
+    """The log's stream: direct gets, per-message TTLs allowed, file storage."""
+    return StreamConfig(
+        name=LOG_STREAM,
+        subjects=[f"{LOG_SUBJECT}.>"],
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        max_age=max_age or None,
+        allow_direct=True,
+        allow_msg_ttl=True,
+    )
+
+
+def current_config(replicas: int = 1, max_age: float = 0.0) -> StreamConfig:
+    """The listing index: the log's ``s`` and ``f``, one entry per task (module docstring).
+
+    A transform's ``{{wildcard(n)}}`` is the n-th ``*`` of its source filter
+    ``a2a.log.t.*.*.*.*.<kind>``: 1 the task, 3 the scope, 4 the context.
+    """
+    dest = f"{CURRENT_SUBJECT}.{{{{wildcard(3)}}}}.{{{{wildcard(4)}}}}.{{{{wildcard(1)}}}}"
+    transforms = [
+        SubjectTransform(src=f"{LOG_SUBJECT}.t.*.*.*.*.{kind}", dest=dest)
+        for kind in (SNAPSHOT, FINAL)
+    ]
+    return StreamConfig(
+        name=CURRENT_STREAM,
+        sources=[StreamSource(name=LOG_STREAM, subject_transforms=transforms)],
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        max_age=max_age or None,
+        max_msgs_per_subject=1,
+        allow_direct=True,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Logged:
+    """One message of the log, decoded."""
+
+    pos: int
+    """Its stream sequence."""
+    kind: str
+    owner: str
+    """The owner's token (its digest)."""
+    changes: list[Entry]
+    snapshot: bytes | None
+    """The serialized ``Task`` after its changes (``s`` and ``f``)."""
+    scope: str | None
+    """Whose task it is (``s`` and ``f``)."""
+
+    @property
+    def final(self) -> bool:
+        """Whether the task ended with it."""
+        return self.kind == FINAL
+
+    def task(self) -> Task:
+        """The snapshot it carries.
+
+        Raises:
+            ValueError: It carries none (an ``e``).
+        """
+        if self.snapshot is None:
+            raise ValueError(f"message {self.pos} carries no snapshot")
+        return Task.FromString(self.snapshot)
+
+
+def encode(
+    changes: Sequence[Change],
+    snapshot: Task | None,
+    scope: str,
+    writer: str,
+    task_id: str,
+    nonce: str = "",
+) -> tuple[str, bytes, dict[str, str]]:
+    """A change as one message: its kind, payload and headers (see the module docstring).
+
+    ``snapshot`` None makes an ``e``; a snapshot of an ended task an ``f``.
+
+    Raises:
+        ValueError: No changes, or an ``e`` that ends the task (a final change
+            carries its snapshot).
+    """
+    if not changes:
+        raise ValueError("a message holds at least one change")
+    body = b"".join(record(change) for change in changes)
+    last = changes[-1]
+    state = last.state if last.message is None else 0
+    headers = {
+        FORMAT: str(LOG_FORMAT),
+        SEQ: str(changes[0].seq),
+        COUNT: str(len(changes)),
+        STATE: str(state),
+        MSG_ID: f"{task_id}:{changes[0].seq}:{writer}:{nonce or os.urandom(4).hex()}",
+    }
+    if snapshot is None:
+        if taskops.is_final_state(state):  # type: ignore[arg-type]
+            raise ValueError("a final change carries the task's snapshot")
+        return EVENTS, body, headers
+    headers[SCOPE] = scope
+    headers[CHANGES] = str(len(body))
+    kind = FINAL if taskops.is_final_state(snapshot.status.state) else SNAPSHOT
+    return kind, body + snapshot.SerializeToString(), headers
+
+
+def decode(msg: Msg) -> Logged:
+    """A message read from the log or from the index (a direct get's answer).
+
+    Read from the index, its position is the index's; its kind and owner are
+    those of the log's message it copies.
+
+    Raises:
+        UnknownFormatError: It is not in this log's format, or of a kind this
+            version does not know.
+    """
+    headers: Mapping[str, str] = msg.headers or {}
+    given = headers.get(FORMAT)
+    if given != str(LOG_FORMAT):
+        raise UnknownFormatError("a message of the task log", str(given)[:16])
+    origin = headers.get(SOURCE)  # (read from the index: where the log stored it)
+    subject = origin.split(" ")[4] if origin else headers.get("Nats-Subject", msg.subject)
+    tokens = subject.split(".")
+    kind, owner = tokens[-1], tokens[-4]
+    if kind not in KINDS:
+        raise UnknownFormatError("a message of the task log", f"kind {kind[:16]}")
+    pos = int(headers[STREAM_SEQ])
+    data = msg.data
+    split = int(headers.get(CHANGES, len(data)))
+    changes = Entry.unpack_records(data[:split], pos, int(headers.get(SEQ, "0")))
+    if kind == EVENTS:
+        return Logged(pos, kind, owner, changes, None, None)
+    return Logged(pos, kind, owner, changes, bytes(data[split:]), headers.get(SCOPE, ""))
+
+
+@dataclass(frozen=True, slots=True)
+class LogRead:
+    """A task as the log holds it: its newest snapshot and the changes after it."""
+
+    snapshot: Logged
+    after: list[Entry]
+    """The changes written after the snapshot, in order."""
+    version: int
+    """The stream sequence of its last message (the next write's compare-and-set)."""
+
+    @property
+    def final(self) -> bool:
+        """Whether the task has ended."""
+        return self.snapshot.final
+
+    @property
+    def seq(self) -> int:
+        """The number of the task's last change."""
+        if self.after:
+            return self.after[-1].seq
+        changes = self.snapshot.changes
+        return changes[-1].seq if changes else 0
+
+
+class TaskLog:
+    """Appends to and reads the log on one connection.
+
+    Args:
+        requests: Lean requests on the connection (publish, direct get).
+        writer: This instance's id (in every message id it writes).
+        retry: How long an operation retries through a NATS outage.
+        stream: The log's stream (tests name their own).
+    """
+
+    def __init__(
+        self,
+        requests: JetStreamRequests,
+        writer: str,
+        retry: Retry | None = None,
+        stream: str = LOG_STREAM,
+    ) -> None:
+        self._requests = requests
+        self._writer = writer
+        self._retry = retry or Retry()
+        self._stream = stream
+        self._final: OrderedDict[tuple[str, int], None] = OrderedDict()
+        """Final versions this log wrote or read, newest last (``KNOWN_FINAL`` at most)."""
+
+    def _remember_final(self, task_id: str, pos: int) -> None:
+        self._final[(task_id, pos)] = None
+        if len(self._final) > KNOWN_FINAL:
+            self._final.popitem(last=False)
+
+    async def append(
+        self,
+        where: Where,
+        changes: Sequence[Change],
+        snapshot: Task | None,
+        expected: int,
+    ) -> int:
+        """Write the changes (and the snapshot after them) at ``expected``; their position.
+
+        ``expected`` 0 creates the task. Changes too large for one message take
+        several, each a compare-and-set on the one before: the first ones as
+        ``e``, the last with the snapshot.
+
+        Raises:
+            TaskExistsError: ``expected`` is 0 and the task exists.
+            FinalTaskError: The task has ended.
+            UnknownTaskError: ``expected`` is not 0 and the task is not in the log.
+            VersionConflictError: Someone wrote the task since ``expected``.
+            PartialWriteError: The first messages were stored, then one failed.
+            StoreError: The snapshot alone is larger than a message can be.
+        """
+        if (where.task_id, expected) in self._final:
+            raise FinalTaskError(where.task_id)
+        most = max(self._requests.max_payload - PAYLOAD_SLACK, 1)
+        runs = _runs(changes, most)
+        version, done = expected, 0
+        for i, run in enumerate(runs):
+            last = i == len(runs) - 1
+            kind, payload, headers = encode(
+                run, snapshot if last else None, where.scope, self._writer, where.task_id
+            )
+            if len(payload) > most:
+                raise StoreError(f"task {where.task_id}: its snapshot exceeds a NATS message")
+            try:
+                version = await self._publish(where, kind, payload, headers, version)
+            except StoreError as exc:
+                if not done:
+                    raise
+                raise PartialWriteError(done, version) from exc
+            done += len(run)
+        if kind == FINAL:
+            self._remember_final(where.task_id, version)
+        return version
+
+    async def _publish(
+        self, where: Where, kind: str, payload: bytes, headers: dict[str, str], expected: int
+    ) -> int:
+        """One compare-and-set publish; a refusal read for its cause."""
+        headers[EXPECT] = str(expected)
+        headers[EXPECT_SUBJECT] = task_filter(where.task_id)
+        subject = where.subject(kind)
+        attempts = 0
+
+        async def attempt() -> int:
+            nonlocal attempts
+            attempts += 1
+            return await self._requests.publish(subject, payload, headers, self._retry.timeout)
+
+        try:
+            return await self._retry(attempt, f"record a change of task {where.task_id}")
+        except WrongLastSequenceError:
+            if attempts > 1 and (landed := await self.landed(where.task_id, expected, headers)):
+                return landed  # the attempt that timed out had landed
+            last = await self.last(where.task_id)
+            if last is None:
+                raise UnknownTaskError(where.task_id) from None
+            if last.final:
+                raise FinalTaskError(where.task_id) from None
+            if not expected:
+                raise TaskExistsError(where.task_id) from None
+            raise VersionConflictError(f"{where.task_id}: not at version {expected}") from None
+
+    async def landed(self, task_id: str, expected: int, headers: Mapping[str, str]) -> int:
+        """Where a retried publish's first attempt was stored; 0 if it was not.
+
+        That is the position of the task's next message after ``expected`` if it
+        holds the message id in ``headers``.
+        """
+        msgs = await self._get(
+            {"seq": expected + 1, "next_by_subj": task_filter(task_id)},
+            f"read the change after {expected} of task {task_id}",
+        )
+        found = (msgs[0].headers or {}) if msgs else {}
+        return int(found[STREAM_SEQ]) if found.get(MSG_ID) == headers[MSG_ID] else 0
+
+    async def last(self, task_id: str) -> Logged | None:
+        """The task's last message (None: not in the log)."""
+        msgs = await self._get(
+            {"last_by_subj": task_filter(task_id)}, f"read the last change of task {task_id}"
+        )
+        if not msgs:
+            return None
+        last = decode(msgs[0])
+        if last.final:
+            self._remember_final(task_id, last.pos)
+        return last
+
+    async def read(self, task_id: str) -> LogRead | None:
+        """The task by id: its newest ``s`` or its ``f``, and the changes after it.
+
+        Two requests at once (the newest ``s``, the ``f``), then, unless it ended,
+        the ``e`` after the snapshot on the snapshot's owner's subject (an owner
+        that takes a task over writes an ``s`` first), in batches.
+
+        Raises:
+            UnknownFormatError: A message in a format this version does not read.
+        """
+        what = f"read task {task_id}"
+        snaps, finals = await asyncio.gather(
+            self._get({"last_by_subj": kind_filter(task_id, SNAPSHOT)}, what),
+            self._get({"last_by_subj": kind_filter(task_id, FINAL)}, what),
+        )
+        if finals:
+            final = decode(finals[0])
+            self._remember_final(task_id, final.pos)
+            return LogRead(final, [], final.pos)
+        if not snaps:
+            return None
+        snap = decode(snaps[0])
+        events = snaps[0].headers or {}
+        subject = events.get("Nats-Subject", "")
+        literal = subject.rsplit(".", 1)[0] + f".{EVENTS}"
+        after = await self.entries(task_id, snap.pos, literal)
+        return LogRead(snap, after, after[-1].pos if after else snap.pos)
+
+    async def entries(self, task_id: str, version: int, subject: str | None = None) -> list[Entry]:
+        """The changes stored after position ``version``, in order.
+
+        ``subject`` narrows the read to one literal subject (cheap at any size);
+        None reads the task's filter: a wildcard ``next_by_subj`` walks the stream's
+        blocks after ``version`` once it holds more than 64 Ki subjects, so a caller
+        that knows the owner passes its subject.
+        """
+        found: list[Entry] = []
+        pos = version + 1
+        what = f"read the changes of task {task_id} after {version}"
+        while True:
+            request = {"seq": pos, "next_by_subj": subject or task_filter(task_id), "batch": BATCH}
+            msgs = await self._get(request, what)
+            for msg in msgs:
+                found.extend(decode(msg).changes)
+            if len(msgs) < BATCH:
+                return found
+            pos = int((msgs[-1].headers or {})[STREAM_SEQ]) + 1
+
+    async def _get(self, request: dict[str, object], what: str) -> list[Msg]:
+        """A direct get on the log, retried through an outage."""
+        return await self._retry(
+            lambda: self._requests.direct_get(self._stream, request, self._retry.timeout), what
+        )
+
+
+def _runs(changes: Sequence[Change], most: int) -> list[list[Change]]:
+    """The changes cut into messages of at most ``most`` bytes of changes each."""
+    runs: list[list[Change]] = [[]]
+    size = 0
+    for change in changes:
+        length = len(record(change))
+        if runs[-1] and size + length > most:
+            runs.append([])
+            size = 0
+        runs[-1].append(change)
+        size += length
+    return runs
