@@ -9,9 +9,11 @@ import random
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 
+import nats
 import pytest
 from a2a.types.a2a_pb2 import Part, Role, StreamResponse, Task, TaskState
 
+from a2a_grpc_server.jetstream import tasklog
 from a2a_grpc_server.jetstream.conn import (
     INDEX_STREAM,
     TASKS_BUCKET,
@@ -21,6 +23,7 @@ from a2a_grpc_server.jetstream.conn import (
 )
 from a2a_grpc_server.jetstream.formats import Formats
 from a2a_grpc_server.jetstream.journal import JetStreamJournal, Snapshot, encode
+from a2a_grpc_server.jetstream.logjournal import LogJournal
 from a2a_grpc_server.jetstream.records import messages as _messages
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
 from a2a_grpc_server.journal import (
@@ -47,14 +50,19 @@ def nats_url() -> Iterator[str]:
         yield cluster.urls[0]
 
 
-@pytest.fixture(params=["memory", "nats", "nats-indexed", "nats-sharded"])
+@pytest.fixture(params=["memory", "nats", "nats-indexed", "nats-sharded", "nats-log"])
 async def journal(request: pytest.FixtureRequest) -> AsyncIterator[TaskJournal]:
     """Every implementation, empty: in memory, and JetStream on a real nats-server
     (snapshots every 4 changes, so reads fold changes after a snapshot), listing by
     reading every snapshot (an instance that has not heard everyone keep the index)
-    and through the index (a settled cluster of one, its index built)."""
+    and through the index (a settled cluster of one, its index built); and format 3,
+    the task log and the index nats-server keeps (``logjournal``)."""
     if request.param == "memory":
         yield MemoryJournal()
+        return
+    if request.param == "nats-log":
+        async with log_journal(request.getfixturevalue("nats_url")) as journal:
+            yield journal
         return
     streams = 3 if request.param == "nats-sharded" else 1
     formats = Formats()
@@ -93,6 +101,24 @@ async def jetstream_journal(
             await conn.js.delete_stream(events_stream(shard))
         await conn.js.delete_stream(INDEX_STREAM)
         await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def log_journal(url: str) -> AsyncIterator[LogJournal]:
+    """A format-3 journal of instance-1 on a real nats-server; its streams deleted after."""
+    nc = await nats.connect(url)
+    js = nc.jetstream(timeout=10.0)
+    await js.add_stream(tasklog.log_config())
+    await js.add_stream(tasklog.current_config())
+    requests = JetStreamRequests(nc)
+    await requests.start()
+    try:
+        yield LogJournal(requests, "instance-1", snapshot_every=4)
+    finally:
+        await requests.close()
+        await js.delete_stream(tasklog.CURRENT_STREAM)
+        await js.delete_stream(tasklog.LOG_STREAM)
+        await nc.close()
 
 
 def task(task_id: str, context: str = "c", state: TaskState = S.TASK_STATE_SUBMITTED) -> Task:

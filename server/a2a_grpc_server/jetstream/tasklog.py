@@ -26,9 +26,11 @@ Headers: ``A2a-Format: 3``; ``A2a-Seq`` and ``A2a-Count`` (the number of the
 message's first change in the task's log and how many it holds, as in format 2);
 ``A2a-State`` (the state its last frame carries); ``Nats-Msg-Id``
 (``<task id>:<first seq>:<writer>:<nonce>``: a retried publish finds its own
-earlier attempt); ``A2a-Scope`` on ``s`` and ``f`` (whose task it is, the
-scope itself: the subject holds its digest); ``A2a-Changes`` on ``s`` and ``f``
-(the bytes of the payload that are changes; the rest is the ``Task``). The
+earlier attempt). On ``s`` and ``f`` also: ``A2a-Scope`` and ``A2a-Owner``
+(whose task it is and who runs it: the subject holds their digests);
+``A2a-Status`` (the snapshot's state and status timestamp in nanoseconds: a
+listing filters on them without decoding); ``A2a-Changes`` (the bytes of the
+payload that are changes; the rest is the ``Task``). The
 changes are encoded as in format 2 (``records``).
 
 The listing index is kept by nats-server (``current_config``): stream
@@ -69,6 +71,7 @@ from ..journal import (
     TaskExistsError,
     UnknownTaskError,
     VersionConflictError,
+    status_ns,
 )
 from ..model import taskops
 from .formats import HEADER as FORMAT
@@ -85,6 +88,8 @@ CURRENT_SUBJECT = "a2a.cur"
 EXPECT_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 """The filter a compare-and-set checks (every subject of the task), not the message's own."""
 SCOPE = "A2a-Scope"
+OWNER = "A2a-Owner"
+STATUS = "A2a-Status"
 CHANGES = "A2a-Changes"
 SOURCE = "Nats-Stream-Source"
 """A copied message's origin: ``<stream> <seq> <filters> <transforms> <subject> [<id>]``."""
@@ -139,6 +144,11 @@ def kind_filter(task_id: str, kind: str) -> str:
     return f"{LOG_SUBJECT}.t.{_task_token(task_id)}.*.*.*.{kind}"
 
 
+def events_of(snapshot: Logged) -> str:
+    """The literal subject of the ``e`` written after ``snapshot`` (by its writer)."""
+    return snapshot.subject.rsplit(".", 1)[0] + f".{EVENTS}"
+
+
 def owner_filter(owner: str) -> str:
     """Every message an owner wrote (a sweep's filter)."""
     return f"{LOG_SUBJECT}.t.*.{token(owner)}.>"
@@ -189,15 +199,26 @@ class Logged:
     """One message of the log, decoded."""
 
     pos: int
-    """Its stream sequence."""
+    """Its stream sequence (of the index's copy, when read from the index)."""
+    origin: int
+    """Its stream sequence in the log."""
+    task_id: str
     kind: str
-    owner: str
-    """The owner's token (its digest)."""
+    owner_token: str
+    """The digest of its writer's id (from its subject)."""
     changes: list[Entry]
-    snapshot: bytes | None
-    """The serialized ``Task`` after its changes (``s`` and ``f``)."""
-    scope: str | None
-    """Whose task it is (``s`` and ``f``)."""
+    snapshot: bytes | None = None
+    """The serialized ``Task`` after its changes (``s`` and ``f``); the rest are theirs too."""
+    scope: str = ""
+    """Whose task it is."""
+    owner: str = ""
+    """The id of the instance that runs the task."""
+    state: int = 0
+    """The snapshot's state."""
+    status_ns: int = 0
+    """The snapshot's status timestamp, nanoseconds since 1970."""
+    subject: str = ""
+    """Its subject in the log."""
 
     @property
     def final(self) -> bool:
@@ -218,14 +239,15 @@ class Logged:
 def encode(
     changes: Sequence[Change],
     snapshot: Task | None,
-    scope: str,
+    where: Where,
     writer: str,
-    task_id: str,
     nonce: str = "",
 ) -> tuple[str, bytes, dict[str, str]]:
     """A change as one message: its kind, payload and headers (see the module docstring).
 
-    ``snapshot`` None makes an ``e``; a snapshot of an ended task an ``f``.
+    ``snapshot`` None makes an ``e``; a snapshot of an ended task an ``f``. ``writer``
+    (in the message id) is the instance writing; ``where.owner`` the one that runs
+    the task after it (another when a survivor ends a lost owner's task).
 
     Raises:
         ValueError: No changes, or an ``e`` that ends the task (a final change
@@ -241,13 +263,15 @@ def encode(
         SEQ: str(changes[0].seq),
         COUNT: str(len(changes)),
         STATE: str(state),
-        MSG_ID: f"{task_id}:{changes[0].seq}:{writer}:{nonce or os.urandom(4).hex()}",
+        MSG_ID: f"{where.task_id}:{changes[0].seq}:{writer}:{nonce or os.urandom(4).hex()}",
     }
     if snapshot is None:
         if taskops.is_final_state(state):  # type: ignore[arg-type]
             raise ValueError("a final change carries the task's snapshot")
         return EVENTS, body, headers
-    headers[SCOPE] = scope
+    headers[SCOPE] = where.scope
+    headers[OWNER] = where.owner
+    headers[STATUS] = f"{snapshot.status.state} {status_ns(snapshot)}"
     headers[CHANGES] = str(len(body))
     kind = FINAL if taskops.is_final_state(snapshot.status.state) else SNAPSHOT
     return kind, body + snapshot.SerializeToString(), headers
@@ -267,19 +291,35 @@ def decode(msg: Msg) -> Logged:
     given = headers.get(FORMAT)
     if given != str(LOG_FORMAT):
         raise UnknownFormatError("a message of the task log", str(given)[:16])
-    origin = headers.get(SOURCE)  # (read from the index: where the log stored it)
-    subject = origin.split(" ")[4] if origin else headers.get("Nats-Subject", msg.subject)
+    source = headers.get(SOURCE, "").split(" ")  # (read from the index: the log's message)
+    copied = len(source) > 4 and source[1].isdigit()
+    subject = source[4] if copied else headers.get("Nats-Subject", msg.subject)
     tokens = subject.split(".")
-    kind, owner = tokens[-1], tokens[-4]
-    if kind not in KINDS:
-        raise UnknownFormatError("a message of the task log", f"kind {kind[:16]}")
+    if len(tokens) != 8 or tokens[-1] not in KINDS:
+        raise UnknownFormatError("a message of the task log", f"subject {subject[:64]}")
+    task_id, owner, kind = tokens[3], tokens[4], tokens[-1]
     pos = int(headers[STREAM_SEQ])
+    origin = int(source[1]) if copied else pos
     data = msg.data
     split = int(headers.get(CHANGES, len(data)))
-    changes = Entry.unpack_records(data[:split], pos, int(headers.get(SEQ, "0")))
+    changes = Entry.unpack_records(data[:split], origin, int(headers.get(SEQ, "0")))
     if kind == EVENTS:
-        return Logged(pos, kind, owner, changes, None, None)
-    return Logged(pos, kind, owner, changes, bytes(data[split:]), headers.get(SCOPE, ""))
+        return Logged(pos, origin, task_id, kind, owner, changes, subject=subject)
+    state, _, stamp = headers.get(STATUS, "0 0").partition(" ")
+    return Logged(
+        pos,
+        origin,
+        task_id,
+        kind,
+        owner,
+        changes,
+        bytes(data[split:]),
+        headers.get(SCOPE, ""),
+        headers.get(OWNER, ""),
+        int(state),
+        int(stamp or 0),
+        subject,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,9 +403,7 @@ class TaskLog:
         version, done = expected, 0
         for i, run in enumerate(runs):
             last = i == len(runs) - 1
-            kind, payload, headers = encode(
-                run, snapshot if last else None, where.scope, self._writer, where.task_id
-            )
+            kind, payload, headers = encode(run, snapshot if last else None, where, self._writer)
             if len(payload) > most:
                 raise StoreError(f"task {where.task_id}: its snapshot exceeds a NATS message")
             try:
@@ -454,10 +492,7 @@ class TaskLog:
         if not snaps:
             return None
         snap = decode(snaps[0])
-        events = snaps[0].headers or {}
-        subject = events.get("Nats-Subject", "")
-        literal = subject.rsplit(".", 1)[0] + f".{EVENTS}"
-        after = await self.entries(task_id, snap.pos, literal)
+        after = await self.entries(task_id, snap.pos, events_of(snap))
         return LogRead(snap, after, after[-1].pos if after else snap.pos)
 
     async def entries(self, task_id: str, version: int, subject: str | None = None) -> list[Entry]:

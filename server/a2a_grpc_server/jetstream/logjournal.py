@@ -1,0 +1,447 @@
+"""The journal of format 3: tasks in the task log, listed from the index nats-server keeps.
+
+Step 2 of docs/decisions/0001-cluster-store-layout.md (issue 41), its first half:
+``TaskJournal`` on ``tasklog``, asserted by the journal contract suite on a real
+nats-server. ``serve`` does not use it yet (the upgrade rule, step 3, decides
+when an instance writes it).
+
+A write is one message (``TaskLog.append``): an ``s`` when a snapshot is due,
+else an ``e``; an ``f`` when the task ends. A snapshot is due at the task's first
+write, when its state changes or is interrupted, every ``snapshot_every`` changes,
+and when this instance writes a task whose last snapshot another wrote (a survivor
+taking it over): a reader reads the ``e`` after a snapshot on its writer's subject.
+
+A task is read by id from the log: its newest ``s`` or its ``f``, then the ``e``
+after it, folded (``TaskLog.read``).
+
+Listing reads the index (``A2A_CURRENT``): one entry per task, its newest ``s``
+or ``f``, in the order they were written, so newest first is the index read
+backwards. JetStream reads forwards only; a direct get says how many entries
+matching a filter lie at or after a position (``Nats-Num-Pending``), so a page
+gallops down from its token until enough entries lie between, then reads them
+forwards. A scope, or a scope and a context, is the filter; a state or a status
+time is read from each entry's ``A2a-Status`` header: such a page reads at most
+``SCAN_MOST`` entries, and may come short of its size with a token that
+continues below what it read. ``total_size`` is the filter's count (one request)
+without those; with them it is counted over at most ``COUNT_MOST`` entries, and
+estimated from their share beyond.
+
+The index lags the log (0.3 ms at p50 in ``bench.nats_layout``). A listing first
+waits until the index holds every ``s`` and ``f`` the log held when it began
+(``caught_up``), so a caller sees its own writes; if the index is not there
+within ``Retry.timeout`` (its source stalled, R3 after a failover) the listing
+fails UNAVAILABLE, retryable. A page's running tasks are folded with the ``e``
+after their entry.
+
+Who runs what: as ``JetStreamJournal``: the owner writes a task under its lock;
+anyone else only through the log's compare-and-set. ``_known`` is this instance's
+view of the tasks it writes, dropped when they end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from a2a.types.a2a_pb2 import Task
+from nats.aio.msg import Msg
+
+from ..journal import (
+    Change,
+    InvalidPageTokenError,
+    PageTokens,
+    RecordedTask,
+    StoreUnavailableError,
+    TaskExistsError,
+    TaskPage,
+    TaskQuery,
+    UnknownTaskError,
+)
+from ..model import taskops
+from .records import PENDING, STREAM_SEQ
+from .requests import JetStreamRequests
+from .retry import Retry
+from .tasklog import (
+    CURRENT_STREAM,
+    CURRENT_SUBJECT,
+    FINAL,
+    LOG_STREAM,
+    LOG_SUBJECT,
+    SNAPSHOT,
+    SOURCE,
+    Logged,
+    LogRead,
+    TaskLog,
+    Where,
+    decode,
+    events_of,
+    token,
+)
+
+MARK = "log"
+"""What this journal's page tokens are sealed for (another journal's do not open)."""
+SCAN_MOST = 2_000
+"""Entries a page filtered by state or status time reads at most."""
+COUNT_MOST = 10_000
+"""Entries a ``total_size`` with those filters counts at most (beyond: an estimate)."""
+BATCH = 256
+"""Entries one direct get returns at most."""
+FOLD_CONCURRENCY = 16
+"""Running tasks of a page whose changes are read at once."""
+
+
+@dataclass(slots=True)
+class _Known:
+    """What this instance knows of a task it writes."""
+
+    scope: str
+    context_id: str
+    owner: str
+    """Who wrote its last snapshot."""
+    seq: int
+    """Its last snapshot's last change."""
+    state: int
+
+
+class LogJournal:
+    """``TaskJournal`` on the task log and its index (format 3).
+
+    Args:
+        requests: Lean requests on the connection (publish, direct get).
+        owner: This instance's id, recorded with every task it writes.
+        snapshot_every: Changes between two snapshots of a running task.
+        retry: How long an operation retries through a NATS outage.
+        page_tokens: Seals ListTasks page tokens.
+        log_stream: The log's stream (tests name their own).
+        index_stream: The index's stream.
+    """
+
+    def __init__(
+        self,
+        requests: JetStreamRequests,
+        owner: str,
+        snapshot_every: int = 32,
+        retry: Retry | None = None,
+        page_tokens: PageTokens | None = None,
+        log_stream: str = LOG_STREAM,
+        index_stream: str = CURRENT_STREAM,
+    ) -> None:
+        self._requests = requests
+        self._owner = owner
+        self._every = snapshot_every
+        self._retry = retry or Retry()
+        self._tokens = page_tokens or PageTokens()
+        self._log = TaskLog(requests, owner, self._retry, log_stream)
+        self._log_stream = log_stream
+        self._index_stream = index_stream
+        self._known: dict[str, _Known] = {}
+
+    @property
+    def owner(self) -> str:
+        """The instance id this journal records as owner."""
+        return self._owner
+
+    @property
+    def log(self) -> TaskLog:
+        """The task log under this journal."""
+        return self._log
+
+    def scope_of(self, task_id: str) -> str | None:
+        """None: a task's scope is in its snapshot, read over the network like its body."""
+        return None
+
+    async def get(self, task_id: str) -> RecordedTask | None:
+        """The task as last written (None: not in the log).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+            UnknownFormatError: A message in a format this version does not read.
+        """
+        read = await self._log.read(task_id)
+        return None if read is None else _fold(read)
+
+    async def create(
+        self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True, scope: str = ""
+    ) -> int:
+        """Record a new task: one message, its first changes and its snapshot.
+
+        ``keep_frames`` makes no difference: a task that ends in its first write is
+        one ``f`` either way.
+
+        Raises:
+            TaskExistsError: The id is taken.
+            PartialWriteError: Changes too large for one message: some were recorded.
+            StoreUnavailableError: NATS did not answer.
+        """
+        where = Where(task.id, self._owner, scope, task.context_id)
+        try:
+            version = await self._log.append(where, changes, task, 0)
+        except UnknownTaskError:  # (refused at 0, its messages gone since: taken all the same)
+            raise TaskExistsError(task.id) from None
+        if not taskops.is_final(task):
+            known = _Known(scope, task.context_id, self._owner, changes[-1].seq, task.status.state)
+            self._known[task.id] = known
+        return version
+
+    async def update(self, task: Task, expected_version: int, changes: Sequence[Change]) -> int:
+        """Record ``changes`` if nobody wrote the task since ``expected_version``.
+
+        Raises:
+            UnknownTaskError: The task is not in the log.
+            FinalTaskError: The task ended.
+            VersionConflictError: Someone else wrote it.
+            PartialWriteError: Changes too large for one message: some were recorded.
+            StoreUnavailableError: NATS did not answer.
+        """
+        known = self._known.get(task.id)
+        if known is None:
+            read = await self._log.read(task.id)
+            if read is None:
+                raise UnknownTaskError(task.id)
+            snap = read.snapshot
+            context = snap.task().context_id
+            known = _Known(snap.scope, context, snap.owner, read.seq, snap.state)
+        seq, state = changes[-1].seq, task.status.state
+        due = (
+            taskops.is_final(task)
+            or state in taskops.INTERRUPTED
+            or state != known.state
+            or seq - known.seq >= self._every
+            or known.owner != self._owner
+        )
+        where = Where(task.id, self._owner, known.scope, known.context_id)
+        try:
+            version = await self._log.append(
+                where, changes, task if due else None, expected_version
+            )
+        except BaseException:
+            self._known.pop(task.id, None)  # (read again at the next write)
+            raise
+        if taskops.is_final(task):
+            self._known.pop(task.id, None)
+            return version
+        if due:
+            known.owner, known.seq, known.state = self._owner, seq, state
+        self._known[task.id] = known
+        return version
+
+    async def list(self, query: TaskQuery) -> TaskPage:
+        """One page of the scope's tasks matching ``query``, most recently written first.
+
+        Raises:
+            InvalidPageTokenError: ``query.page_token`` is not one this journal issued.
+            StoreUnavailableError: NATS did not answer, or the index lags the log.
+        """
+        before = (
+            self._tokens.decode(query.page_token, MARK, query.scope) if query.page_token else None
+        )
+        if before is not None and before < 1:
+            raise InvalidPageTokenError("the page token does not name a place in the listing")
+        subject = _filter(query)
+        await self.caught_up()
+        scanning = bool(query.state or query.status_after_ns)
+        top = before if before is not None else await self._end(subject)
+        want = query.page_size + 1
+        found: builtins.list[Logged] = []
+        scanned, low = 0, top
+        while len(found) < want and low > 1 and (not scanning or scanned < SCAN_MOST):
+            lo, between = await self._start(subject, low, want - len(found))
+            window = [m for m in await self._read(subject, lo, between) if _pos(m) < low]
+            scanned += len(window)
+            for msg in reversed(window):
+                entry = decode(msg)
+                if _matches(query, entry):
+                    found.append(entry)
+            low = lo
+        page_items = found[: query.page_size]
+        tasks = await self._fold_page(page_items)
+        if len(found) > query.page_size:
+            next_token = self._tokens.encode(page_items[-1].pos, MARK, query.scope)
+        elif low > 1 and scanning and scanned >= SCAN_MOST:  # (short: continues below)
+            next_token = self._tokens.encode(low, MARK, query.scope)
+        else:
+            next_token = ""
+        total = await self._total(query, subject)
+        return TaskPage(
+            tasks=tasks,
+            next_page_token=next_token,
+            total_size=total,
+            after=[self._tokens.encode(e.pos, MARK, query.scope) for e in page_items],
+        )
+
+    async def caught_up(self) -> None:
+        """Return once the index holds every ``s`` and ``f`` the log held when called.
+
+        The log's last position (one direct get on ``>``: no subject walked), then,
+        while the index's last entry came from below it, the first ``s`` and ``f``
+        between (near the log's end): none means the index has them all.
+
+        Raises:
+            StoreUnavailableError: Not within ``Retry.timeout`` (the index's source stalls).
+        """
+        target = await self._last_pos(self._log_stream, f"{LOG_SUBJECT}.>", origin=False)
+        pause = 0.001
+        try:
+            async with asyncio.timeout(self._retry.timeout):
+                while True:
+                    reached = await self._last_pos(
+                        self._index_stream, f"{CURRENT_SUBJECT}.>", origin=True
+                    )
+                    if reached >= target:
+                        return
+                    due = await asyncio.gather(
+                        *(
+                            self._get(
+                                self._log_stream,
+                                {
+                                    "seq": reached + 1,
+                                    "next_by_subj": f"{LOG_SUBJECT}.t.*.*.*.*.{kind}",
+                                    "batch": 1,
+                                },
+                            )
+                            for kind in (SNAPSHOT, FINAL)
+                        )
+                    )
+                    if not any(msgs and _pos(msgs[0]) <= target for msgs in due):
+                        return
+                    await asyncio.sleep(pause)  # (paces polling while the index copies)
+                    pause = min(pause * 2, 0.05)
+        except TimeoutError:
+            raise StoreUnavailableError(
+                "the listing index has not caught up with the task log; retry"
+            ) from None
+
+    async def _last_pos(self, stream: str, subject: str, *, origin: bool) -> int:
+        """The position of the last message on ``subject`` (0: none); ``origin``: in the log."""
+        msgs = await self._get(stream, {"last_by_subj": subject})
+        if not msgs:
+            return 0
+        if origin:
+            return _origin(msgs[0])
+        return _pos(msgs[0])
+
+    async def _end(self, subject: str) -> int:
+        """One past the last entry on ``subject`` (1 if none)."""
+        msgs = await self._get(self._index_stream, {"last_by_subj": subject})
+        return _pos(msgs[0]) + 1 if msgs else 1
+
+    async def _count_from(self, subject: str, start: int) -> int:
+        """How many entries on ``subject`` lie at ``start`` or after."""
+        msgs = await self._get(
+            self._index_stream, {"seq": max(start, 1), "next_by_subj": subject, "batch": 1}
+        )
+        return 1 + int((msgs[0].headers or {}).get(PENDING, "0")) if msgs else 0
+
+    async def _start(self, subject: str, top: int, want: int) -> tuple[int, int]:
+        """A position from which ``want`` entries (or all) lie below ``top``; how many do.
+
+        Gallops down from ``top`` in steps of x4, counting with ``Nats-Num-Pending``.
+        """
+        at_top = await self._count_from(subject, top)
+        span = 4 * want
+        while True:
+            lo = max(top - span, 1)
+            between = await self._count_from(subject, lo) - at_top
+            if lo == 1 or between >= want:
+                return lo, between
+            span *= 4
+
+    async def _read(self, subject: str, lo: int, count: int) -> builtins.list[Msg]:
+        """The ``count`` entries on ``subject`` from ``lo``, oldest first."""
+        found: builtins.list[Msg] = []
+        pos = lo
+        while len(found) < count:
+            most = min(count - len(found), BATCH)
+            msgs = await self._get(
+                self._index_stream, {"seq": pos, "next_by_subj": subject, "batch": most}
+            )
+            found.extend(msgs)
+            if len(msgs) < most:
+                break
+            pos = _pos(msgs[-1]) + 1
+        return found
+
+    async def _total(self, query: TaskQuery, subject: str) -> int:
+        """How many of the scope's tasks match (see the module docstring)."""
+        entries = await self._count_from(subject, 1)
+        if not (query.state or query.status_after_ns) or not entries:
+            return entries
+        matched = read = 0
+        pos = 1
+        while read < COUNT_MOST:
+            msgs = await self._get(
+                self._index_stream, {"seq": pos, "next_by_subj": subject, "batch": BATCH}
+            )
+            matched += sum(_matches(query, decode(m)) for m in msgs)
+            read += len(msgs)
+            if len(msgs) < BATCH:
+                return matched
+            pos = _pos(msgs[-1]) + 1
+        return round(matched * entries / read)
+
+    async def _fold_page(self, entries: Sequence[Logged]) -> builtins.list[Task]:
+        """The page's tasks, each running one with the ``e`` written after its entry."""
+        gate = asyncio.Semaphore(FOLD_CONCURRENCY)
+
+        async def fold(entry: Logged) -> Task:
+            if entry.final:
+                return entry.task()
+            async with gate:
+                after = await self._log.entries(entry.task_id, entry.origin, events_of(entry))
+            return _fold(LogRead(entry, after, after[-1].pos if after else entry.origin)).task
+
+        return list(await asyncio.gather(*(fold(e) for e in entries)))
+
+    async def _get(self, stream: str, request: dict[str, object]) -> builtins.list[Msg]:
+        """A direct get, retried through an outage."""
+        return await self._retry(
+            lambda: self._requests.direct_get(stream, request, self._retry.timeout),
+            f"read {stream}",
+        )
+
+
+def _filter(query: TaskQuery) -> str:
+    """The index's subjects a listing reads: the scope's, or one context's of it."""
+    scope = token(query.scope)
+    if query.context_id:
+        return f"{CURRENT_SUBJECT}.{scope}.{token(query.context_id)}.*"
+    return f"{CURRENT_SUBJECT}.{scope}.>"
+
+
+def _matches(query: TaskQuery, entry: Logged) -> bool:
+    """Whether an index entry passes the query's filters (its own headers; no decoding)."""
+    return (
+        entry.scope == query.scope
+        and query.state in (0, entry.state)
+        and (entry.status_ns >= query.status_after_ns)
+    )
+
+
+def _pos(msg: Msg) -> int:
+    """A message's stream sequence (a direct get's answer)."""
+    return int((msg.headers or {})[STREAM_SEQ])
+
+
+def _origin(msg: Msg) -> int:
+    """The log's position of the message an index entry copies."""
+    text = (msg.headers or {}).get(SOURCE, "")
+    fields = text.split(" ")
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+
+
+def _fold(read: LogRead) -> RecordedTask:
+    """The task of ``read``'s snapshot with the changes after it applied."""
+    snap = read.snapshot
+    task, seq = snap.task(), (snap.changes[-1].seq if snap.changes else 0)
+    version = read.version
+    index = taskops.index_artifacts(task)
+    for entry in read.after:
+        if entry.seq <= seq:
+            continue  # (in the snapshot already)
+        seq = entry.seq
+        applied = entry.apply(task, index)
+        if applied is not task:
+            task, index = applied, taskops.index_artifacts(applied)
+    return RecordedTask(task, version, snap.owner, seq, snap.scope)

@@ -1,0 +1,166 @@
+"""The journal of format 3 (``jetstream.logjournal``) on a real nats-server: what the journal
+contract suite (tests/contracts/test_journal_contract.py, ``nats-log``) does not reach.
+
+Issue 41, step 2 of docs/decisions/0001-cluster-store-layout.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+
+import nats
+import pytest
+from a2a.types.a2a_pb2 import StreamResponse, Task, TaskState
+from nats.aio.client import Client as NATS
+from nats.js.api import StreamConfig, StreamSource
+
+from a2a_grpc_server.jetstream import logjournal, tasklog
+from a2a_grpc_server.jetstream.logjournal import LogJournal
+from a2a_grpc_server.jetstream.requests import JetStreamRequests
+from a2a_grpc_server.jetstream.retry import Retry
+from a2a_grpc_server.journal import Change, StoreUnavailableError, TaskQuery
+from a2a_grpc_server.model import taskops
+from tests.support import natsserver
+
+pytestmark = pytest.mark.timeout(120)
+
+S = TaskState
+
+
+@pytest.fixture(scope="module")
+def nats_url() -> Iterator[str]:
+    with natsserver.running(1) as cluster:
+        yield cluster.urls[0]
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[NATS]:
+    """A client with the log and its index made; both deleted after."""
+    client = await nats.connect(nats_url)
+    js = client.jetstream(timeout=10.0)
+    await js.add_stream(tasklog.log_config())
+    await js.add_stream(tasklog.current_config())
+    try:
+        yield client
+    finally:
+        for name in (tasklog.CURRENT_STREAM, tasklog.LOG_STREAM):
+            await js.delete_stream(name)
+        await client.close()
+
+
+@pytest.fixture
+async def requests(nc: NATS) -> AsyncIterator[JetStreamRequests]:
+    found = JetStreamRequests(nc)
+    await found.start()
+    try:
+        yield found
+    finally:
+        await found.close()
+
+
+def task(task_id: str, state: int = S.TASK_STATE_SUBMITTED, context: str = "c") -> Task:
+    t = taskops.new_task(task_id, context, None)
+    t.status.state = state  # type: ignore[assignment]
+    return t
+
+
+def change(seq: int, to: Task) -> Change:
+    return Change(seq, StreamResponse(task=to).SerializeToString(), to.status.state)
+
+
+async def last_seq(nc: NATS) -> int:
+    return (await nc.jetstream().stream_info(tasklog.LOG_STREAM)).state.last_seq
+
+
+async def test_a_unary_task_costs_two_acknowledged_writes_or_one_if_it_ends_at_once(
+    nc: NATS, requests: JetStreamRequests
+) -> None:
+    """Issue 41's count, on format 3: the log is the only stream a task writes (the index
+    is nats-server's copy). Today's journal: 9 and 3 (tests/cluster/test_write_count.py)."""
+    journal = LogJournal(requests, "i1")
+    before = await last_seq(nc)
+    t = task("runs", S.TASK_STATE_WORKING)
+    v = await journal.create(t, [change(1, t)])
+    t.status.state = S.TASK_STATE_COMPLETED
+    await journal.update(t, v, [change(2, t)])
+    assert await last_seq(nc) - before == 2
+    ends = task("ends", S.TASK_STATE_COMPLETED)
+    await journal.create(ends, [change(1, ends)], keep_frames=False)
+    assert await last_seq(nc) - before == 3
+    got = await journal.get("ends")
+    assert got is not None and got.task.status.state == S.TASK_STATE_COMPLETED
+
+
+async def test_a_survivors_first_write_snapshots_so_reads_follow_its_events(
+    nc: NATS, requests: JetStreamRequests
+) -> None:
+    mine, theirs = LogJournal(requests, "i1", snapshot_every=100), LogJournal(requests, "i2")
+    t = task("a", S.TASK_STATE_WORKING)
+    v = await mine.create(t, [change(1, t)])
+    t.artifacts.add(artifact_id="x2")
+    v = await mine.update(t, v, [change(2, t)])  # (an e: nothing due)
+    last = await mine.log.last("a")
+    assert last is not None and last.kind == tasklog.EVENTS
+    t.artifacts.add(artifact_id="x3")
+    v = await theirs.update(t, v, [change(3, t)])  # (same state: due for its new writer)
+    last = await mine.log.last("a")
+    assert last is not None and (last.kind, last.owner) == (tasklog.SNAPSHOT, "i2")
+    t.artifacts.add(artifact_id="x4")
+    v = await theirs.update(t, v, [change(4, t)])
+    got = await mine.get("a")
+    assert got is not None
+    assert (got.owner, got.seq, got.version) == ("i2", 4, v)
+    assert [a.artifact_id for a in got.task.artifacts] == ["x2", "x3", "x4"]
+
+
+async def test_a_page_by_a_rare_state_comes_short_and_its_tokens_reach_every_match(
+    requests: JetStreamRequests, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logjournal, "SCAN_MOST", 8)
+    monkeypatch.setattr(logjournal, "COUNT_MOST", 10)
+    journal = LogJournal(requests, "i1")
+    rare: list[str] = []
+    for n in range(40):
+        state = S.TASK_STATE_INPUT_REQUIRED if n % 10 == 3 else S.TASK_STATE_WORKING
+        t = task(f"t{n:02}", state)
+        await journal.create(t, [change(1, t)])
+        if state == S.TASK_STATE_INPUT_REQUIRED:
+            rare.insert(0, t.id)
+    query = TaskQuery(state=S.TASK_STATE_INPUT_REQUIRED, page_size=3)
+    page = await journal.list(query)
+    pages, seen = 1, [t.id for t in page.tasks]
+    assert len(page.tasks) < 3 and page.next_page_token, "short: it read 8 entries at most"
+    while page.next_page_token and pages < 20:
+        page = await journal.list(replace(query, page_token=page.next_page_token))
+        seen += [t.id for t in page.tasks]
+        pages += 1
+    assert seen == rare
+    assert 2 <= page.total_size <= 8, "an estimate from the first 10 entries (4 exactly)"
+    everything = await journal.list(TaskQuery(page_size=100))
+    assert (len(everything.tasks), everything.total_size) == (40, 40)
+
+
+async def test_a_listing_fails_unavailable_when_the_index_does_not_catch_up(
+    nc: NATS, requests: JetStreamRequests
+) -> None:
+    """An index whose source stalls (here: it sources another stream) is not read as if
+    current: the listing says UNAVAILABLE within the journal's timeout."""
+    js = nc.jetstream(timeout=10.0)
+    stalled = StreamConfig(
+        name="STALLED",
+        sources=[StreamSource(name="NOTHING")],
+        max_msgs_per_subject=1,
+        allow_direct=True,
+    )
+    await js.add_stream(stalled)
+    try:
+        journal = LogJournal(requests, "i1", retry=Retry(1.0), index_stream="STALLED")
+        t = task("a")
+        await journal.create(t, [change(1, t)])
+        async with asyncio.timeout(10):
+            with pytest.raises(StoreUnavailableError, match="not caught up"):
+                await journal.list(TaskQuery())
+    finally:
+        await js.delete_stream("STALLED")
