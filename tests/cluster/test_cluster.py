@@ -20,7 +20,7 @@ from a2a.types.a2a_pb2 import (
 from a2a_grpc_server.jetstream.conn import EVENTS_STREAM
 from a2a_grpc_server.jetstream.journal import subject
 from a2a_grpc_server.model import taskops
-from tests.support import natsserver
+from tests.support import clusterharness, natsserver
 from tests.support.agents import (
     BurstAgent,
     CallerAgent,
@@ -46,6 +46,13 @@ from tests.support.harness import (
 )
 
 S = TaskState
+
+
+@pytest.fixture(autouse=True, params=["format-2", "format-3"])
+def layout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test on both layouts: the snapshot bucket, and the task log (issue 41)."""
+    monkeypatch.setattr(clusterharness, "TASK_LOG", request.param == "format-3")
+    return str(request.param)
 
 
 async def start_task(
@@ -319,6 +326,12 @@ async def test_an_ended_task_resumes_from_the_record_on_any_instance(nats_url: s
             assert ended == []
 
 
+BUCKET_ONLY = pytest.mark.parametrize("layout", ["format-2"], indirect=True)
+"""A limit of the bucket's event streams (``events_per_task``, ``events_ttl``); the task log
+keeps a task's changes as long as the task (tests/cluster/test_logjournal.py)."""
+
+
+@BUCKET_ONLY
 async def test_a_cursor_older_than_the_record_keeps_is_out_of_range_on_the_other_instance() -> None:
     agent = StepAgent()
     with natsserver.running(1) as cluster:
@@ -345,6 +358,7 @@ async def test_a_cursor_older_than_the_record_keeps_is_out_of_range_on_the_other
             assert [seq_of(f) for f in kept] == list(range(final - 3, final + 1))
 
 
+@BUCKET_ONLY
 async def test_a_task_whose_messages_left_the_stream_still_takes_its_follow_up(
     nats_url: str,
 ) -> None:

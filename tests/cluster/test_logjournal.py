@@ -7,8 +7,9 @@ Issue 41, step 2 of docs/decisions/0001-cluster-store-layout.md.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 import nats
 import pytest
@@ -60,6 +61,16 @@ async def requests(nc: NATS) -> AsyncIterator[JetStreamRequests]:
         await found.close()
 
 
+@pytest.fixture
+def make(nc: NATS, requests: JetStreamRequests) -> Callable[..., LogJournal]:
+    """A journal of format 3 on ``nc`` as instance ``owner``."""
+
+    def journal(owner: str, **options: Any) -> LogJournal:
+        return LogJournal(requests, nc.jetstream(), owner, **options)
+
+    return journal
+
+
 def task(task_id: str, state: int = S.TASK_STATE_SUBMITTED, context: str = "c") -> Task:
     t = taskops.new_task(task_id, context, None)
     t.status.state = state  # type: ignore[assignment]
@@ -75,11 +86,11 @@ async def last_seq(nc: NATS) -> int:
 
 
 async def test_a_unary_task_costs_two_acknowledged_writes_or_one_if_it_ends_at_once(
-    nc: NATS, requests: JetStreamRequests
+    nc: NATS, make: Callable[..., LogJournal]
 ) -> None:
     """Issue 41's count, on format 3: the log is the only stream a task writes (the index
     is nats-server's copy). Today's journal: 9 and 3 (tests/cluster/test_write_count.py)."""
-    journal = LogJournal(requests, "i1")
+    journal = make("i1")
     before = await last_seq(nc)
     t = task("runs", S.TASK_STATE_WORKING)
     v = await journal.create(t, [change(1, t)])
@@ -94,9 +105,9 @@ async def test_a_unary_task_costs_two_acknowledged_writes_or_one_if_it_ends_at_o
 
 
 async def test_a_survivors_first_write_snapshots_so_reads_follow_its_events(
-    nc: NATS, requests: JetStreamRequests
+    nc: NATS, make: Callable[..., LogJournal]
 ) -> None:
-    mine, theirs = LogJournal(requests, "i1", snapshot_every=100), LogJournal(requests, "i2")
+    mine, theirs = make("i1", snapshot_every=100), make("i2")
     t = task("a", S.TASK_STATE_WORKING)
     v = await mine.create(t, [change(1, t)])
     t.artifacts.add(artifact_id="x2")
@@ -116,11 +127,11 @@ async def test_a_survivors_first_write_snapshots_so_reads_follow_its_events(
 
 
 async def test_a_page_by_a_rare_state_comes_short_and_its_tokens_reach_every_match(
-    requests: JetStreamRequests, monkeypatch: pytest.MonkeyPatch
+    make: Callable[..., LogJournal], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(logjournal, "SCAN_MOST", 8)
     monkeypatch.setattr(logjournal, "COUNT_MOST", 10)
-    journal = LogJournal(requests, "i1")
+    journal = make("i1")
     rare: list[str] = []
     for n in range(40):
         state = S.TASK_STATE_INPUT_REQUIRED if n % 10 == 3 else S.TASK_STATE_WORKING
@@ -143,7 +154,7 @@ async def test_a_page_by_a_rare_state_comes_short_and_its_tokens_reach_every_mat
 
 
 async def test_a_listing_fails_unavailable_when_the_index_does_not_catch_up(
-    nc: NATS, requests: JetStreamRequests
+    nc: NATS, make: Callable[..., LogJournal]
 ) -> None:
     """An index whose source stalls (here: it sources another stream) is not read as if
     current: the listing says UNAVAILABLE within the journal's timeout."""
@@ -156,7 +167,7 @@ async def test_a_listing_fails_unavailable_when_the_index_does_not_catch_up(
     )
     await js.add_stream(stalled)
     try:
-        journal = LogJournal(requests, "i1", retry=Retry(1.0), index_stream="STALLED")
+        journal = make("i1", retry=Retry(1.0), index_stream="STALLED")
         t = task("a")
         await journal.create(t, [change(1, t)])
         async with asyncio.timeout(10):

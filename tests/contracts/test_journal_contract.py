@@ -100,6 +100,8 @@ async def jetstream_journal(
         for shard in range(event_streams):
             await conn.js.delete_stream(events_stream(shard))
         await conn.js.delete_stream(INDEX_STREAM)
+        for name in (tasklog.CURRENT_STREAM, tasklog.LOG_STREAM):  # (made by connect)
+            await conn.js.delete_stream(name)
         await conn.close()
 
 
@@ -113,7 +115,7 @@ async def log_journal(url: str) -> AsyncIterator[LogJournal]:
     requests = JetStreamRequests(nc)
     await requests.start()
     try:
-        yield LogJournal(requests, "instance-1", snapshot_every=4)
+        yield LogJournal(requests, js, "instance-1", snapshot_every=4)
     finally:
         await requests.close()
         await js.delete_stream(tasklog.CURRENT_STREAM)

@@ -22,6 +22,7 @@ from a2a.types.a2a_pb2 import StreamResponse, TaskState
 
 from a2a_grpc_server import A2AService, ServerConfig
 from a2a_grpc_server.jetstream.conn import NatsConfig
+from a2a_grpc_server.jetstream.formats import CURRENT
 from a2a_grpc_server.jetstream.node import NatsCluster
 from a2a_grpc_server.rpc.auth import Authenticator
 from a2a_grpc_server.testing import INSTANCE_TASKS, assert_nothing_left
@@ -29,6 +30,9 @@ from tests.support import CLUSTER_KEY
 from tests.support.harness import expose
 
 S = TaskState
+TASK_LOG = False
+"""Whether instances create tasks in the task log (format 3) by default: a module's
+fixture sets it to run its tests on both layouts."""
 
 
 @dataclass
@@ -63,8 +67,12 @@ async def start_instance(
     auth: Authenticator | None = None,
     event_streams: int = 1,
     routed_in_flight: int = 256,
+    task_log: bool | None = None,
 ) -> Instance:
-    """Start one instance joined to the cluster on ``servers``."""
+    """Start one instance joined to the cluster on ``servers``.
+
+    ``task_log``: whether it creates tasks in the task log (None: ``TASK_LOG``).
+    """
     cluster = await NatsCluster.connect(
         NatsConfig(
             servers=list(servers),
@@ -78,10 +86,15 @@ async def start_instance(
             routed_in_flight=routed_in_flight,
         )
     )
+    cluster.formats.log_wanted = TASK_LOG if task_log is None else task_log
     service = A2AService(
         executor, config=config or ServerConfig(cancel_timeout=1.0), cluster=cluster
     )
     await service.start()
+    if cluster.formats.log_wanted:  # (new tasks go to the log once the cluster is settled)
+        async with asyncio.timeout(4 * lease + 10):
+            await cluster.formats.wait_for(CURRENT)
+        assert cluster.formats.writes_log
     h = await expose(service, auth)
     return Instance(name, service, cluster, h.server, h.address, h.channel, h.stub, h.client)
 

@@ -69,6 +69,10 @@ def events_subjects(shard: int) -> str:
     return EVENTS_SUBJECT if shard == 0 else f"{SHARD_SUBJECT}.{shard}"
 
 
+LOG_STREAM = "A2A_LOG"
+LOG_SUBJECT = "a2a.log"
+CURRENT_STREAM = "A2A_CURRENT"
+CURRENT_SUBJECT = "a2a.cur"
 INDEX_STREAM = "A2A_INDEX"
 INDEX_SUBJECT = "a2a.idx"
 CONTROL_SUBJECT = "a2a.ctl"
@@ -246,6 +250,7 @@ async def _ensure_assets(
             for shard in range(config.event_streams):
                 await _ensure_events(js, config, shard)
             await _ensure_index(js, config)
+            await _ensure_log(js, config)
             return tasks, instances, push, callers
         except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError) as exc:
             logger.info("waiting for JetStream: %s", type(exc).__name__)
@@ -321,6 +326,58 @@ async def _ensure_index(js: JetStreamContext, config: NatsConfig) -> None:
         if exc.err_code != IN_USE:
             raise
         logger.warning("stream %s exists with other settings; using it as it is", INDEX_STREAM)
+
+
+def log_config(replicas: int = 1, max_age: float = 0.0) -> api.StreamConfig:
+    """The task log's stream (``tasklog``): direct gets, per-message TTLs allowed, file storage."""
+    return api.StreamConfig(
+        name=LOG_STREAM,
+        subjects=[f"{LOG_SUBJECT}.>"],
+        storage=api.StorageType.FILE,
+        num_replicas=replicas,
+        max_age=max_age or None,
+        allow_direct=True,
+        allow_msg_ttl=True,
+    )
+
+
+def current_config(replicas: int = 1, max_age: float = 0.0) -> api.StreamConfig:
+    """The task log's listing index: its ``s`` and ``f``, one entry per task (``tasklog``).
+
+    A transform's ``{{wildcard(n)}}`` is the n-th ``*`` of its source filter
+    ``a2a.log.t.*.*.*.*.<kind>``: 1 the task, 3 the scope, 4 the context.
+    """
+    dest = f"{CURRENT_SUBJECT}.{{{{wildcard(3)}}}}.{{{{wildcard(4)}}}}.{{{{wildcard(1)}}}}"
+    transforms = [
+        api.SubjectTransform(src=f"{LOG_SUBJECT}.t.*.*.*.*.{kind}", dest=dest) for kind in "sf"
+    ]
+    return api.StreamConfig(
+        name=CURRENT_STREAM,
+        sources=[api.StreamSource(name=LOG_STREAM, subject_transforms=transforms)],
+        storage=api.StorageType.FILE,
+        num_replicas=replicas,
+        max_age=max_age or None,
+        max_msgs_per_subject=1,
+        allow_direct=True,
+    )
+
+
+async def _ensure_log(js: JetStreamContext, config: NatsConfig) -> None:
+    """Make the task log of format 3 and its index (``tasklog``).
+
+    Every instance that reads them makes them, so one asked to write finds them
+    (an older version ignores them).
+    """
+    for stream in (
+        log_config(config.replicas, config.task_ttl),
+        current_config(config.replicas, config.task_ttl),
+    ):
+        try:
+            await js.add_stream(stream)
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code != IN_USE:
+                raise
+            logger.warning("stream %s exists with other settings; using it as it is", stream.name)
 
 
 def _why_not(config: NatsConfig, errors: list[Exception]) -> str:

@@ -24,9 +24,14 @@ only once every live instance's heartbeat says it reads 2 (and it has heard
 them all, a lease after it came up); until then it writes format 1, which the
 previous version reads. A rolling update, old and new side by side, never
 leaves an instance a value it cannot read; once the last old instance is
-gone, the new format follows within a heartbeat. A version that brings
-format 3 does the same with 2 and 3. Headers an older reader does not know
-it ignores, so they are written in every format.
+gone, the new format follows within a heartbeat. Headers an older reader does
+not know it ignores, so they are written in every format.
+
+Format 3 is the task log (``tasklog``): a task created in it lives there, one
+message per change, in stream ``A2A_LOG``. This version reads it (a task is read
+from the log when the snapshot bucket does not hold it) and creates tasks there
+only when asked to (``Formats.log_wanted``) and every live instance reads 3: a
+version that writes it by default can then roll back to this one.
 """
 
 from __future__ import annotations
@@ -47,8 +52,12 @@ HEADER = "A2a-Format"
 LEGACY = 1
 """The unmarked layouts of versions before formats were versioned."""
 CURRENT = 2
-"""The newest format this version writes (once every instance reads it)."""
-READS = frozenset({LEGACY, CURRENT})
+"""The newest format of the values and messages above this version writes (once every
+instance reads it)."""
+LOG = 3
+"""Tasks in the task log (``tasklog``, ``logjournal``): read by this version; written only
+by an instance asked to (``Formats.log_wanted``), once every live instance reads it."""
+READS = frozenset({LEGACY, CURRENT, LOG})
 """The formats this version reads."""
 FEATURES = frozenset({"deliverers", "index", "shards"})
 """What this version keeps that others rely on (see ``heartbeat``)."""
@@ -142,6 +151,8 @@ class Formats:
         self._settled = False
         self.writing = LEGACY
         """The format written now."""
+        self.log_wanted = False
+        """Whether this instance creates tasks in the task log when the cluster reads it."""
         self._changed = asyncio.Event()
 
     def heard(self, instance: str, value: bytes) -> None:
@@ -195,6 +206,15 @@ class Formats:
         if self._settled:
             self._settled = False
             self._update()
+
+    @property
+    def writes_log(self) -> bool:
+        """Whether new tasks go to the task log now (format 3, see ``LOG``)."""
+        return (
+            self.log_wanted
+            and self._settled
+            and all(LOG in reads for reads in self._reads.values())
+        )
 
     async def wait_for(self, fmt: int) -> None:
         """Wait until this instance writes format ``fmt`` (a rolling update's progress)."""

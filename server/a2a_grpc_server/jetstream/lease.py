@@ -73,7 +73,8 @@ from ..model.names import TASK_PREFIX
 from ..obs.metrics import Metrics
 from .conn import INSTANCES_BUCKET, NatsConnection
 from .formats import CURRENT, Formats, heartbeat
-from .journal import SWEEP_BATCH, JetStreamJournal, Snapshot
+from .journal import SWEEP_BATCH, Snapshot
+from .store import ClusterJournal
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class Lease:
     def __init__(
         self,
         conn: NatsConnection,
-        journal: JetStreamJournal,
+        journal: ClusterJournal,
         metrics: Metrics,
         on_gap: Callable[[], Awaitable[object]] | None = None,
         on_swept: Callable[[set[str]], Awaitable[None]] | None = None,

@@ -42,12 +42,14 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from a2a.types.a2a_pb2 import Task
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
 
+from ..errors import FrameNotKeptError
 from ..journal import (
     Change,
     InvalidPageTokenError,
@@ -60,7 +62,7 @@ from ..journal import (
     UnknownTaskError,
 )
 from ..model import taskops
-from .records import PENDING, STREAM_SEQ
+from .records import PENDING, STREAM_SEQ, Entry
 from .requests import JetStreamRequests
 from .retry import Retry
 from .tasklog import (
@@ -77,6 +79,7 @@ from .tasklog import (
     Where,
     decode,
     events_of,
+    task_filter,
     token,
 )
 
@@ -90,6 +93,8 @@ BATCH = 256
 """Entries one direct get returns at most."""
 FOLD_CONCURRENCY = 16
 """Running tasks of a page whose changes are read at once."""
+IDLE_HEARTBEAT = 1.0
+"""Seconds between JetStream heartbeats of a relay's consumer (how soon a lost one is noticed)."""
 
 
 @dataclass(slots=True)
@@ -110,6 +115,7 @@ class LogJournal:
 
     Args:
         requests: Lean requests on the connection (publish, direct get).
+        js: The JetStream context (a relay's consumer).
         owner: This instance's id, recorded with every task it writes.
         snapshot_every: Changes between two snapshots of a running task.
         retry: How long an operation retries through a NATS outage.
@@ -121,6 +127,7 @@ class LogJournal:
     def __init__(
         self,
         requests: JetStreamRequests,
+        js: JetStreamContext,
         owner: str,
         snapshot_every: int = 32,
         retry: Retry | None = None,
@@ -129,6 +136,7 @@ class LogJournal:
         index_stream: str = CURRENT_STREAM,
     ) -> None:
         self._requests = requests
+        self._js = js
         self._owner = owner
         self._every = snapshot_every
         self._retry = retry or Retry()
@@ -226,6 +234,73 @@ class LogJournal:
             known.owner, known.seq, known.state = self._owner, seq, state
         self._known[task.id] = known
         return version
+
+    async def entries(
+        self, task_id: str, after_pos: int, messages: int | None = None
+    ) -> builtins.list[Entry]:
+        """The task's changes in the messages stored after position ``after_pos``.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        return await self._log.entries(task_id, after_pos, most=messages)
+
+    async def last_entry(self, task_id: str) -> Entry | None:
+        """The task's last change (None: not in the log, or its last message holds none)."""
+        last = await self._log.last(task_id)
+        return last.changes[-1] if last is not None and last.changes else None
+
+    def unpack(self, msg: Msg, pos: int) -> builtins.list[Entry]:
+        """The changes a message of the log holds (delivered by ``follow``).
+
+        Raises:
+            UnknownFormatError: Not a message of this log's format.
+        """
+        return decode(msg, pos).changes
+
+    async def follow(
+        self, task_id: str, after_pos: int, handle: Callable[[Msg], Awaitable[None]]
+    ) -> JetStreamContext.PushSubscription:
+        """Deliver every message of the task after position ``after_pos`` to ``handle``.
+
+        An ordered consumer on the task's subjects, as ``JetStreamJournal.follow``.
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        config = api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE
+            if after_pos
+            else api.DeliverPolicy.ALL,
+            opt_start_seq=after_pos + 1 if after_pos else None,
+        )
+        return await self._retry(
+            lambda: self._js.subscribe(
+                task_filter(task_id),
+                stream=self._log_stream,
+                cb=handle,
+                ordered_consumer=True,
+                idle_heartbeat=IDLE_HEARTBEAT,
+                config=config,
+            ),
+            f"follow task {task_id}",
+        )
+
+    async def replay_start(self, task_id: str, after: int, last: int) -> int:
+        """Where a resumed stream's relay follows from: before the task's first message.
+
+        The log keeps a task's messages as long as the task (its stream's age limit),
+        so every change after ``after`` is there unless the task is gone.
+
+        Raises:
+            FrameNotKeptError: The log does not hold change ``after + 1``.
+            StoreUnavailableError: NATS did not answer.
+        """
+        first = await self._log.entries(task_id, 0, most=1)
+        if not first or first[0].seq > after + 1:
+            oldest = first[0].seq if first else last + 1
+            raise FrameNotKeptError(task_id, after + 1, oldest, last)
+        return first[0].pos - 1
 
     async def list(self, query: TaskQuery) -> TaskPage:
         """One page of the scope's tasks matching ``query``, most recently written first.
@@ -362,6 +437,14 @@ class LogJournal:
                 break
             pos = _pos(msgs[-1]) + 1
         return found
+
+    async def total(self, query: TaskQuery) -> int:
+        """How many of the scope's tasks match ``query`` (its page token aside).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        return await self._total(query, _filter(query))
 
     async def _total(self, query: TaskQuery, subject: str) -> int:
         """How many of the scope's tasks match (see the module docstring)."""

@@ -26,12 +26,14 @@ from .formats import Formats
 from .journal import JetStreamJournal
 from .keys import JetStreamSentKeys
 from .lease import Lease
+from .logjournal import LogJournal
 from .pushstore import DeliveryCoverage, JetStreamPushConfigs
 from .relay import Relays
 from .requests import JetStreamRequests
 from .retry import Retry
 from .routing import Router
 from .signing import signer_for
+from .store import ClusterJournal
 
 if TYPE_CHECKING:
     from ..cluster import Local
@@ -62,17 +64,27 @@ class NatsCluster:
         self._requests = requests
         self.formats = Formats()
         """The format this instance writes (see ``formats``: the upgrade rule)."""
-        self._journal = JetStreamJournal(
+        tokens = PageTokens(self._signer.derive(b"page tokens"))
+        legacy = JetStreamJournal(
             requests,
             conn.js,
             conn.config.instance_id,
             conn.config.snapshot_every,
             Retry(conn.config.retry_for),
             self.formats,
-            PageTokens(self._signer.derive(b"page tokens")),
+            tokens,
             conn.config.event_streams,
             conn.config.task_ttl,
         )
+        log = LogJournal(
+            requests,
+            conn.js,
+            conn.config.instance_id,
+            conn.config.snapshot_every,
+            Retry(conn.config.retry_for),
+            tokens,
+        )
+        self._journal = ClusterJournal(legacy, log, self.formats, tokens)
         self._relays: Relays | None = None
         self._keys: JetStreamSentKeys | None = None
         self._router: Router | None = None
@@ -113,8 +125,8 @@ class NatsCluster:
         return self.conn.config.instance_id
 
     @property
-    def journal(self) -> JetStreamJournal:
-        """The shared record (the event stream and the snapshot bucket)."""
+    def journal(self) -> ClusterJournal:
+        """The shared record (the snapshot bucket and its event streams, and the task log)."""
         return self._journal
 
     @property

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 
 from a2a.types.a2a_pb2 import Task
 from a2a.utils.errors import TaskNotFoundError
@@ -38,7 +39,8 @@ from ..log.tasklog import LogClosedError, LogPool, LogReader, TaskLog
 from ..model import taskops
 from ..model.names import TASK_PREFIX
 from ..obs.metrics import Metrics
-from .journal import Entry, JetStreamJournal
+from .records import Entry
+from .store import ClusterJournal
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +67,10 @@ class Relay:
         self.waiting = 0
         """Callers waiting for a shared relay to start."""
         self._index: taskops.ArtifactIndex = {}
+        self._unpack: Callable[[Msg, int], list[Entry]] = Entry.unpack
+        """Decodes a delivered message (the journal's, set at start: its task's format)."""
 
-    async def start(self, journal: JetStreamJournal) -> TaskLog:
+    async def start(self, journal: ClusterJournal) -> TaskLog:
         """Read the task as recorded and follow the changes after it (no gap, no duplicate).
 
         Raises:
@@ -74,6 +78,7 @@ class Relay:
             UnsupportedOperationError: The task has ended.
             StoreUnavailableError: NATS did not answer.
         """
+        self._unpack = journal.unpack
         recorded = await journal.get(self.task_id)
         if recorded is None:
             raise TaskNotFoundError(f"task {quote(self.task_id)} not found")
@@ -86,7 +91,7 @@ class Relay:
         self.subscription = await journal.follow(self.task_id, recorded.version, self._deliver)
         return log
 
-    async def start_replay(self, journal: JetStreamJournal, after: int, last: int) -> TaskLog:
+    async def start_replay(self, journal: ClusterJournal, after: int, last: int) -> TaskLog:
         """Follow the task's changes from the one after ``after`` (a resumed stream).
 
         From the task's snapshot when it is at or before the cursor, else from
@@ -101,15 +106,8 @@ class Relay:
             FrameNotKeptError: The record no longer holds change ``after + 1``.
             StoreUnavailableError: NATS did not answer.
         """
-        snap = await journal.snapshot(self.task_id)
-        if snap is not None and snap.pos and snap.seq <= after:
-            start = snap.pos
-        else:
-            first = await journal.entries(self.task_id, 0, messages=1)
-            if not first or first[0].seq > after + 1:
-                oldest = first[0].seq if first else last + 1
-                raise FrameNotKeptError(self.task_id, after + 1, oldest, last)
-            start = first[0].pos - 1
+        self._unpack = journal.unpack
+        start = await journal.replay_start(self.task_id, after, last)
         log = self._open(after + 1)
         self.reader = log.reader(after + 1)
         self.subscription = await journal.follow(self.task_id, start, self._deliver)
@@ -122,7 +120,7 @@ class Relay:
     async def _deliver(self, msg: Msg) -> None:
         meta = msg.metadata
         try:
-            entries = Entry.unpack(msg, int(meta.sequence.stream) if meta else 0)
+            entries = self._unpack(msg, int(meta.sequence.stream) if meta else 0)
         except UnknownFormatError as exc:
             # A newer version wrote it: end the relayed streams saying so, never misread.
             if self.log is not None:
@@ -165,7 +163,7 @@ class Relays:
         metrics: Where open relays are counted.
     """
 
-    def __init__(self, journal: JetStreamJournal, pool: LogPool, metrics: Metrics) -> None:
+    def __init__(self, journal: ClusterJournal, pool: LogPool, metrics: Metrics) -> None:
         self._journal = journal
         self._pool = pool
         self._metrics = metrics

@@ -33,7 +33,7 @@ listing filters on them without decoding); ``A2a-Changes`` (the bytes of the
 payload that are changes; the rest is the ``Task``). The
 changes are encoded as in format 2 (``records``).
 
-The listing index is kept by nats-server (``current_config``): stream
+The listing index is kept by nats-server (``conn.current_config``): stream
 ``A2A_CURRENT`` sources each ``s`` and ``f`` through subject transforms onto
 
     a2a.cur.<scope>.<context>.<task id>
@@ -60,7 +60,6 @@ from dataclasses import dataclass
 
 from a2a.types.a2a_pb2 import Task
 from nats.aio.msg import Msg
-from nats.js.api import StorageType, StreamConfig, StreamSource, SubjectTransform
 
 from ..errors import UnknownFormatError
 from ..journal import (
@@ -74,6 +73,12 @@ from ..journal import (
     status_ns,
 )
 from ..model import taskops
+from .conn import CURRENT_STREAM as CURRENT_STREAM
+from .conn import CURRENT_SUBJECT as CURRENT_SUBJECT
+from .conn import LOG_STREAM as LOG_STREAM
+from .conn import LOG_SUBJECT as LOG_SUBJECT
+from .conn import current_config as current_config
+from .conn import log_config as log_config
 from .formats import HEADER as FORMAT
 from .records import COUNT, MSG_ID, PAYLOAD_SLACK, SEQ, STATE, STREAM_SEQ, Entry, record
 from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError
@@ -81,10 +86,6 @@ from .retry import Retry
 
 LOG_FORMAT = 3
 """The format of this log's messages (the only one it reads)."""
-LOG_STREAM = "A2A_LOG"
-LOG_SUBJECT = "a2a.log"
-CURRENT_STREAM = "A2A_CURRENT"
-CURRENT_SUBJECT = "a2a.cur"
 EXPECT_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 """The filter a compare-and-set checks (every subject of the task), not the message's own."""
 SCOPE = "A2a-Scope"
@@ -157,41 +158,6 @@ def owner_filter(owner: str) -> str:
 def current_subject(scope: str, context_id: str, task_id: str) -> str:
     """A task's entry in the listing index."""
     return f"{CURRENT_SUBJECT}.{token(scope)}.{token(context_id)}.{_task_token(task_id)}"
-
-
-def log_config(replicas: int = 1, max_age: float = 0.0) -> StreamConfig:
-    """The log's stream: direct gets, per-message TTLs allowed, file storage."""
-    return StreamConfig(
-        name=LOG_STREAM,
-        subjects=[f"{LOG_SUBJECT}.>"],
-        storage=StorageType.FILE,
-        num_replicas=replicas,
-        max_age=max_age or None,
-        allow_direct=True,
-        allow_msg_ttl=True,
-    )
-
-
-def current_config(replicas: int = 1, max_age: float = 0.0) -> StreamConfig:
-    """The listing index: the log's ``s`` and ``f``, one entry per task (module docstring).
-
-    A transform's ``{{wildcard(n)}}`` is the n-th ``*`` of its source filter
-    ``a2a.log.t.*.*.*.*.<kind>``: 1 the task, 3 the scope, 4 the context.
-    """
-    dest = f"{CURRENT_SUBJECT}.{{{{wildcard(3)}}}}.{{{{wildcard(4)}}}}.{{{{wildcard(1)}}}}"
-    transforms = [
-        SubjectTransform(src=f"{LOG_SUBJECT}.t.*.*.*.*.{kind}", dest=dest)
-        for kind in (SNAPSHOT, FINAL)
-    ]
-    return StreamConfig(
-        name=CURRENT_STREAM,
-        sources=[StreamSource(name=LOG_STREAM, subject_transforms=transforms)],
-        storage=StorageType.FILE,
-        num_replicas=replicas,
-        max_age=max_age or None,
-        max_msgs_per_subject=1,
-        allow_direct=True,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,11 +243,12 @@ def encode(
     return kind, body + snapshot.SerializeToString(), headers
 
 
-def decode(msg: Msg) -> Logged:
+def decode(msg: Msg, pos: int = 0) -> Logged:
     """A message read from the log or from the index (a direct get's answer).
 
     Read from the index, its position is the index's; its kind and owner are
-    those of the log's message it copies.
+    those of the log's message it copies. Delivered by a consumer, it says
+    neither its subject nor its position in its headers: ``pos`` is the latter.
 
     Raises:
         UnknownFormatError: It is not in this log's format, or of a kind this
@@ -298,7 +265,7 @@ def decode(msg: Msg) -> Logged:
     if len(tokens) != 8 or tokens[-1] not in KINDS:
         raise UnknownFormatError("a message of the task log", f"subject {subject[:64]}")
     task_id, owner, kind = tokens[3], tokens[4], tokens[-1]
-    pos = int(headers[STREAM_SEQ])
+    pos = int(headers.get(STREAM_SEQ, pos))
     origin = int(source[1]) if copied else pos
     data = msg.data
     split = int(headers.get(CHANGES, len(data)))
@@ -470,6 +437,11 @@ class TaskLog:
             self._remember_final(task_id, last.pos)
         return last
 
+    async def holds_any(self) -> bool:
+        """Whether the log holds any task (one direct get, no subject walked)."""
+        msgs = await self._get({"last_by_subj": f"{LOG_SUBJECT}.t.>"}, "read the task log")
+        return bool(msgs)
+
     async def read(self, task_id: str) -> LogRead | None:
         """The task by id: its newest ``s`` or its ``f``, and the changes after it.
 
@@ -495,8 +467,10 @@ class TaskLog:
         after = await self.entries(task_id, snap.pos, events_of(snap))
         return LogRead(snap, after, after[-1].pos if after else snap.pos)
 
-    async def entries(self, task_id: str, version: int, subject: str | None = None) -> list[Entry]:
-        """The changes stored after position ``version``, in order.
+    async def entries(
+        self, task_id: str, version: int, subject: str | None = None, most: int | None = None
+    ) -> list[Entry]:
+        """The changes stored after position ``version``, in order (of ``most`` messages).
 
         ``subject`` narrows the read to one literal subject (cheap at any size);
         None reads the task's filter: a wildcard ``next_by_subj`` walks the stream's
@@ -504,16 +478,19 @@ class TaskLog:
         that knows the owner passes its subject.
         """
         found: list[Entry] = []
-        pos = version + 1
+        pos, read = version + 1, 0
         what = f"read the changes of task {task_id} after {version}"
-        while True:
-            request = {"seq": pos, "next_by_subj": subject or task_filter(task_id), "batch": BATCH}
+        while most is None or read < most:
+            want = BATCH if most is None else min(BATCH, most - read)
+            request = {"seq": pos, "next_by_subj": subject or task_filter(task_id), "batch": want}
             msgs = await self._get(request, what)
             for msg in msgs:
                 found.extend(decode(msg).changes)
-            if len(msgs) < BATCH:
+            read += len(msgs)
+            if len(msgs) < want:
                 return found
             pos = int((msgs[-1].headers or {})[STREAM_SEQ]) + 1
+        return found
 
     async def _get(self, request: dict[str, object], what: str) -> list[Msg]:
         """A direct get on the log, retried through an outage."""
