@@ -20,7 +20,7 @@ from a2a.types.a2a_pb2 import (
 from a2a_grpc_server.jetstream.conn import EVENTS_STREAM
 from a2a_grpc_server.jetstream.journal import subject
 from a2a_grpc_server.model import taskops
-from tests.support import clusterharness, natsserver
+from tests.support import natsserver
 from tests.support.agents import (
     BurstAgent,
     CallerAgent,
@@ -47,12 +47,7 @@ from tests.support.harness import (
 
 S = TaskState
 
-
-@pytest.fixture(autouse=True, params=["format-2", "format-3"])
-def layout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test on both layouts: the snapshot bucket, and the task log (issue 41)."""
-    monkeypatch.setattr(clusterharness, "TASK_LOG", request.param == "format-3")
-    return str(request.param)
+pytestmark = pytest.mark.usefixtures("layout")  # (every test on both layouts: conftest)
 
 
 async def start_task(

@@ -91,6 +91,8 @@ async def test_a_unary_task_costs_two_acknowledged_writes_or_one_if_it_ends_at_o
     """Issue 41's count, on format 3: the log is the only stream a task writes (the index
     is nats-server's copy). Today's journal: 9 and 3 (tests/cluster/test_write_count.py)."""
     journal = make("i1")
+    warm = task("warm", S.TASK_STATE_COMPLETED)  # (its first task registers the instance)
+    await journal.create(warm, [change(1, warm)], keep_frames=False)
     before = await last_seq(nc)
     t = task("runs", S.TASK_STATE_WORKING)
     v = await journal.create(t, [change(1, t)])

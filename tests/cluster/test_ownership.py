@@ -35,6 +35,7 @@ from tests.support.harness import V1, send_request
 from tests.support.serveproc import Process, owner_process
 
 S = TaskState
+pytestmark = pytest.mark.usefixtures("layout")  # (every test on both layouts: conftest)
 LEASE = 2.0
 TICKING = "tests.support.agents:Ticking"
 

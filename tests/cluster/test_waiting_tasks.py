@@ -15,6 +15,7 @@ import signal
 from typing import Any
 
 import grpc
+import pytest
 from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
@@ -36,6 +37,7 @@ from tests.support.harness import KEYED, V1, rich_status, send_request, serve, u
 from tests.support.serveproc import logged, owner_process
 
 S = TaskState
+pytestmark = pytest.mark.usefixtures("layout")  # (every test on both layouts: conftest)
 AGENT = "tests.support.agents:InputAgent"
 HANDED_OVER = "TASK_HANDED_OVER"
 

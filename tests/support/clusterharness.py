@@ -84,9 +84,9 @@ async def start_instance(
             key=CLUSTER_KEY,
             event_streams=event_streams,
             routed_in_flight=routed_in_flight,
+            task_log=TASK_LOG if task_log is None else task_log,
         )
     )
-    cluster.formats.log_wanted = TASK_LOG if task_log is None else task_log
     service = A2AService(
         executor, config=config or ServerConfig(cancel_timeout=1.0), cluster=cluster
     )

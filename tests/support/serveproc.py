@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import grpc
 from a2a.client.transports.grpc import GrpcTransport
 
-from tests.support import ROOT, cluster_key_file
+from tests.support import ROOT, cluster_key_file, clusterharness
 
 READY = re.compile(r"ready: grpc (\S+) \((?:plaintext|TLS|mTLS)\), agent card https?://([^/\s]+)")
 
@@ -23,10 +23,15 @@ class Process:
 
     def __init__(self, proc: asyncio.subprocess.Process, grpc_addr: str, http_addr: str) -> None:
         self.proc, self.grpc_addr, self.http_addr = proc, grpc_addr, http_addr
+        self.read: list[str] = []
+        """Lines ``start`` read after the ready line (``logged`` looks there first)."""
 
 
 READY_WITHIN = 20.0
-"""Seconds a server may take to say it is ready."""
+"""Seconds a server may take to say it is ready (and, creating tasks in the task log, to
+have heard the cluster)."""
+SETTLED = "writing format 2"
+"""What an instance logs once it has heard every other (``jetstream.formats``)."""
 
 
 async def start(*args: str, env: dict[str, str] | None = None) -> Process:
@@ -39,6 +44,9 @@ async def start(*args: str, env: dict[str, str] | None = None) -> Process:
     """
     if "--nats" in args and env is None and "--nats-key-file" not in args:
         args = (*args, "--nats-key-file", str(cluster_key_file()))
+    task_log = clusterharness.TASK_LOG and "--nats" in args and env is None
+    if task_log:
+        args = (*args, "--nats-task-log")
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -63,7 +71,12 @@ async def start(*args: str, env: dict[str, str] | None = None) -> Process:
                 assert line, "server exited before it was ready; it said:\n" + "".join(said[-20:])
                 said.append(line)
                 if match := READY.search(line):
-                    return Process(proc, match.group(1), match.group(2))
+                    ready = Process(proc, match.group(1), match.group(2))
+                    if task_log and not any(SETTLED in said_line for said_line in said):
+                        while SETTLED not in (line := (await proc.stderr.readline()).decode()):
+                            assert line, "server exited before it heard the cluster"
+                        ready.read.append(line)  # (new tasks go to the log from here)
+                    return ready
     except BaseException as exc:
         if proc.returncode is None:
             proc.kill()  # never leave a server behind a failed start
@@ -101,6 +114,11 @@ async def owner_process(
 
 async def logged(process: Process, text: str) -> None:
     """Wait until the process logs a line holding ``text`` (after its ready line)."""
+    for at, line in enumerate(process.read):
+        if text in line:
+            del process.read[: at + 1]
+            return
+    process.read.clear()
     assert process.proc.stderr is not None
     while text not in (line := (await process.proc.stderr.readline()).decode()):
         assert line, f"exited before it logged {text!r}"

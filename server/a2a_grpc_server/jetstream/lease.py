@@ -73,7 +73,7 @@ from ..model.names import TASK_PREFIX
 from ..obs.metrics import Metrics
 from .conn import INSTANCES_BUCKET, NatsConnection
 from .formats import CURRENT, Formats, heartbeat
-from .journal import SWEEP_BATCH, Snapshot
+from .journal import SWEEP_BATCH
 from .store import ClusterJournal
 
 logger = logging.getLogger(__name__)
@@ -180,10 +180,10 @@ class Lease:
             self._unfinished_batches(lambda owner: owner == self._id)
         ) as batches:
             async for batch in batches:
-                for snap, task_id in batch:
+                for owner, task_id in batch:
                     # Nothing runs here yet: a task this id owns was left by a
                     # process that had the same --instance-id and died.
-                    if snap.owner == self._id:
+                    if owner == self._id:
                         await self._claim(task_id, self._id, f"instance {self._id} restarted")
         self._watch = await self._js.subscribe(
             f"$KV.{INSTANCES_BUCKET}.>",
@@ -471,9 +471,7 @@ class Lease:
                     failed = True
                     break
                 live = self.live()  # (after the read: one heard from meanwhile keeps its tasks)
-                lost = [
-                    (s.owner, task_id) for s, task_id in batch if s.owner and s.owner not in live
-                ]
+                lost = [(owner, task_id) for owner, task_id in batch if owner and owner not in live]
                 done, missed = await self._run_claims(lost)
                 won, failed = won + done, failed or missed
         if failed:
@@ -515,23 +513,30 @@ class Lease:
 
     async def _unfinished_batches(
         self, owners: Callable[[str], bool]
-    ) -> AsyncGenerator[list[tuple[Snapshot, str]]]:
-        """Unfinished tasks, of the ``owners`` chosen at least (all of them without the index).
+    ) -> AsyncGenerator[list[tuple[str, str]]]:
+        """(owner, task id) of unfinished tasks, of the ``owners`` chosen at least.
 
-        Through the index's entries of each instance's unfinished tasks when
-        it can be trusted (it costs what those owners hold, a batch read at a
-        time), else by reading every snapshot (then handed out in batches).
+        Of the snapshot bucket: through the index's entries of each instance's
+        unfinished tasks when it can be trusted (it costs what those owners hold,
+        a batch read at a time), else by reading every snapshot (then handed out
+        in batches). Then of the task log: from its owners' own subjects
+        (``logowners``).
         """
         if self._journal.listing.indexed or await self._journal.listing.index_fresh():
             async with contextlib.aclosing(
                 self._journal.ownership.owned_unfinished_batches(owners)
             ) as batches:
                 async for snaps in batches:
-                    yield [(snap, snap.task().id) for snap in snaps]
-            return
-        snaps = await self._journal.ownership.unfinished()
-        for at in range(0, len(snaps), SWEEP_BATCH):
-            yield [(snap, snap.task().id) for snap in snaps[at : at + SWEEP_BATCH]]
+                    yield [(snap.owner, snap.task().id) for snap in snaps]
+        else:
+            snaps = await self._journal.ownership.unfinished()
+            for at in range(0, len(snaps), SWEEP_BATCH):
+                yield [(snap.owner, snap.task().id) for snap in snaps[at : at + SWEEP_BATCH]]
+        async with contextlib.aclosing(
+            self._journal.log.owners.unfinished_batches(owners, SWEEP_BATCH)
+        ) as logged:
+            async for batch in logged:
+                yield batch
 
     async def _claim(self, task_id: str, owner: str, text: str) -> int:
         """End ``owner``'s task FAILED with ``text`` unless someone wrote it first; 1 if this did.

@@ -62,6 +62,7 @@ from ..journal import (
     UnknownTaskError,
 )
 from ..model import taskops
+from .logowners import LogOwners
 from .records import PENDING, STREAM_SEQ, Entry
 from .requests import JetStreamRequests
 from .retry import Retry
@@ -79,6 +80,7 @@ from .tasklog import (
     Where,
     decode,
     events_of,
+    fold,
     task_filter,
     token,
 )
@@ -122,6 +124,7 @@ class LogJournal:
         page_tokens: Seals ListTasks page tokens.
         log_stream: The log's stream (tests name their own).
         index_stream: The index's stream.
+        task_ttl: How long the log keeps a task (its owner's registration is renewed at half).
     """
 
     def __init__(
@@ -134,6 +137,7 @@ class LogJournal:
         page_tokens: PageTokens | None = None,
         log_stream: str = LOG_STREAM,
         index_stream: str = CURRENT_STREAM,
+        task_ttl: float = 86_400.0,
     ) -> None:
         self._requests = requests
         self._js = js
@@ -142,6 +146,7 @@ class LogJournal:
         self._retry = retry or Retry()
         self._tokens = page_tokens or PageTokens()
         self._log = TaskLog(requests, owner, self._retry, log_stream)
+        self._owners = LogOwners(requests, self._log, owner, self._retry, task_ttl, log_stream)
         self._log_stream = log_stream
         self._index_stream = index_stream
         self._known: dict[str, _Known] = {}
@@ -156,6 +161,11 @@ class LogJournal:
         """The task log under this journal."""
         return self._log
 
+    @property
+    def owners(self) -> LogOwners:
+        """Sweeps, releases and claims of the log's tasks."""
+        return self._owners
+
     def scope_of(self, task_id: str) -> str | None:
         """None: a task's scope is in its snapshot, read over the network like its body."""
         return None
@@ -168,7 +178,7 @@ class LogJournal:
             UnknownFormatError: A message in a format this version does not read.
         """
         read = await self._log.read(task_id)
-        return None if read is None else _fold(read)
+        return None if read is None else fold(read)
 
     async def create(
         self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True, scope: str = ""
@@ -183,6 +193,7 @@ class LogJournal:
             PartialWriteError: Changes too large for one message: some were recorded.
             StoreUnavailableError: NATS did not answer.
         """
+        await self._owners.register()  # (once, before its first task: sweeps start there)
         where = Where(task.id, self._owner, scope, task.context_id)
         try:
             version = await self._log.append(where, changes, task, 0)
@@ -468,14 +479,14 @@ class LogJournal:
         """The page's tasks, each running one with the ``e`` written after its entry."""
         gate = asyncio.Semaphore(FOLD_CONCURRENCY)
 
-        async def fold(entry: Logged) -> Task:
+        async def folded(entry: Logged) -> Task:
             if entry.final:
                 return entry.task()
             async with gate:
                 after = await self._log.entries(entry.task_id, entry.origin, events_of(entry))
-            return _fold(LogRead(entry, after, after[-1].pos if after else entry.origin)).task
+            return fold(LogRead(entry, after, after[-1].pos if after else entry.origin)).task
 
-        return list(await asyncio.gather(*(fold(e) for e in entries)))
+        return list(await asyncio.gather(*(folded(e) for e in entries)))
 
     async def _get(self, stream: str, request: dict[str, object]) -> builtins.list[Msg]:
         """A direct get, retried through an outage."""
@@ -512,19 +523,3 @@ def _origin(msg: Msg) -> int:
     text = (msg.headers or {}).get(SOURCE, "")
     fields = text.split(" ")
     return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
-
-
-def _fold(read: LogRead) -> RecordedTask:
-    """The task of ``read``'s snapshot with the changes after it applied."""
-    snap = read.snapshot
-    task, seq = snap.task(), (snap.changes[-1].seq if snap.changes else 0)
-    version = read.version
-    index = taskops.index_artifacts(task)
-    for entry in read.after:
-        if entry.seq <= seq:
-            continue  # (in the snapshot already)
-        seq = entry.seq
-        applied = entry.apply(task, index)
-        if applied is not task:
-            task, index = applied, taskops.index_artifacts(applied)
-    return RecordedTask(task, version, snap.owner, seq, snap.scope)

@@ -64,6 +64,7 @@ class NatsCluster:
         self._requests = requests
         self.formats = Formats()
         """The format this instance writes (see ``formats``: the upgrade rule)."""
+        self.formats.log_wanted = conn.config.task_log
         tokens = PageTokens(self._signer.derive(b"page tokens"))
         legacy = JetStreamJournal(
             requests,
@@ -83,6 +84,7 @@ class NatsCluster:
             conn.config.snapshot_every,
             Retry(conn.config.retry_for),
             tokens,
+            task_ttl=conn.config.task_ttl,
         )
         self._journal = ClusterJournal(legacy, log, self.formats, tokens)
         self._relays: Relays | None = None

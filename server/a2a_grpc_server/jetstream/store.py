@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import builtins
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from a2a.types.a2a_pb2 import Task
@@ -37,6 +37,7 @@ from ..journal import (
     InvalidPageTokenError,
     PageTokens,
     RecordedTask,
+    Released,
     TaskPage,
     TaskQuery,
 )
@@ -46,8 +47,8 @@ from .index import TaskIndex
 from .journal import JetStreamJournal
 from .listing import Listing
 from .logjournal import MARK, LogJournal
-from .ownership import Ownership
-from .records import Entry
+from .ownership import SWEEP_BATCH
+from .records import Entry, Snapshot
 from .snapshots import SnapshotStore
 
 KNOWN = 65_536
@@ -74,6 +75,7 @@ class ClusterJournal:
         self._formats = formats
         self._tokens = page_tokens
         self._in_log: OrderedDict[str, bool] = OrderedDict()
+        self._ownership = ClusterOwnership(self)
 
     @property
     def owner(self) -> str:
@@ -96,9 +98,9 @@ class ClusterJournal:
         return self._legacy.listing
 
     @property
-    def ownership(self) -> Ownership:
-        """Sweeps, releases and claims (of the bucket's tasks)."""
-        return self._legacy.ownership
+    def ownership(self) -> ClusterOwnership:
+        """Releases and claims of either layout's tasks; the bucket's sweeps."""
+        return self._ownership
 
     @property
     def index(self) -> TaskIndex:
@@ -120,7 +122,7 @@ class ClusterJournal:
         if len(self._in_log) > KNOWN:
             self._in_log.popitem(last=False)
 
-    async def _logged(self, task_id: str) -> bool:
+    async def logged(self, task_id: str) -> bool:
         """Whether the task is in the log (else in the bucket, or nowhere)."""
         known = self._in_log.get(task_id)
         if known is None:
@@ -171,7 +173,7 @@ class ClusterJournal:
         Raises:
             As ``JetStreamJournal.update`` and ``LogJournal.update``.
         """
-        if await self._logged(task.id):
+        if await self.logged(task.id):
             return await self._log.update(task, expected_version, changes)
         return await self._legacy.update(task, expected_version, changes)
 
@@ -183,20 +185,20 @@ class ClusterJournal:
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        if not await self._logged(recorded.task.id):
+        if not await self.logged(recorded.task.id):
             await self._legacy.repair(recorded)
 
     async def entries(
         self, task_id: str, after_pos: int, messages: int | None = None
     ) -> builtins.list[Entry]:
         """The task's changes stored after position ``after_pos`` (see the journals)."""
-        if await self._logged(task_id):
+        if await self.logged(task_id):
             return await self._log.entries(task_id, after_pos, messages)
         return await self._legacy.entries(task_id, after_pos, messages)
 
     async def last_entry(self, task_id: str) -> Entry | None:
         """The task's last change."""
-        if await self._logged(task_id):
+        if await self.logged(task_id):
             return await self._log.last_entry(task_id)
         return await self._legacy.last_entry(task_id)
 
@@ -214,7 +216,7 @@ class ClusterJournal:
         self, task_id: str, after_pos: int, handle: Callable[[Msg], Awaitable[None]]
     ) -> JetStreamContext.PushSubscription:
         """Deliver every change of the task after position ``after_pos`` to ``handle``."""
-        if await self._logged(task_id):
+        if await self.logged(task_id):
             return await self._log.follow(task_id, after_pos, handle)
         return await self._legacy.follow(task_id, after_pos, handle)
 
@@ -228,7 +230,7 @@ class ClusterJournal:
             FrameNotKeptError: The record no longer holds change ``after + 1``.
             StoreUnavailableError: NATS did not answer.
         """
-        if await self._logged(task_id):
+        if await self.logged(task_id):
             return await self._log.replay_start(task_id, after, last)
         snap = await self._legacy.snapshot(task_id)
         if snap is not None and snap.pos and snap.seq <= after:
@@ -287,3 +289,45 @@ class ClusterJournal:
     async def close(self) -> None:
         """Finish the bucket's index deletes (bounded)."""
         await self._legacy.close()
+
+
+class ClusterOwnership:
+    """Releases and claims sent to the journal that holds the task (see ``ClusterJournal``).
+
+    The bucket's sweeps pass through (``Ownership``); the log's are ``LogOwners``'
+    (``LogJournal.owners``), which the lease reads after them.
+    """
+
+    def __init__(self, journal: ClusterJournal) -> None:
+        self._journal = journal
+        self._legacy = journal.legacy.ownership
+
+    def owned_unfinished_batches(
+        self, lost: Callable[[str], bool], size: int = SWEEP_BATCH
+    ) -> AsyncGenerator[builtins.list[Snapshot]]:
+        """The bucket's (``Ownership.owned_unfinished_batches``)."""
+        return self._legacy.owned_unfinished_batches(lost, size)
+
+    async def unfinished(self) -> builtins.list[Snapshot]:
+        """The bucket's (``Ownership.unfinished``)."""
+        return await self._legacy.unfinished()
+
+    async def release(self, task_id: str, owner: str) -> Released:
+        """Record a waiting task of ``owner``'s as owned by nobody (either layout).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        if await self._journal.logged(task_id):
+            return await self._journal.log.owners.release(task_id, owner)
+        return await self._legacy.release(task_id, owner)
+
+    async def claim(self, task_id: str) -> RecordedTask | None:
+        """Take over a waiting task nobody owns (either layout).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        if await self._journal.logged(task_id):
+            return await self._journal.log.owners.claim(task_id)
+        return await self._legacy.claim(task_id)

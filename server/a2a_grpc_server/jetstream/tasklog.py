@@ -66,6 +66,7 @@ from ..journal import (
     Change,
     FinalTaskError,
     PartialWriteError,
+    RecordedTask,
     StoreError,
     TaskExistsError,
     UnknownTaskError,
@@ -185,6 +186,8 @@ class Logged:
     """The snapshot's status timestamp, nanoseconds since 1970."""
     subject: str = ""
     """Its subject in the log."""
+    seq: int = 0
+    """The number of the last change it holds or follows (``A2a-Seq`` + ``A2a-Count`` - 1)."""
 
     @property
     def final(self) -> bool:
@@ -208,28 +211,33 @@ def encode(
     where: Where,
     writer: str,
     nonce: str = "",
+    seq: int = 0,
 ) -> tuple[str, bytes, dict[str, str]]:
     """A change as one message: its kind, payload and headers (see the module docstring).
 
     ``snapshot`` None makes an ``e``; a snapshot of an ended task an ``f``. ``writer``
     (in the message id) is the instance writing; ``where.owner`` the one that runs
-    the task after it (another when a survivor ends a lost owner's task).
+    the task after it (another when a survivor ends a lost owner's task). A
+    snapshot without changes (who runs the task changed: a release, a claim) says
+    the number its next change will have (``seq``).
 
     Raises:
-        ValueError: No changes, or an ``e`` that ends the task (a final change
-            carries its snapshot).
+        ValueError: No changes and no snapshot, or an ``e`` that ends the task (a
+            final change carries its snapshot).
     """
-    if not changes:
-        raise ValueError("a message holds at least one change")
+    if not changes and (snapshot is None or seq < 1):
+        raise ValueError("a message holds a change, or a snapshot and the next change's number")
     body = b"".join(record(change) for change in changes)
-    last = changes[-1]
-    state = last.state if last.message is None else 0
+    state = 0
+    if changes and changes[-1].message is None:
+        state = changes[-1].state
+    first = changes[0].seq if changes else seq
     headers = {
         FORMAT: str(LOG_FORMAT),
-        SEQ: str(changes[0].seq),
+        SEQ: str(first),
         COUNT: str(len(changes)),
         STATE: str(state),
-        MSG_ID: f"{where.task_id}:{changes[0].seq}:{writer}:{nonce or os.urandom(4).hex()}",
+        MSG_ID: f"{where.task_id}:{first}:{writer}:{nonce or os.urandom(4).hex()}",
     }
     if snapshot is None:
         if taskops.is_final_state(state):  # type: ignore[arg-type]
@@ -269,9 +277,11 @@ def decode(msg: Msg, pos: int = 0) -> Logged:
     origin = int(source[1]) if copied else pos
     data = msg.data
     split = int(headers.get(CHANGES, len(data)))
-    changes = Entry.unpack_records(data[:split], origin, int(headers.get(SEQ, "0")))
+    first = int(headers.get(SEQ, "0"))
+    changes = Entry.unpack_records(data[:split], origin, first)
+    last = first + int(headers.get(COUNT, "0")) - 1
     if kind == EVENTS:
-        return Logged(pos, origin, task_id, kind, owner, changes, subject=subject)
+        return Logged(pos, origin, task_id, kind, owner, changes, subject=subject, seq=last)
     state, _, stamp = headers.get(STATUS, "0 0").partition(" ")
     return Logged(
         pos,
@@ -286,6 +296,7 @@ def decode(msg: Msg, pos: int = 0) -> Logged:
         int(state),
         int(stamp or 0),
         subject,
+        last,
     )
 
 
@@ -307,10 +318,7 @@ class LogRead:
     @property
     def seq(self) -> int:
         """The number of the task's last change."""
-        if self.after:
-            return self.after[-1].seq
-        changes = self.snapshot.changes
-        return changes[-1].seq if changes else 0
+        return self.after[-1].seq if self.after else self.snapshot.seq
 
 
 class TaskLog:
@@ -348,12 +356,14 @@ class TaskLog:
         changes: Sequence[Change],
         snapshot: Task | None,
         expected: int,
+        seq: int = 0,
     ) -> int:
         """Write the changes (and the snapshot after them) at ``expected``; their position.
 
         ``expected`` 0 creates the task. Changes too large for one message take
         several, each a compare-and-set on the one before: the first ones as
-        ``e``, the last with the snapshot.
+        ``e``, the last with the snapshot. No changes: the snapshot alone (who
+        runs the task changed), ``seq`` the number of its next change.
 
         Raises:
             TaskExistsError: ``expected`` is 0 and the task exists.
@@ -370,7 +380,9 @@ class TaskLog:
         version, done = expected, 0
         for i, run in enumerate(runs):
             last = i == len(runs) - 1
-            kind, payload, headers = encode(run, snapshot if last else None, where, self._writer)
+            kind, payload, headers = encode(
+                run, snapshot if last else None, where, self._writer, seq=seq
+            )
             if len(payload) > most:
                 raise StoreError(f"task {where.task_id}: its snapshot exceeds a NATS message")
             try:
@@ -511,3 +523,19 @@ def _runs(changes: Sequence[Change], most: int) -> list[list[Change]]:
         runs[-1].append(change)
         size += length
     return runs
+
+
+def fold(read: LogRead) -> RecordedTask:
+    """The task of ``read``'s snapshot with the changes after it applied."""
+    snap = read.snapshot
+    task, seq = snap.task(), snap.seq
+    version = read.version
+    index = taskops.index_artifacts(task)
+    for entry in read.after:
+        if entry.seq <= seq:
+            continue  # (in the snapshot already)
+        seq = entry.seq
+        applied = entry.apply(task, index)
+        if applied is not task:
+            task, index = applied, taskops.index_artifacts(applied)
+    return RecordedTask(task, version, snap.owner, seq, snap.scope)
