@@ -18,10 +18,26 @@ from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig, StreamSource
 
 from a2a_grpc_server.jetstream import logjournal, tasklog
+from a2a_grpc_server.jetstream.conn import (
+    INDEX_STREAM,
+    TASKS_BUCKET,
+    NatsConfig,
+    connect,
+    events_stream,
+)
+from a2a_grpc_server.jetstream.formats import Formats
+from a2a_grpc_server.jetstream.journal import JetStreamJournal
 from a2a_grpc_server.jetstream.logjournal import LogJournal
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
 from a2a_grpc_server.jetstream.retry import Retry
-from a2a_grpc_server.journal import Change, StoreUnavailableError, TaskQuery
+from a2a_grpc_server.jetstream.store import ClusterJournal
+from a2a_grpc_server.journal import (
+    Change,
+    PageTokens,
+    Released,
+    StoreUnavailableError,
+    TaskQuery,
+)
 from a2a_grpc_server.model import taskops
 from tests.support import natsserver
 
@@ -177,3 +193,79 @@ async def test_a_listing_fails_unavailable_when_the_index_does_not_catch_up(
                 await journal.list(TaskQuery())
     finally:
         await js.delete_stream("STALLED")
+
+
+async def test_a_lost_owner_with_nothing_left_is_swept_once_then_deregistered(
+    make: Callable[..., LogJournal],
+) -> None:
+    mine, theirs = make("i1"), make("i2")
+    waiting = task("w", S.TASK_STATE_INPUT_REQUIRED)
+    await mine.create(waiting, [change(1, waiting)])
+    running = task("r", S.TASK_STATE_WORKING)
+    v = await mine.create(running, [change(1, running)])
+    running.status.state = S.TASK_STATE_COMPLETED
+    await mine.update(running, v, [change(2, running)])  # (ended: not the sweep's)
+    claimed = task("c", S.TASK_STATE_INPUT_REQUIRED)
+    await mine.create(claimed, [change(1, claimed)])
+    assert await theirs.owners.release("c", "i1") is Released.RELEASED
+    assert await theirs.owners.claim("c") is not None  # (now i2's)
+    assert set(await theirs.owners.owners()) == {"i1"}
+
+    async def swept() -> list[tuple[str, str]]:
+        found = theirs.owners.unfinished_batches(lambda owner: owner == "i1", 100)
+        return [pair async for batch in found for pair in batch]
+
+    assert await swept() == [("i1", "w")]
+    assert await theirs.owners.release("w", "i1") is Released.RELEASED
+    assert await swept() == [], "released: nobody's"
+    assert await theirs.owners.owners() == {}, "deregistered once nothing was left"
+    assert await theirs.owners.claim("w") is not None
+    again = task("n", S.TASK_STATE_WORKING)
+    await mine.create(again, [change(1, again)])  # (its registration is renewed at half TTL)
+    assert await theirs.owners.owners() == {}, "registered once per half task_ttl"
+
+
+async def test_the_facade_lists_the_logs_tasks_then_the_buckets_through_one_token_chain(
+    nats_url: str, nc: NATS
+) -> None:
+    conn = await connect(NatsConfig(servers=[nats_url]))
+    requests = JetStreamRequests(conn.nc)
+    await requests.start()
+    tokens, formats = PageTokens(), Formats()
+    formats.settle()  # (a cluster of one: every instance reads the log)
+    legacy = JetStreamJournal(requests, conn.js, "i1", formats=formats, page_tokens=tokens)
+    log = LogJournal(requests, conn.js, "i1", page_tokens=tokens)
+    journal = ClusterJournal(legacy, log, formats, tokens)
+    try:
+        created: dict[bool, list[str]] = {False: [], True: []}
+        for n in range(9):
+            formats.log_wanted = n % 3 == 1
+            t = task(f"t{n}", S.TASK_STATE_WORKING)
+            await journal.create(t, [change(1, t)])
+            created[formats.writes_log].append(t.id)
+        assert len(created[True]) == 3
+        want = [*reversed(created[True]), *reversed(created[False])]
+        seen, pages = [], 0
+        page = await journal.list(TaskQuery(page_size=2))
+        while True:
+            assert page.total_size == 9
+            seen += [t.id for t in page.tasks]
+            pages += 1
+            if not page.next_page_token:
+                break
+            page = await journal.list(TaskQuery(page_size=2, page_token=page.next_page_token))
+        assert (seen, pages) == (want, 5)
+        for task_id in ("t0", "t1"):  # (one of each layout, through the façade)
+            got = await journal.get(task_id)
+            assert got is not None
+            got.task.status.state = S.TASK_STATE_COMPLETED
+            await journal.update(got.task, got.version, [change(2, got.task)])
+        assert await log.get("t1") is not None and await legacy.get("t1") is None
+        assert await legacy.get("t0") is not None and await log.get("t0") is None
+    finally:
+        await journal.close()
+        await requests.close()
+        await conn.js.delete_key_value(TASKS_BUCKET)
+        await conn.js.delete_stream(events_stream(0))
+        await conn.js.delete_stream(INDEX_STREAM)
+        await conn.close()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import nats
+import nats.js.errors
 from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import (
     GetTaskRequest,
@@ -25,9 +26,9 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server.jetstream import formats
-from a2a_grpc_server.jetstream.conn import TASKS_BUCKET
+from a2a_grpc_server.jetstream.conn import LOG_STREAM, LOG_SUBJECT, TASKS_BUCKET
 from a2a_grpc_server.jetstream.index import HEADER as INDEX_HEADER
-from tests.support import ROOT
+from tests.support import ROOT, cluster_key_file
 from tests.support.harness import V1, send_request, user_message
 from tests.support.serveproc import Process, logged, start
 
@@ -130,6 +131,88 @@ async def test_the_previous_version_and_this_one_share_a_cluster_through_a_rolli
             for stub in (new, other):
                 listed = await stub.ListTasks(ListTasksRequest(page_size=10), metadata=V1)
                 assert {from_old.id, from_new.id, later.id} <= {t.id for t in listed.tasks}
+    finally:
+        for channel in channels:
+            await channel.close()
+        for process in processes:
+            if process.proc.returncode is None:
+                process.proc.kill()
+                await process.proc.wait()
+
+
+FORMAT_2 = ROOT / "tests" / "fixtures" / "format-2" / "a2a_grpc_server-0.2.0.dev0-py3-none-any.whl"
+
+
+def format_2_version(into: Path) -> dict[str, str]:
+    """The environment that runs the last version of format 2 (tests/fixtures/format-2)."""
+    with zipfile.ZipFile(FORMAT_2) as wheel:
+        wheel.extractall(into)
+    return {"PYTHONPATH": f"{into}:{ROOT}"}
+
+
+async def in_the_log(nats_url: str, task_id: str) -> bool:
+    """Whether the task lives in the task log (format 3) rather than the snapshot bucket."""
+    client = await nats.connect(nats_url)
+    try:
+        try:
+            await client.jetstream().get_last_msg(LOG_STREAM, f"{LOG_SUBJECT}.t.{task_id}.>")
+        except nats.js.errors.NotFoundError:
+            return False
+        return True
+    finally:
+        await client.close()
+
+
+async def test_the_task_log_waits_for_the_last_format_2_instance_and_rolls_back_before_it(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """Issue 41's upgrade rule: an instance asked for the task log (``--nats-task-log``)
+    creates tasks in the bucket while one of the last format-2 version runs, so stopping it
+    (a rollback) leaves every task readable; once no such instance is left, new tasks go to
+    the log, and both layouts are read, continued and listed through every instance."""
+    common = ("--nats", nats_url, "--lease", "1", "--nats-key-file", str(cluster_key_file()))
+    processes: list[Process] = []
+    channels: list[grpc.aio.Channel] = []
+
+    async def launch(*args: str, env: dict[str, str] | None = None) -> a2a_pb2_grpc.A2AServiceStub:
+        process = await start(*AGENT, *common, *args, env=env)
+        processes.append(process)
+        channel = grpc.aio.insecure_channel(process.grpc_addr)
+        channels.append(channel)
+        return a2a_pb2_grpc.A2AServiceStub(channel)
+
+    try:
+        async with asyncio.timeout(90):
+            old = await launch(env=format_2_version(tmp_path / "format-2"))
+            new = await launch("--nats-task-log")
+            await logged(processes[1], "writing format 2")  # (it heard the old one)
+            from_old, from_new = await ask(old), await ask(new)
+            assert not await in_the_log(nats_url, from_new.id), "the bucket beside format 2"
+            seen = await old.GetTask(GetTaskRequest(id=from_new.id), metadata=V1)
+            assert seen.status.state == S.TASK_STATE_INPUT_REQUIRED
+            assert (await answer(new, from_old)).status.state == S.TASK_STATE_COMPLETED
+            # Rolled back: the new one stops; the old one serves what it started.
+            processes[1].proc.send_signal(signal.SIGTERM)
+            assert await processes[1].proc.wait() == 0
+            assert (await answer(old, from_new)).status.state == S.TASK_STATE_COMPLETED
+            # Rolled forward: two new instances replace the old one; the log follows.
+            again = await launch("--nats-task-log")
+            processes[0].proc.send_signal(signal.SIGTERM)
+            assert await processes[0].proc.wait() == 0
+            other = await launch("--nats-task-log")
+            await logged(processes[2], "creating tasks in the task log")
+            later = await ask(again)
+            assert await in_the_log(nats_url, later.id)
+            seen = await other.GetTask(GetTaskRequest(id=later.id), metadata=V1)
+            assert seen.status.state == S.TASK_STATE_INPUT_REQUIRED
+            assert (await answer(other, later)).status.state == S.TASK_STATE_COMPLETED
+            for stub in (again, other):
+                listed = await stub.ListTasks(ListTasksRequest(page_size=10), metadata=V1)
+                ids = [t.id for t in listed.tasks]
+                assert ids[0] == later.id, "the log's tasks first"
+                assert {from_old.id, from_new.id, later.id} <= set(ids)
+                done = await stub.GetTask(GetTaskRequest(id=from_old.id), metadata=V1)
+                assert done.status.state == S.TASK_STATE_COMPLETED, "the bucket read after"
     finally:
         for channel in channels:
             await channel.close()

@@ -46,25 +46,32 @@ def report(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
-async def run_all(seeds: list[int], nodes: int) -> None:
+async def run_all(seeds: list[int], nodes: int, task_log: bool = False) -> None:
     runs = []
     for seed in seeds:
-        runs.append(await run_schedule(schedule(seed, nats_nodes=nodes)))
+        runs.append(await run_schedule(schedule(seed, nats_nodes=nodes), task_log=task_log))
         done = report(runs[-1:]).split("\n")[:-1]
         print("\n".join(done), flush=True)  # (as it goes: a long run may be cut short)
     print(report(runs))
     assert not any(r.violations for r in runs), report([r for r in runs if r.violations])
 
 
+LAYOUTS = pytest.mark.parametrize("task_log", [False, True], ids=["format-2", "format-3"])
+"""New tasks in the snapshot bucket, or in the task log once the instances heard each other
+(issue 41: ``--nats-task-log``)."""
+
+
 @pytest.mark.timeout(3600)
-async def test_fault_schedules_on_one_nats_node(long_run: bool) -> None:
+@LAYOUTS
+async def test_fault_schedules_on_one_nats_node(long_run: bool, task_log: bool) -> None:
     extra = 40 if long_run else 2
     seeds = [*FIXED, *(random.randrange(1000, 10**6) for _ in range(extra))]
-    await run_all(seeds, 1)
+    await run_all(seeds, 1, task_log)
 
 
 @pytest.mark.timeout(3600)
-async def test_fault_schedules_on_a_3_node_nats_cluster(long_run: bool) -> None:
+@LAYOUTS
+async def test_fault_schedules_on_a_3_node_nats_cluster(long_run: bool, task_log: bool) -> None:
     extra = 15 if long_run else 0
     seeds = [*FIXED_CLUSTER, *(random.randrange(1000, 10**6) for _ in range(extra))]
-    await run_all(seeds, 3)
+    await run_all(seeds, 3, task_log)

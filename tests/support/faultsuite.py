@@ -582,11 +582,20 @@ async def inject(run: Run, fault: Fault, nodes: Sequence[natsserver.Node]) -> No
 # --- the run and the checker -------------------------------------------------------------
 
 
-async def run_schedule(plan: Schedule, *, tasks: int = 6, settle: float = 60.0) -> Run:
-    """Run ``plan`` on a fresh cluster; return what was recorded, violations included."""
+async def run_schedule(
+    plan: Schedule, *, tasks: int = 6, settle: float = 60.0, task_log: bool = False
+) -> Run:
+    """Run ``plan`` on a fresh cluster; return what was recorded, violations included.
+
+    ``task_log``: the instances create tasks in the task log (``--nats-task-log``) once
+    they have heard each other; the first ones, and those while they have not, go to the
+    snapshot bucket.
+    """
     rng = random.Random(plan.seed * 7919 + 1)
     with natsserver.running(plan.nats_nodes) as cluster:
         args: tuple[str, ...] = ("--agent", AGENT, "--lease", str(plan.lease))
+        if task_log:
+            args += ("--nats-task-log",)
         if plan.nats_nodes > 1:  # (a proxy would be bypassed: clients learn every node)
             args += ("--nats", ",".join(cluster.urls), "--nats-replicas", str(plan.nats_nodes))
         tag = uuid.uuid4().hex[:4]

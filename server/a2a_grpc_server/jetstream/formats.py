@@ -153,6 +153,7 @@ class Formats:
         """The format written now."""
         self.log_wanted = False
         """Whether this instance creates tasks in the task log when the cluster reads it."""
+        self._logging = False
         self._changed = asyncio.Event()
 
     def heard(self, instance: str, value: bytes) -> None:
@@ -223,6 +224,14 @@ class Formats:
             await self._changed.wait()
 
     def _update(self) -> None:
+        if self.log_wanted and self.writes_log != self._logging:
+            self._logging = self.writes_log
+            older = [i for i, reads in self._reads.items() if LOG not in reads]
+            logger.info(
+                "creating tasks in the %s%s",
+                "task log" if self._logging else "snapshot bucket",
+                f" (instances {', '.join(older)} do not read the task log)" if older else "",
+            )
         everyone = self._settled and all(CURRENT in reads for reads in self._reads.values())
         writing = CURRENT if everyone else LEGACY
         if writing != self.writing:
