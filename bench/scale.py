@@ -65,7 +65,10 @@ from a2a_grpc_server.jetstream.conn import NatsConfig, NatsConnection, connect
 from a2a_grpc_server.jetstream.formats import Formats
 from a2a_grpc_server.jetstream.journal import JetStreamJournal
 from a2a_grpc_server.jetstream.lease import Lease
+from a2a_grpc_server.jetstream.logjournal import LogJournal
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
+from a2a_grpc_server.jetstream.store import ClusterJournal
+from a2a_grpc_server.journal import PageTokens
 from a2a_grpc_server.obs.metrics import Metrics
 from tests.support import ROOT, cluster_key_file, natsserver
 
@@ -305,7 +308,7 @@ async def run_memory(sizes: list[int], quick: bool) -> tuple[Rows, dict[int, flo
 @contextlib.asynccontextmanager
 async def nats_journal(
     url: str, instance_id: str, owner: str
-) -> AsyncIterator[tuple[NatsConnection, JetStreamJournal, Formats]]:
+) -> AsyncIterator[tuple[NatsConnection, ClusterJournal, Formats]]:
     """A connection of this process to NATS and a journal on it writing as ``owner``.
 
     It writes format 2, as every instance of a settled cluster of this version does.
@@ -316,7 +319,10 @@ async def nats_journal(
     formats = Formats()
     formats.settle()  # (no other instance heard: format 2)
     try:
-        yield conn, JetStreamJournal(requests, conn.js, owner, formats=formats), formats
+        tokens = PageTokens()
+        legacy = JetStreamJournal(requests, conn.js, owner, formats=formats, page_tokens=tokens)
+        log = LogJournal(requests, conn.js, owner, page_tokens=tokens)
+        yield conn, ClusterJournal(legacy, log, formats, tokens), formats
     finally:
         await requests.close()
         await conn.close()

@@ -32,7 +32,10 @@ from a2a_grpc_server.jetstream.conn import NatsConfig, connect
 from a2a_grpc_server.jetstream.formats import Formats
 from a2a_grpc_server.jetstream.journal import JetStreamJournal
 from a2a_grpc_server.jetstream.lease import Lease
+from a2a_grpc_server.jetstream.logjournal import LogJournal
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
+from a2a_grpc_server.jetstream.store import ClusterJournal
+from a2a_grpc_server.journal import PageTokens
 from a2a_grpc_server.obs.metrics import Metrics
 from tests.support import ROOT, natsserver
 
@@ -74,7 +77,10 @@ async def sweep(url: str, lost: str, count: int, nats_pid: int) -> dict[str, flo
     await requests.start()
     formats = Formats()
     formats.settle()
-    journal = JetStreamJournal(requests, conn.js, ident, formats=formats)
+    tokens = PageTokens()
+    legacy = JetStreamJournal(requests, conn.js, ident, formats=formats, page_tokens=tokens)
+    log = LogJournal(requests, conn.js, ident, page_tokens=tokens)
+    journal = ClusterJournal(legacy, log, formats, tokens)
     metrics = Metrics()
     lease = Lease(conn, journal, metrics, formats=formats)
     figures: dict[str, float] = {}

@@ -27,8 +27,10 @@ from a2a_grpc_server.jetstream.formats import Formats
 from a2a_grpc_server.jetstream.index import MARKER, IndexEntry
 from a2a_grpc_server.jetstream.journal import SWEEP_BATCH, JetStreamJournal, Snapshot, encode
 from a2a_grpc_server.jetstream.lease import Lease
+from a2a_grpc_server.jetstream.logjournal import LogJournal
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
-from a2a_grpc_server.journal import Change, InvalidPageTokenError, TaskQuery
+from a2a_grpc_server.jetstream.store import ClusterJournal
+from a2a_grpc_server.journal import Change, InvalidPageTokenError, PageTokens, TaskQuery
 from a2a_grpc_server.model import taskops
 from a2a_grpc_server.model.scope import scope_key
 from a2a_grpc_server.obs.metrics import Metrics
@@ -553,7 +555,10 @@ async def test_a_sweep_ends_every_task_of_a_lost_owner_a_batch_at_a_time(
     async def on_swept(live: set[str]) -> None:
         swept.set()
 
-    lease = Lease(survivor_conn, survivor, metrics, on_swept=on_swept, formats=cluster.formats)
+    tokens = PageTokens()  # (the lease sweeps through the cluster's façade: the log is empty)
+    log = LogJournal(requests, survivor_conn.js, "i-1", page_tokens=tokens)
+    both = ClusterJournal(survivor, log, cluster.formats, tokens)
+    lease = Lease(survivor_conn, both, metrics, on_swept=on_swept, formats=cluster.formats)
     batches: list[tuple[int, int]] = []
     read_batch = survivor.ownership._owned_snapshots
 

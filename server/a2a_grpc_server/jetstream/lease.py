@@ -407,6 +407,7 @@ class Lease:
         assert self._on_gap is not None
         self._recheck_due = False
         try:
+            await self._journal.log.owners.renew()  # (a sweep may have deregistered it)
             await self._on_gap()
         except StoreError as exc:
             self._recheck_due = True  # again after the next heartbeat

@@ -8,8 +8,10 @@ when an instance writes it).
 A write is one message (``TaskLog.append``): an ``s`` when a snapshot is due,
 else an ``e``; an ``f`` when the task ends. A snapshot is due at the task's first
 write, when its state changes or is interrupted, every ``snapshot_every`` changes,
-and when this instance writes a task whose last snapshot another wrote (a survivor
-taking it over): a reader reads the ``e`` after a snapshot on its writer's subject.
+when this instance writes a task whose last snapshot another wrote (a survivor
+taking it over: a reader reads the ``e`` after a snapshot on its writer's subject),
+and once its last snapshot is half ``task_ttl`` old (the log's age limit counts per
+message: the ``s`` must not go before the ``e`` after it).
 
 A task is read by id from the log: its newest ``s`` or its ``f``, then the ``e``
 after it, folded (``TaskLog.read``).
@@ -42,6 +44,9 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import math
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -89,12 +94,14 @@ MARK = "log"
 """What this journal's page tokens are sealed for (another journal's do not open)."""
 SCAN_MOST = 2_000
 """Entries a page filtered by state or status time reads at most."""
-COUNT_MOST = 10_000
+COUNT_MOST = 2_000
 """Entries a ``total_size`` with those filters counts at most (beyond: an estimate)."""
 BATCH = 256
 """Entries one direct get returns at most."""
 FOLD_CONCURRENCY = 16
 """Running tasks of a page whose changes are read at once."""
+KNOWN = 65_536
+"""Tasks this instance writes that a journal remembers (see ``LogJournal._known``)."""
 IDLE_HEARTBEAT = 1.0
 """Seconds between JetStream heartbeats of a relay's consumer (how soon a lost one is noticed)."""
 
@@ -110,6 +117,8 @@ class _Known:
     seq: int
     """Its last snapshot's last change."""
     state: int
+    at: float = -math.inf
+    """When this instance wrote its last snapshot (monotonic; -inf: read, not written)."""
 
 
 class LogJournal:
@@ -124,7 +133,8 @@ class LogJournal:
         page_tokens: Seals ListTasks page tokens.
         log_stream: The log's stream (tests name their own).
         index_stream: The index's stream.
-        task_ttl: How long the log keeps a task (its owner's registration is renewed at half).
+        task_ttl: How long the log keeps a message: a running task is snapshotted again
+            at half of it, so its newest ``s`` never expires before its ``e``.
     """
 
     def __init__(
@@ -146,10 +156,13 @@ class LogJournal:
         self._retry = retry or Retry()
         self._tokens = page_tokens or PageTokens()
         self._log = TaskLog(requests, owner, self._retry, log_stream)
-        self._owners = LogOwners(requests, self._log, owner, self._retry, task_ttl, log_stream)
+        self._owners = LogOwners(requests, self._log, owner, self._retry, log_stream)
         self._log_stream = log_stream
         self._index_stream = index_stream
-        self._known: dict[str, _Known] = {}
+        self._known: OrderedDict[str, _Known] = OrderedDict()
+        """The tasks this instance writes, newest last (``KNOWN`` at most: one forgotten
+        is read from the log at its next write)."""
+        self._renew_after = task_ttl / 2
 
     @property
     def owner(self) -> str:
@@ -200,9 +213,22 @@ class LogJournal:
         except UnknownTaskError:  # (refused at 0, its messages gone since: taken all the same)
             raise TaskExistsError(task.id) from None
         if not taskops.is_final(task):
-            known = _Known(scope, task.context_id, self._owner, changes[-1].seq, task.status.state)
-            self._known[task.id] = known
+            known = _Known(
+                scope,
+                task.context_id,
+                self._owner,
+                changes[-1].seq,
+                task.status.state,
+                time.monotonic(),
+            )
+            self._remember(task.id, known)
         return version
+
+    def _remember(self, task_id: str, known: _Known) -> None:
+        self._known[task_id] = known
+        self._known.move_to_end(task_id)
+        if len(self._known) > KNOWN:
+            self._known.popitem(last=False)
 
     async def update(self, task: Task, expected_version: int, changes: Sequence[Change]) -> int:
         """Record ``changes`` if nobody wrote the task since ``expected_version``.
@@ -223,12 +249,14 @@ class LogJournal:
             context = snap.task().context_id
             known = _Known(snap.scope, context, snap.owner, read.seq, snap.state)
         seq, state = changes[-1].seq, task.status.state
+        now = time.monotonic()
         due = (
             taskops.is_final(task)
             or state in taskops.INTERRUPTED
             or state != known.state
             or seq - known.seq >= self._every
             or known.owner != self._owner
+            or now - known.at > self._renew_after  # (the log's age limit counts per message)
         )
         where = Where(task.id, self._owner, known.scope, known.context_id)
         try:
@@ -242,8 +270,8 @@ class LogJournal:
             self._known.pop(task.id, None)
             return version
         if due:
-            known.owner, known.seq, known.state = self._owner, seq, state
-        self._known[task.id] = known
+            known.owner, known.seq, known.state, known.at = self._owner, seq, state, now
+        self._remember(task.id, known)
         return version
 
     async def entries(
@@ -333,7 +361,10 @@ class LogJournal:
         found: builtins.list[Logged] = []
         scanned, low = 0, top
         while len(found) < want and low > 1 and (not scanning or scanned < SCAN_MOST):
-            lo, between = await self._start(subject, low, want - len(found))
+            need = want - len(found)
+            if scanning:  # (windows of a batch: few matches per entry read)
+                need = max(need, min(BATCH, SCAN_MOST - scanned))
+            lo, between = await self._start(subject, low, need)
             window = [m for m in await self._read(subject, lo, between) if _pos(m) < low]
             scanned += len(window)
             for msg in reversed(window):
@@ -484,6 +515,9 @@ class LogJournal:
                 return entry.task()
             async with gate:
                 after = await self._log.entries(entry.task_id, entry.origin, events_of(entry))
+                if not all(e.seq == entry.seq + 1 + i for i, e in enumerate(after)):
+                    read = await self._log.read(entry.task_id)  # (a snapshot since: read anew)
+                    return entry.task() if read is None else fold(read).task
             return fold(LogRead(entry, after, after[-1].pos if after else entry.origin)).task
 
         return list(await asyncio.gather(*(folded(e) for e in entries)))

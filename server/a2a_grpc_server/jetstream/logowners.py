@@ -9,15 +9,18 @@ the task's version (a compare-and-set like every write): released to nobody by
 a survivor or by its owner at shutdown, claimed by whoever takes its next message.
 
 The owners (``a2a.log.o.<owner token>``): an instance registers once before it
-creates its first task in the log, and again every half ``task_ttl`` while it
-creates more (the log keeps a registration as long as a task). Sweeps start
-from them: nothing in the log names an instance's tasks more cheaply, and the
-index nats-server keeps has no owner in its subjects (a claim must land on the
-task's one entry). A lost owner's tasks are found from its own subjects
-(stream info, ``a2a.log.t.*.<owner>.>``: what it wrote in the retention), then
-each task's last message (``multi_last``, in chunks): those it still owns and
-that have not ended. A sweep that finds none deletes the registrations it read
-(by their positions: one written since stays).
+creates its first task in the log (``Nats-TTL: never``: kept past the log's age
+limit, until a sweep deregisters it), and again after its heartbeats stopped for
+longer than a lease (``renew``: others may have swept and deregistered it).
+Sweeps start from them: nothing in the log names an instance's tasks more
+cheaply, and the index nats-server keeps has no owner in its subjects (a claim
+must land on the task's one entry). A lost owner's tasks are found from its own
+subjects (stream info of its ``s`` and ``f`` subjects: a sweep costs what the owner
+snapshotted in the retention, not only what it left unfinished, and holds
+those subjects in memory), less those it ended itself, then each remaining
+task's last message: those it still owns and that have not ended. A sweep
+that finds none purges the registrations up to the newest it read (one written
+since stays).
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
-import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 
 from nats.aio.msg import Msg
@@ -47,18 +49,15 @@ from .tasklog import (
     LogRead,
     TaskLog,
     Where,
-    decode,
     fold,
-    task_filter,
     token,
 )
 
 OWNERS = f"{LOG_SUBJECT}.o"
-MULTI_LAST_TASKS = 100
-"""Tasks whose last messages one ``multi_last`` asks for (it answers 1,024 at most)."""
-SUBJECTS_PAGE = 100_000
-"""Subjects one stream info answers at most (nats-server pages them)."""
+LAST_CONCURRENCY = 16
+"""Tasks whose last message a sweep reads at once."""
 RELEASE_ATTEMPTS = 2
+TTL = "Nats-TTL"
 
 
 class LogOwners:
@@ -69,7 +68,6 @@ class LogOwners:
         log: The task log.
         owner: This instance's id.
         retry: How long an operation retries through a NATS outage.
-        task_ttl: How long the log keeps a message (a registration is renewed at half).
         stream: The log's stream.
     """
 
@@ -79,40 +77,50 @@ class LogOwners:
         log: TaskLog,
         owner: str,
         retry: Retry | None = None,
-        task_ttl: float = 86_400.0,
         stream: str = LOG_STREAM,
     ) -> None:
         self._requests = requests
         self._log = log
         self._owner = owner
         self._retry = retry or Retry()
-        self._renew_after = task_ttl / 2
         self._stream = stream
-        self._registered = -float("inf")
+        self._registered = False
         self._registering = asyncio.Lock()
 
     async def register(self) -> None:
-        """Register this instance as an owner, unless it did within half ``task_ttl``.
+        """Register this instance as an owner, once per process (see the module docstring).
 
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        if time.monotonic() - self._registered < self._renew_after:
+        if self._registered:
             return
         async with self._registering:
-            if time.monotonic() - self._registered < self._renew_after:
-                return
-            subject = f"{OWNERS}.{token(self._owner)}"
-            await self._retry(
-                lambda: self._requests.publish(
-                    subject, self._owner.encode(), {}, self._retry.timeout
-                ),
-                "register as an owner of the task log",
-            )
-            self._registered = time.monotonic()
+            if not self._registered:
+                await self._publish_registration()
+                self._registered = True
+
+    async def renew(self) -> None:
+        """Register again if this process did (after a gap in its heartbeats).
+
+        Raises:
+            StoreUnavailableError: NATS did not answer.
+        """
+        if self._registered:
+            async with self._registering:
+                await self._publish_registration()
+
+    async def _publish_registration(self) -> None:
+        subject = f"{OWNERS}.{token(self._owner)}"
+        await self._retry(
+            lambda: self._requests.publish(
+                subject, self._owner.encode(), {TTL: "never"}, self._retry.timeout
+            ),
+            "register as an owner of the task log",
+        )
 
     async def owners(self) -> dict[str, builtins.list[int]]:
-        """Every registered owner, with the positions of its registrations.
+        """Every registered owner, with the position of its newest registration.
 
         Raises:
             StoreUnavailableError: NATS did not answer.
@@ -140,52 +148,59 @@ class LogOwners:
                 continue
             left = 0
             candidates = await self._candidates(owner)
-            for at in range(0, len(candidates), MULTI_LAST_TASKS):
-                found = await self._still_owned(owner, candidates[at : at + MULTI_LAST_TASKS])
+            for at in range(0, len(candidates), size):
+                found = await self._still_owned(owner, candidates[at : at + size])
                 left += len(found)
-                for cut in range(0, len(found), size):
-                    yield [(owner, task_id) for task_id in found[cut : cut + size]]
+                if found:
+                    yield [(owner, task_id) for task_id in found]
             if not left and lost(owner):
-                await self._deregister(owner, registrations)
+                await self._deregister(owner, max(registrations))
 
     async def _candidates(self, owner: str) -> builtins.list[str]:
-        """The tasks ``owner`` wrote and did not end itself (its subjects, no ``f`` among them)."""
-        kinds: dict[str, set[str]] = {}
-        for subject in await self._subjects(f"{LOG_SUBJECT}.t.*.{token(owner)}.>"):
-            tokens = subject.split(".")
-            kinds.setdefault(tokens[3], set()).add(tokens[-1])
-        return sorted(task for task, found in kinds.items() if FINAL not in found)
+        """The tasks ``owner`` snapshotted and did not end itself (its ``s`` and ``f`` subjects)."""
+        mine = token(owner)
+        began, ended = await asyncio.gather(
+            self._subjects(f"{LOG_SUBJECT}.t.*.{mine}.*.*.s"),
+            self._subjects(f"{LOG_SUBJECT}.t.*.{mine}.*.*.f"),
+        )
+        done = {subject.split(".")[3] for subject in ended}
+        return sorted({subject.split(".")[3] for subject in began} - done)
 
     async def _still_owned(self, owner: str, tasks: Sequence[str]) -> builtins.list[str]:
-        """Those of ``tasks`` whose last message ``owner`` wrote, not a final one."""
-        request = {"multi_last": [task_filter(t) for t in tasks], "batch": 4 * len(tasks) + 16}
-        last: dict[str, Logged] = {}
-        for msg in await self._get(request):
-            logged = decode(msg)
-            known = last.get(logged.task_id)
-            if known is None or known.pos < logged.pos:
-                last[logged.task_id] = logged
+        """Those of ``tasks`` whose last message ``owner`` wrote, not a final one.
+
+        Each task's last message, ``LAST_CONCURRENCY`` at once (one request each: a
+        ``multi_last`` answers at most what it is asked for, and a task has a
+        subject per writer and kind, so a batch of them could be cut short unseen).
+        """
+        gate = asyncio.Semaphore(LAST_CONCURRENCY)
+
+        async def last(task_id: str) -> Logged | None:
+            async with gate:
+                return await self._log.last(task_id)
+
         mine = token(owner)
+        found = await asyncio.gather(*(last(t) for t in tasks))
         return [
             t
-            for t in tasks
-            if (m := last.get(t)) is not None and m.owner_token == mine and m.kind != FINAL
+            for t, m in zip(tasks, found, strict=True)
+            if m is not None and m.owner_token == mine and m.kind != FINAL
         ]
 
-    async def _deregister(self, owner: str, registrations: Sequence[int]) -> None:
-        """Delete ``owner``'s registrations read (a newer one, written since, stays)."""
-        for seq in registrations:
-            try:
-                await self._retry(
-                    lambda seq=seq: self._requests.api(  # type: ignore[misc]
-                        f"$JS.API.STREAM.MSG.DELETE.{self._stream}",
-                        json.dumps({"seq": seq, "no_erase": True}).encode(),
-                        self._retry.timeout,
-                    ),
-                    f"deregister owner {owner}",
-                )
-            except StoreError:
-                return  # (gone already, or NATS refused: the next sweep reads it again)
+    async def _deregister(self, owner: str, newest: int) -> None:
+        """Delete ``owner``'s registrations up to position ``newest`` (a later one stays)."""
+        body = {"filter": f"{OWNERS}.{token(owner)}", "seq": newest + 1}
+        try:
+            await self._retry(
+                lambda: self._requests.api(
+                    f"$JS.API.STREAM.PURGE.{self._stream}",
+                    json.dumps(body).encode(),
+                    self._retry.timeout,
+                ),
+                f"deregister owner {owner}",
+            )
+        except StoreError:
+            return  # (NATS refused: the next sweep reads it again)
 
     async def release(self, task_id: str, owner: str) -> Released:
         """Record a waiting task of ``owner``'s as owned by nobody (see ``Ownership.release``).

@@ -125,13 +125,15 @@ class ClusterJournal:
     async def logged(self, task_id: str) -> bool:
         """Whether the task is in the log (else in the bucket, or nowhere)."""
         known = self._in_log.get(task_id)
-        if known is None:
-            known = (
-                await self._legacy.snapshot(task_id) is None
-                and await self._log.log.last(task_id) is not None
-            )
-            self._remember(task_id, known)
-        return known
+        if known is not None:
+            return known
+        if await self._legacy.snapshot(task_id) is not None:
+            self._remember(task_id, False)
+            return False
+        if await self._log.log.last(task_id) is not None:
+            self._remember(task_id, True)
+            return True
+        return False  # (in neither: not remembered, it may be created yet)
 
     async def get(self, task_id: str) -> RecordedTask | None:
         """The task as last written, from whichever journal holds it (None: neither).
@@ -248,22 +250,23 @@ class ClusterJournal:
             InvalidPageTokenError: ``query.page_token`` is not one this journal issued.
             StoreUnavailableError: NATS did not answer.
         """
-        phase = "log"
-        if query.page_token:
-            phase = self._phase(query.page_token, query.scope)
-        if phase == "bucket" or not await self._log.log.holds_any():
-            page = await self._legacy.list(query)
-            if phase == "bucket" and query.page_token:
-                page.total_size += await self._log.total(query)
-            return page
+        phase = self._phase(query.page_token, query.scope) if query.page_token else "log"
         if phase == LOG_DONE:
             page = await self._legacy.list(replace(query, page_token=""))
             page.total_size += await self._log.total(query)
             return page
+        if phase == "bucket":
+            page = await self._legacy.list(query)
+            if await self._log.log.holds_any():
+                page.total_size += await self._log.total(query)
+            return page
+        if not query.page_token and not await self._log.log.holds_any():
+            return await self._legacy.list(query)  # (nothing in the log: as before it)
         page = await self._log.list(query)
         rest = query.page_size - len(page.tasks)
         if page.next_page_token:
-            page.total_size += (await self._legacy.list(replace(query, page_size=1))).total_size
+            first = replace(query, page_size=1, page_token="")  # (for its total)
+            page.total_size += (await self._legacy.list(first)).total_size
             return page
         bucket = await self._legacy.list(replace(query, page_size=max(rest, 1), page_token=""))
         page.total_size += bucket.total_size

@@ -68,6 +68,7 @@ from ..journal import (
     PartialWriteError,
     RecordedTask,
     StoreError,
+    StoreUnavailableError,
     TaskExistsError,
     UnknownTaskError,
     VersionConflictError,
@@ -99,6 +100,8 @@ SNAPSHOT, EVENTS, FINAL = "s", "e", "f"
 KINDS = (SNAPSHOT, EVENTS, FINAL)
 BATCH = 256
 """Messages one direct get returns at most."""
+READ_ATTEMPTS = 3
+"""Reads of a task that changed between the requests of one read (see ``TaskLog.read``)."""
 KNOWN_FINAL = 4096
 """Final versions a log remembers (a writer holding an older one gets its cause read)."""
 _NOT_A_TOKEN = frozenset(".*> \t\r\n")
@@ -459,25 +462,32 @@ class TaskLog:
 
         Two requests at once (the newest ``s``, the ``f``), then, unless it ended,
         the ``e`` after the snapshot on the snapshot's owner's subject (an owner
-        that takes a task over writes an ``s`` first), in batches.
+        that takes a task over writes an ``s`` first), in batches. The ``e`` must
+        number on from the snapshot without a gap: a gap means another ``s`` was
+        written between the two reads (its changes are not on that subject), and
+        the task is read again (``READ_ATTEMPTS``).
 
         Raises:
             UnknownFormatError: A message in a format this version does not read.
+            StoreUnavailableError: The task changed under every attempt.
         """
         what = f"read task {task_id}"
-        snaps, finals = await asyncio.gather(
-            self._get({"last_by_subj": kind_filter(task_id, SNAPSHOT)}, what),
-            self._get({"last_by_subj": kind_filter(task_id, FINAL)}, what),
-        )
-        if finals:
-            final = decode(finals[0])
-            self._remember_final(task_id, final.pos)
-            return LogRead(final, [], final.pos)
-        if not snaps:
-            return None
-        snap = decode(snaps[0])
-        after = await self.entries(task_id, snap.pos, events_of(snap))
-        return LogRead(snap, after, after[-1].pos if after else snap.pos)
+        for _ in range(READ_ATTEMPTS):
+            snaps, finals = await asyncio.gather(
+                self._get({"last_by_subj": kind_filter(task_id, SNAPSHOT)}, what),
+                self._get({"last_by_subj": kind_filter(task_id, FINAL)}, what),
+            )
+            if finals:
+                final = decode(finals[0])
+                self._remember_final(task_id, final.pos)
+                return LogRead(final, [], final.pos)
+            if not snaps:
+                return None
+            snap = decode(snaps[0])
+            after = await self.entries(task_id, snap.pos, events_of(snap))
+            if _numbered_on(snap.seq, after):
+                return LogRead(snap, after, after[-1].pos if after else snap.pos)
+        raise StoreUnavailableError(f"task {task_id} changed under every read; retry")
 
     async def entries(
         self, task_id: str, version: int, subject: str | None = None, most: int | None = None
@@ -509,6 +519,11 @@ class TaskLog:
         return await self._retry(
             lambda: self._requests.direct_get(self._stream, request, self._retry.timeout), what
         )
+
+
+def _numbered_on(seq: int, after: Sequence[Entry]) -> bool:
+    """Whether ``after`` numbers on from change ``seq`` without a gap."""
+    return all(entry.seq == seq + 1 + i for i, entry in enumerate(after))
 
 
 def _runs(changes: Sequence[Change], most: int) -> list[list[Change]]:
