@@ -1,7 +1,7 @@
 """Scale: what ListTasks, GetTask, startup and the lease sweep cost as the store grows.
 
     .venv/bin/python -m bench.scale [--sizes 1000,10000,100000] [--backend memory|nats|both]
-                                    [--nats-sizes ...] [--quick] [--json PATH]
+                                    [--nats-sizes ...] [--quick] [--task-log] [--json PATH]
 
 For each backend and each N in ``--sizes`` it stores N tasks (``bench.population``:
 four scopes, ten contexts per scope, final and waiting tasks), then measures
@@ -307,17 +307,19 @@ async def run_memory(sizes: list[int], quick: bool) -> tuple[Rows, dict[int, flo
 
 @contextlib.asynccontextmanager
 async def nats_journal(
-    url: str, instance_id: str, owner: str
+    url: str, instance_id: str, owner: str, task_log: bool = False
 ) -> AsyncIterator[tuple[NatsConnection, ClusterJournal, Formats]]:
     """A connection of this process to NATS and a journal on it writing as ``owner``.
 
-    It writes format 2, as every instance of a settled cluster of this version does.
+    It writes format 2, as every instance of a settled cluster of this version does;
+    with ``task_log``, new tasks go to the task log (format 3, ``--nats-task-log``).
     """
     conn = await connect(NatsConfig(servers=[url], instance_id=instance_id))
     requests = JetStreamRequests(conn.nc)
     await requests.start()
     formats = Formats()
-    formats.settle()  # (no other instance heard: format 2)
+    formats.log_wanted = task_log
+    formats.settle()  # (no other instance heard: format 2, or the log)
     try:
         tokens = PageTokens()
         legacy = JetStreamJournal(requests, conn.js, owner, formats=formats, page_tokens=tokens)
@@ -328,22 +330,25 @@ async def nats_journal(
         await conn.close()
 
 
-def serve_args(url: str) -> list[str]:
+def serve_args(url: str, task_log: bool = False) -> list[str]:
     """``a2a-grpc-server serve`` in cluster mode on free ports (see the module docstring)."""
     return [
         *("-m", "a2a_grpc_server.cli", "serve", "--port", "0", "--http-port", "0"),
         *("--agent", "bench.agents:Workload", "--nats", url),
         *("--nats-key-file", str(cluster_key_file())),
+        *(("--nats-task-log",) if task_log else ()),
     ]
 
 
-async def restart_and_sweep(url: str, size: int, nats_pid: int, quick: bool) -> dict[str, float]:
+async def restart_and_sweep(
+    url: str, size: int, nats_pid: int, quick: bool, task_log: bool = False
+) -> dict[str, float]:
     """Time a restarted instance's ``Lease.start()`` (it ends its predecessor's tasks), then
     one ``Lease.sweep()`` with nothing lost; wall ms, this process's CPU, nats-server's."""
     ident = f"scale-restart-{size}"
     count = 10 if quick else RESTART_TASKS
     out: dict[str, float] = {}
-    async with nats_journal(url, ident, ident) as (conn, journal, formats):
+    async with nats_journal(url, ident, ident, task_log) as (conn, journal, formats):
         left = [running(f"restart-{size}-{k}") for k in range(count)]
         for task in left:
             await journal.create(task, population.first_change(task), scope=RESTART_SCOPE)
@@ -385,8 +390,13 @@ def running(task_id: str, context_id: str = "restart") -> Task:
     return task
 
 
-async def run_nats(sizes: list[int], quick: bool) -> tuple[Rows, dict[int, float]]:
-    """One nats-server, filled up to each N in turn; a fresh server instance per N."""
+async def run_nats(
+    sizes: list[int], quick: bool, task_log: bool = False
+) -> tuple[Rows, dict[int, float]]:
+    """One nats-server, filled up to each N in turn; a fresh server instance per N.
+
+    ``task_log``: tasks filled into, and new ones created in, the task log (format 3).
+    """
     rows: Rows = {}
     fills: dict[int, float] = {}
     with natsserver.running(1) as cluster:
@@ -395,9 +405,9 @@ async def run_nats(sizes: list[int], quick: bool) -> tuple[Rows, dict[int, float
         assert node.proc is not None
         nats_pid = node.proc.pid
         starts = 1 if quick else STARTS
-        baseline = min([await startup(url) for _ in range(starts)])
+        baseline = min([await startup(url, task_log) for _ in range(starts)])
         print(f"nats: an instance on the empty store was ready in {baseline:.2f} s", flush=True)
-        async with nats_journal(url, "scale-filler", "") as (_, filler, _):
+        async with nats_journal(url, "scale-filler", "", task_log) as (_, filler, _):
             done = 0
             for size in sizes:
                 print(f"nats N={size:,}", flush=True)
@@ -413,10 +423,11 @@ async def run_nats(sizes: list[int], quick: bool) -> tuple[Rows, dict[int, float
                     flush=True,
                 )
                 done = size
-                for name, value in (await restart_and_sweep(url, size, nats_pid, quick)).items():
+                swept = await restart_and_sweep(url, size, nats_pid, quick, task_log)
+                for name, value in swept.items():
                     rows.setdefault(name, {})[size] = value
-                times = [await startup(url) for _ in range(starts - 1)]
-                async with spawned(serve_args(url), READY, on_stdout=False) as server:
+                times = [await startup(url, task_log) for _ in range(starts - 1)]
+                async with spawned(serve_args(url, task_log), READY, on_stdout=False) as server:
                     ready_s = min([*times, server.ready_s])
                     print(f"  instance ready in {ready_s:.2f} s", flush=True)
                     rows.setdefault("startup, spawn to ready | s", {})[size] = ready_s
@@ -428,9 +439,9 @@ async def run_nats(sizes: list[int], quick: bool) -> tuple[Rows, dict[int, float
     return rows, fills
 
 
-async def startup(url: str) -> float:
+async def startup(url: str, task_log: bool = False) -> float:
     """Seconds a ``serve --nats`` process takes from spawn to ready (then it is stopped)."""
-    async with spawned(serve_args(url), READY, on_stdout=False) as server:
+    async with spawned(serve_args(url, task_log), READY, on_stdout=False) as server:
         return server.ready_s
 
 
@@ -493,6 +504,10 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         results["memory"], fills["memory"] = await run_memory(sorted(sizes), args.quick)
     if args.backend in ("nats", "both"):
         results["nats"], fills["nats"] = await run_nats(sorted(nats_sizes), args.quick)
+    if args.task_log:
+        results["nats-log"], fills["nats-log"] = await run_nats(
+            sorted(nats_sizes), args.quick, task_log=True
+        )
     return {
         "machine": {
             "cpus": os.cpu_count(),
@@ -513,6 +528,11 @@ def cli() -> None:
     parser.add_argument("--nats-sizes", default="", help="task counts on NATS (default: --sizes)")
     parser.add_argument("--backend", choices=("memory", "nats", "both"), default="both")
     parser.add_argument("--quick", action="store_true", help="a smoke run: small N, short runs")
+    parser.add_argument(
+        "--task-log",
+        action="store_true",
+        help="also NATS with the task log (format 3, --nats-task-log: off by default)",
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "scale.json")
     args = parser.parse_args()
     # (the restart measured here ends its predecessor's tasks on purpose: one warning each)
