@@ -143,7 +143,7 @@ def test_version_says_the_version_and_the_formats_it_reads() -> None:
         check=True,
         cwd=ROOT,
     )
-    assert done.stdout.strip() == f"a2a-grpc-server {formats.version()} (formats read: [1, 2])"
+    assert done.stdout.strip() == f"a2a-grpc-server {formats.version()} (formats read: [1, 2, 3])"
 
 
 async def test_the_card_gives_the_advertised_address_not_the_bind_address() -> None:

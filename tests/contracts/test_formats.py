@@ -17,7 +17,7 @@ from a2a.types.a2a_pb2 import GetTaskRequest, Message, Role, StreamResponse, Tas
 from nats.aio.msg import Msg
 
 from a2a_grpc_server.errors import UnknownFormatError
-from a2a_grpc_server.jetstream import formats, pushstore
+from a2a_grpc_server.jetstream import formats, pushstore, tasklog
 from a2a_grpc_server.jetstream.conn import NatsConfig, connect
 from a2a_grpc_server.jetstream.journal import Entry, JetStreamJournal, Snapshot
 from a2a_grpc_server.jetstream.requests import JetStreamRequests
@@ -79,9 +79,37 @@ def test_a_push_config_of_each_known_format_reads_the_same(fmt: int) -> None:
     assert (number, cursor, config) == (1_700_000_000_000_000_000, 3, fx.sample_config())
 
 
+def log_message(name: str) -> Msg:
+    """A committed sample of the task log, as a direct get or a consumer hands it over."""
+    headers, data = fx.load(name)
+    kind = "s" if name.endswith("-s") else "e"
+    return Msg(None, subject=fx.LOG_WHERE.subject(kind), data=data, headers=headers)  # type: ignore[arg-type]
+
+
+def test_a_message_of_the_task_log_format_3_reads_the_same() -> None:
+    s = tasklog.decode(log_message("log-3-s"), 11)
+    changes = fx.sample_changes()
+    assert (s.kind, s.pos, s.origin, s.task_id, s.seq) == ("s", 11, 11, fx.TASK_ID, 4)
+    assert (s.scope, s.owner, s.owner_token) == ("t:alice", fx.OWNER, tasklog.token(fx.OWNER))
+    assert (s.state, s.status_ns) == (S.TASK_STATE_INPUT_REQUIRED, 1_764_547_200 * 10**9)
+    assert s.task() == fx.sample_task()
+    assert [(e.seq, e.kind, e.pos) for e in s.changes] == [(3, "frame", 11), (4, "message", 11)]
+    assert s.changes[0].data == changes[0].frame
+    e = tasklog.decode(log_message("log-3-e"), 12)
+    assert (e.kind, e.seq, e.snapshot, [c.seq for c in e.changes]) == ("e", 4, None, [4])
+
+
+def test_a_message_of_the_task_log_of_an_unknown_format_is_refused() -> None:
+    headers, data = fx.load("log-9")
+    msg = Msg(None, subject=fx.LOG_WHERE.subject("s"), data=data, headers=headers)  # type: ignore[arg-type]
+    with pytest.raises(UnknownFormatError, match="in format '9'"):
+        tasklog.decode(msg, 1)
+
+
 def test_heartbeats_say_which_formats_an_instance_reads() -> None:
     assert formats.read_heartbeat(fx.load("heartbeat-1")[1]) == {1}, "an older version's"
     assert formats.read_heartbeat(fx.load("heartbeat-2")[1]) == {1, 2}
+    assert formats.read_heartbeat(fx.load("heartbeat-3")[1]) == {1, 2, 3}
     assert formats.read_heartbeat(formats.heartbeat()) == formats.READS
     assert json.loads(formats.heartbeat())["version"]
 

@@ -28,7 +28,7 @@ from a2a.types.a2a_pb2 import (
     TaskStatusUpdateEvent,
 )
 
-from a2a_grpc_server.jetstream import formats, pushstore
+from a2a_grpc_server.jetstream import formats, pushstore, tasklog
 from a2a_grpc_server.jetstream.records import encode
 from a2a_grpc_server.jetstream.records import messages as _messages
 from a2a_grpc_server.journal import Change
@@ -37,6 +37,8 @@ from tests.support import ROOT
 DIR = ROOT / "tests" / "fixtures" / "formats"
 TASK_ID = "0b8f4c2e-6d2a-4f0e-9b65-5f2f9c1d7a10"
 OWNER = "instance-a"
+LOG_WHERE = tasklog.Where(TASK_ID, OWNER, "t:alice", "ctx-1")
+"""Where the samples of the task log (format 3) were written."""
 
 
 def sample_task() -> Task:
@@ -91,6 +93,12 @@ def samples() -> dict[str, dict[str, object]]:
         found[f"record-{fmt}"] = {"headers": headers, "data": _b64(payload)}
     found["heartbeat-1"] = _value(b"")
     found["heartbeat-2"] = {"data": _b64(b'{"formats": [1, 2], "version": "0.0.0"}')}
+    found["heartbeat-3"] = {"data": _b64(b'{"formats": [1, 2, 3], "version": "0.0.0"}')}
+    # Format 3, the task log: an s (the changes, then the task) and an e (changes only).
+    for kind, snapshot in (("s", task), ("e", None)):
+        changes = sample_changes() if snapshot is not None else sample_changes()[1:]
+        _, payload, headers = tasklog.encode(changes, snapshot, LOG_WHERE, OWNER, nonce="n0")
+        found[f"log-3-{kind}"] = {"headers": headers, "data": _b64(payload)}
     return found
 
 
@@ -103,7 +111,10 @@ def future_samples() -> dict[str, dict[str, object]]:
     headers = dict(record["headers"])  # type: ignore[call-overload]
     payload = bytearray(base64.b64decode(str(record["data"])))
     payload[0] = ord("x")  # a change of a kind no version writes
+    log = dict(legacy["log-3-s"])
+    log_headers = dict(log["headers"])  # type: ignore[call-overload]
     return {
+        "log-9": {"headers": {**log_headers, formats.HEADER: "9"}, "data": log["data"]},
         "snapshot-9": _value(formats.MAGIC + b"9\n" + snapshot),
         "push-config-9": _value(formats.MAGIC + b"9\n" + config),
         "record-9": {"headers": {**headers, formats.HEADER: "9"}, "data": record["data"]},
