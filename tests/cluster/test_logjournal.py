@@ -325,31 +325,37 @@ async def test_a_read_that_races_a_snapshot_reads_again_and_skips_no_change(
     kinds = [m.kind for m in [await journal.log.last("a")] if m is not None]
     assert kinds == [tasklog.EVENTS]
     real = journal.log._get
-    first = True
+    first, always = True, False
 
-    async def stale_once(request: dict[str, object], what: str) -> list[Any]:
+    async def served(request: dict[str, object], what: str) -> list[Any]:
         nonlocal first
-        if first and request.get("last_by_subj") == tasklog.kind_filter("a", tasklog.SNAPSHOT):
+        if (always or first) and request.get("last_by_subj") == tasklog.kind_filter(
+            "a", tasklog.SNAPSHOT
+        ):
             first = False  # (as if read before the s of change 3 was written)
             return await real({"seq": stale.snapshot.pos, "next_by_subj": ">"}, what)
         return await real(request, what)
 
-    monkeypatch.setattr(journal.log, "_get", stale_once)
-    read = await journal.log.read("a")
-    assert not first, "the stale snapshot was served"
-    assert read is not None and (read.seq, read.version) == (4, v)
-    folded = tasklog.fold(read).task
-    assert [x.artifact_id for x in folded.artifacts] == ["x2", "x3", "x4"], "none skipped"
+    monkeypatch.setattr(journal.log, "_get", served)
+    for always in (False, True):  # (once, then at every attempt: a writer that never rests)
+        first = True
+        read = await journal.log.read("a")
+        assert not first, "the stale snapshot was served"
+        assert read is not None and (read.seq, read.version) == (4, v)
+        folded = tasklog.fold(read).task
+        assert [x.artifact_id for x in folded.artifacts] == ["x2", "x3", "x4"], always
 
 
 async def test_a_running_task_is_snapshotted_again_before_its_snapshot_could_age_out(
     make: Callable[..., LogJournal],
 ) -> None:
     """The log's age limit counts per message: a task whose last ``s`` is half ``task_ttl``
-    old writes its next change as an ``s``, so it is never left with ``e`` alone."""
-    for ttl, kind in ((86_400.0, tasklog.EVENTS), (0.0, tasklog.SNAPSHOT)):
+    old writes its next change as an ``s``, so it is never left with ``e`` alone (0: no
+    age limit, nothing due)."""
+    cases = ((86_400.0, tasklog.EVENTS), (0.0, tasklog.EVENTS), (1e-9, tasklog.SNAPSHOT))
+    for n, (ttl, kind) in enumerate(cases):
         journal = make("i1", task_ttl=ttl)
-        t = task(f"t-{kind}", S.TASK_STATE_WORKING)
+        t = task(f"t{n}", S.TASK_STATE_WORKING)
         v = await journal.create(t, [change(1, t)])
         t.artifacts.add(artifact_id="x")  # (same state, one change: nothing else is due)
         await journal.update(t, v, [change(2, t)])

@@ -407,11 +407,15 @@ class Lease:
         assert self._on_gap is not None
         self._recheck_due = False
         try:
-            await self._journal.log.owners.renew()  # (a sweep may have deregistered it)
             await self._on_gap()
         except StoreError as exc:
             self._recheck_due = True  # again after the next heartbeat
             logger.warning("could not recheck this instance's tasks (again soon): %s", exc)
+        try:  # (after the recheck: a sweep may have deregistered it from the task log)
+            await self._journal.log.owners.renew()
+        except StoreError as exc:
+            self._recheck_due = True
+            logger.warning("could not register again as an owner (again soon): %s", exc)
 
     def _indexing_running(self) -> bool:
         return self._indexing is not None and not self._indexing.done()

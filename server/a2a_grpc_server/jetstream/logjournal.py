@@ -100,6 +100,9 @@ BATCH = 256
 """Entries one direct get returns at most."""
 FOLD_CONCURRENCY = 16
 """Running tasks of a page whose changes are read at once."""
+REPLAY_PROBE = 16
+"""Messages a resumed stream's start reads to find the task's oldest change (a release or
+a claim holds none)."""
 KNOWN = 65_536
 """Tasks this instance writes that a journal remembers (see ``LogJournal._known``)."""
 IDLE_HEARTBEAT = 1.0
@@ -162,7 +165,7 @@ class LogJournal:
         self._known: OrderedDict[str, _Known] = OrderedDict()
         """The tasks this instance writes, newest last (``KNOWN`` at most: one forgotten
         is read from the log at its next write)."""
-        self._renew_after = task_ttl / 2
+        self._renew_after = task_ttl / 2 if task_ttl > 0 else math.inf  # (0: no age limit)
 
     @property
     def owner(self) -> str:
@@ -328,14 +331,15 @@ class LogJournal:
     async def replay_start(self, task_id: str, after: int, last: int) -> int:
         """Where a resumed stream's relay follows from: before the task's first message.
 
-        The log keeps a task's messages as long as the task (its stream's age limit),
-        so every change after ``after`` is there unless the task is gone.
+        The log keeps each message ``task_ttl`` (its stream's age limit, per message):
+        a change older than that is gone, and the stream is refused as for the
+        bucket's event streams. Messages without changes (releases, claims) are skipped.
 
         Raises:
             FrameNotKeptError: The log does not hold change ``after + 1``.
             StoreUnavailableError: NATS did not answer.
         """
-        first = await self._log.entries(task_id, 0, most=1)
+        first = await self._log.entries(task_id, 0, most=REPLAY_PROBE)  # (past releases)
         if not first or first[0].seq > after + 1:
             oldest = first[0].seq if first else last + 1
             raise FrameNotKeptError(task_id, after + 1, oldest, last)

@@ -465,14 +465,15 @@ class TaskLog:
         that takes a task over writes an ``s`` first), in batches. The ``e`` must
         number on from the snapshot without a gap: a gap means another ``s`` was
         written between the two reads (its changes are not on that subject), and
-        the task is read again (``READ_ATTEMPTS``).
+        the task is read again (``READ_ATTEMPTS``), the last time with every message
+        after the snapshot, of any writer and kind.
 
         Raises:
             UnknownFormatError: A message in a format this version does not read.
             StoreUnavailableError: The task changed under every attempt.
         """
         what = f"read task {task_id}"
-        for _ in range(READ_ATTEMPTS):
+        for attempt in range(READ_ATTEMPTS):
             snaps, finals = await asyncio.gather(
                 self._get({"last_by_subj": kind_filter(task_id, SNAPSHOT)}, what),
                 self._get({"last_by_subj": kind_filter(task_id, FINAL)}, what),
@@ -484,7 +485,10 @@ class TaskLog:
             if not snaps:
                 return None
             snap = decode(snaps[0])
-            after = await self.entries(task_id, snap.pos, events_of(snap))
+            last = attempt == READ_ATTEMPTS - 1
+            # (the last attempt reads every message after the s, whoever wrote it: one walk
+            # of the task's filter, numbered on whatever was written meanwhile)
+            after = await self.entries(task_id, snap.pos, None if last else events_of(snap))
             if _numbered_on(snap.seq, after):
                 return LogRead(snap, after, after[-1].pos if after else snap.pos)
         raise StoreUnavailableError(f"task {task_id} changed under every read; retry")
