@@ -54,7 +54,6 @@ from a2a.types.a2a_pb2 import Task
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
-from ..errors import FrameNotKeptError
 from ..journal import (
     Change,
     InvalidPageTokenError,
@@ -68,7 +67,7 @@ from ..journal import (
 )
 from ..model import taskops
 from .logowners import LogOwners
-from .records import PENDING, STREAM_SEQ, Entry
+from .records import PENDING, STREAM_SEQ, Entry, resume_from
 from .requests import JetStreamRequests
 from .retry import Retry
 from .tasklog import (
@@ -86,6 +85,7 @@ from .tasklog import (
     decode,
     events_of,
     fold,
+    numbered_on,
     task_filter,
     token,
 )
@@ -340,10 +340,7 @@ class LogJournal:
             StoreUnavailableError: NATS did not answer.
         """
         first = await self._log.entries(task_id, 0, most=REPLAY_PROBE)  # (past releases)
-        if not first or first[0].seq > after + 1:
-            oldest = first[0].seq if first else last + 1
-            raise FrameNotKeptError(task_id, after + 1, oldest, last)
-        return first[0].pos - 1
+        return resume_from(task_id, first, after, last)
 
     async def list(self, query: TaskQuery) -> TaskPage:
         """One page of the scope's tasks matching ``query``, most recently written first.
@@ -519,7 +516,7 @@ class LogJournal:
                 return entry.task()
             async with gate:
                 after = await self._log.entries(entry.task_id, entry.origin, events_of(entry))
-                if not all(e.seq == entry.seq + 1 + i for i, e in enumerate(after)):
+                if not numbered_on(entry.seq, after):
                     read = await self._log.read(entry.task_id)  # (a snapshot since: read anew)
                     return entry.task() if read is None else fold(read).task
             return fold(LogRead(entry, after, after[-1].pos if after else entry.origin)).task

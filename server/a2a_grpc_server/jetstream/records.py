@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from a2a.types.a2a_pb2 import Message, StreamResponse, Task
 from nats.aio.msg import Msg
 
-from ..errors import UnknownFormatError
+from ..errors import FrameNotKeptError, UnknownFormatError
 from ..journal import Change
 from ..model import taskops
 from .conn import TASKS_BUCKET, events_subjects
@@ -199,6 +199,20 @@ class Snapshot:
     def task(self) -> Task:
         """The task it holds."""
         return Task.FromString(self.body)
+
+
+def resume_from(task_id: str, first: Sequence[Entry], after: int, last: int) -> int:
+    """Where a stream resumed after change ``after`` follows from: before the oldest kept.
+
+    ``first``: the record's changes from its start; ``last``: the task's newest change.
+
+    Raises:
+        FrameNotKeptError: The record no longer holds change ``after + 1``.
+    """
+    if not first or first[0].seq > after + 1:
+        oldest = first[0].seq if first else last + 1
+        raise FrameNotKeptError(task_id, after + 1, oldest, last)
+    return first[0].pos - 1
 
 
 def _shard_header(value: str | None) -> int:

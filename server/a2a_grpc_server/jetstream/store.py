@@ -31,7 +31,6 @@ from a2a.types.a2a_pb2 import Task
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from ..errors import FrameNotKeptError
 from ..journal import (
     Change,
     InvalidPageTokenError,
@@ -48,7 +47,7 @@ from .journal import JetStreamJournal
 from .listing import Listing
 from .logjournal import MARK, LogJournal
 from .ownership import SWEEP_BATCH
-from .records import Entry, Snapshot
+from .records import Entry, Snapshot, resume_from
 from .snapshots import SnapshotStore
 
 KNOWN = 65_536
@@ -238,10 +237,7 @@ class ClusterJournal:
         if snap is not None and snap.pos and snap.seq <= after:
             return snap.pos
         first = await self._legacy.entries(task_id, 0, messages=1)
-        if not first or first[0].seq > after + 1:
-            oldest = first[0].seq if first else last + 1
-            raise FrameNotKeptError(task_id, after + 1, oldest, last)
-        return first[0].pos - 1
+        return resume_from(task_id, first, after, last)
 
     async def list(self, query: TaskQuery) -> TaskPage:
         """The log's tasks, then the bucket's (see the module docstring).

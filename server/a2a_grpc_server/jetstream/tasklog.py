@@ -489,7 +489,7 @@ class TaskLog:
             # (the last attempt reads every message after the s, whoever wrote it: one walk
             # of the task's filter, numbered on whatever was written meanwhile)
             after = await self.entries(task_id, snap.pos, None if last else events_of(snap))
-            if _numbered_on(snap.seq, after):
+            if numbered_on(snap.seq, after):
                 return LogRead(snap, after, after[-1].pos if after else snap.pos)
         raise StoreUnavailableError(f"task {task_id} changed under every read; retry")
 
@@ -525,7 +525,7 @@ class TaskLog:
         )
 
 
-def _numbered_on(seq: int, after: Sequence[Entry]) -> bool:
+def numbered_on(seq: int, after: Sequence[Entry]) -> bool:
     """Whether ``after`` numbers on from change ``seq`` without a gap."""
     return all(entry.seq == seq + 1 + i for i, entry in enumerate(after))
 
