@@ -26,8 +26,9 @@ clients recorded, what every instance answers and what the record holds:
   final state GetTask answers (the listing index agrees with the snapshots
   after the faults).
 
-A failing schedule names its seed; ``python -m tests.support.faultsuite SEED [NODES]`` runs
-it again (NODES: 1, or 3 for a 3-node NATS cluster).
+A failing schedule names its seed; ``python -m tests.support.faultsuite SEED [NODES]
+[--task-log]`` runs it again (NODES: 1, or 3 for a 3-node NATS cluster; ``--task-log``:
+tasks in the task log, format 3).
 """
 
 from __future__ import annotations
@@ -497,8 +498,17 @@ async def cancel(run: Run, task_id: str, rng: random.Random) -> None:
 async def follow_up(
     run: Run, task_id: str, context_id: str, rng: random.Random, followers: list[asyncio.Task[None]]
 ) -> None:
-    """Answer the agent's question through a random instance, retrying while refused."""
-    for _ in range(30):
+    """Answer the agent's question through a random instance, retrying while refused.
+
+    As long as ``follow`` resumes a stream (40 s, as a supervisor restarts an instance,
+    and then some): a task waits for its answer for good, and so do its subscribers, so
+    a client that gave up sooner (seed 546954: both instances down for 10 s) would leave
+    them open however well the cluster kept its promise.
+    """
+    deadline = asyncio.get_running_loop().time() + 40.0
+    for _ in range(200):
+        if asyncio.get_running_loop().time() > deadline:
+            return
         member = run.live(rng)
         if member is None or member.stub is None:
             await asyncio.sleep(0.3)  # sync-ok: waiting for an instance to come back
@@ -906,8 +916,8 @@ def _disturbed(run: Run, lease: float) -> set[str]:
     return found
 
 
-async def _replay(seed: int, nodes: int) -> int:
-    run = await run_schedule(schedule(seed, nats_nodes=nodes))
+async def _replay(seed: int, nodes: int, task_log: bool) -> int:
+    run = await run_schedule(schedule(seed, nats_nodes=nodes), task_log=task_log)
     print(f"{run.schedule}: {len(run.tasks)} tasks, {len(run.streams)} streams")
     for violation in run.violations:
         print(f"  VIOLATION {violation}")
@@ -917,6 +927,9 @@ async def _replay(seed: int, nodes: int) -> int:
 if __name__ == "__main__":
     import sys
 
+    args = [a for a in sys.argv[1:] if a != "--task-log"]
     raise SystemExit(
-        asyncio.run(_replay(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 1))
+        asyncio.run(
+            _replay(int(args[0]), int(args[1]) if len(args) > 1 else 1, "--task-log" in sys.argv)
+        )
     )
