@@ -1,7 +1,8 @@
 """The randomized fault suite (see ``faultsuite``): fixed seeds plus a few random ones.
 
 ``pytest --long`` runs many more schedules. A failing schedule names its seed;
-``python -m tests.support.faultsuite SEED [3]`` runs it again (3: on a 3-node NATS cluster).
+``python -m tests.support.faultsuite SEED [3] [--bucket]`` runs it again (3: on a 3-node NATS
+cluster; ``--bucket``: the format-2 layout's runs).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 
 from tests.support.faultsuite import Run, run_schedule, schedule
 
-FIXED = (1, 2, 3, 4, 5, 6, 282806, 309933)
+FIXED = (1, 2, 3, 4, 5, 6, 282806, 309933, 546954)
 """Seeds every run checks (single NATS node). 282806: an owner paused past its lease while a
 NATS node restarts; its waiting task is released, claimed and run to its end elsewhere, and
 the owner, back, sealed its own subscribers' streams with the final frame alone, skipping
@@ -21,7 +22,10 @@ follow-up's run before the pause, numbered past the other instance's changes and
 own FAILED on top (one replay in three, after the first fix). 309933: one instance crashes
 for good while the other is stopped (SIGTERM) and NATS is killed as it restarts, so no
 instance serves for over ten seconds; the workload stopped resuming its cut streams after
-ten seconds without one (failed 3 replays in 3 on 5a8221a; 0 in 3 with forty seconds)."""
+ten seconds without one (failed 3 replays in 3 on 5a8221a; 0 in 3 with forty seconds).
+546954: the same outage for a task waiting for input: the workload gave up answering it
+after nine seconds, and its subscribers rightly stayed open (3 replays in 3, either layout,
+before its follow-up waited forty seconds too)."""
 FIXED_CLUSTER = (11, 12, 878510)
 """Seeds every run checks on a 3-node NATS cluster (``--nats-replicas 3``). 878510: two NATS
 nodes down while the owner crashes; a SendStreamingMessage stream cut before its task asked
@@ -46,7 +50,7 @@ def report(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
-async def run_all(seeds: list[int], nodes: int, task_log: bool = False) -> None:
+async def run_all(seeds: list[int], nodes: int, task_log: bool = True) -> None:
     runs = []
     for seed in seeds:
         runs.append(await run_schedule(schedule(seed, nats_nodes=nodes), task_log=task_log))
@@ -57,8 +61,8 @@ async def run_all(seeds: list[int], nodes: int, task_log: bool = False) -> None:
 
 
 LAYOUTS = pytest.mark.parametrize("task_log", [False, True], ids=["format-2", "format-3"])
-"""New tasks in the snapshot bucket, or in the task log once the instances heard each other
-(issue 41: ``--nats-task-log``)."""
+"""New tasks in the snapshot bucket (``--no-nats-task-log``), or in the task log (the default)
+once the instances heard each other (issue 41)."""
 
 
 @pytest.mark.timeout(3600)

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from a2a.types.a2a_pb2 import StreamResponse, Task
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext, api
+from nats.js import JetStreamContext
 
 from ..journal import (
     Change,
@@ -65,6 +65,7 @@ from ..journal import (
     VersionConflictError,
 )
 from ..model import taskops
+from . import pullread
 from .conn import events_stream
 from .formats import Formats
 from .index import (
@@ -97,9 +98,6 @@ logger = logging.getLogger(__name__)
 
 FOLD_BATCH = 256
 """Messages one direct get returns at most."""
-IDLE_HEARTBEAT = 1.0
-"""Seconds between JetStream heartbeats of a follower's consumer (how soon a lost one
-is noticed)."""
 _KNOWN_FINAL = 4096
 _KNOWN_SHARDS = 65_536
 
@@ -469,21 +467,10 @@ class JetStreamJournal:
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        config = api.ConsumerConfig(
-            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE
-            if after_pos
-            else api.DeliverPolicy.ALL,
-            opt_start_seq=after_pos + 1 if after_pos else None,
-        )
         shard = await self._shard(task_id)
         return await self._retry(
-            lambda: self._js.subscribe(
-                subject(task_id, shard),
-                stream=events_stream(shard),
-                cb=handle,
-                ordered_consumer=True,
-                idle_heartbeat=IDLE_HEARTBEAT,
-                config=config,
+            lambda: pullread.follow(
+                self._js, events_stream(shard), subject(task_id, shard), after_pos, handle
             ),
             f"follow task {task_id}",
         )

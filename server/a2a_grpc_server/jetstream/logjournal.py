@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from a2a.types.a2a_pb2 import Task
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext, api
+from nats.js import JetStreamContext
 
 from ..journal import (
     Change,
@@ -66,6 +66,7 @@ from ..journal import (
     UnknownTaskError,
 )
 from ..model import taskops
+from . import pullread
 from .logowners import LogOwners
 from .records import PENDING, STREAM_SEQ, Entry, resume_from
 from .requests import JetStreamRequests
@@ -105,8 +106,6 @@ REPLAY_PROBE = 16
 a claim holds none)."""
 KNOWN = 65_536
 """Tasks this instance writes that a journal remembers (see ``LogJournal._known``)."""
-IDLE_HEARTBEAT = 1.0
-"""Seconds between JetStream heartbeats of a relay's consumer (how soon a lost one is noticed)."""
 
 
 @dataclass(slots=True)
@@ -310,20 +309,9 @@ class LogJournal:
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        config = api.ConsumerConfig(
-            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE
-            if after_pos
-            else api.DeliverPolicy.ALL,
-            opt_start_seq=after_pos + 1 if after_pos else None,
-        )
         return await self._retry(
-            lambda: self._js.subscribe(
-                task_filter(task_id),
-                stream=self._log_stream,
-                cb=handle,
-                ordered_consumer=True,
-                idle_heartbeat=IDLE_HEARTBEAT,
-                config=config,
+            lambda: pullread.follow(
+                self._js, self._log_stream, task_filter(task_id), after_pos, handle
             ),
             f"follow task {task_id}",
         )

@@ -22,7 +22,7 @@ pending count is 0. Leaving the block unsubscribes (the consumer's
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 
 from nats.aio.msg import Msg
@@ -33,6 +33,35 @@ BATCH = 256
 """Messages one fetch asks for at most."""
 IDLE = 30.0
 """Seconds before JetStream drops a read's consumer left behind (its instance died)."""
+IDLE_HEARTBEAT = 1.0
+"""Seconds between JetStream heartbeats of a follower's consumer (how soon a lost one
+is noticed)."""
+
+
+async def follow(
+    js: JetStreamContext,
+    stream: str,
+    subject: str,
+    after_pos: int,
+    handle: Callable[[Msg], Awaitable[None]],
+) -> JetStreamContext.PushSubscription:
+    """Deliver every message on ``subject`` after stream sequence ``after_pos`` to ``handle``.
+
+    An ordered consumer: in order, and recreated from the last delivered sequence if
+    the server serving it is lost (each journal's ``follow``, which retries it).
+    """
+    config = api.ConsumerConfig(
+        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if after_pos else api.DeliverPolicy.ALL,
+        opt_start_seq=after_pos + 1 if after_pos else None,
+    )
+    return await js.subscribe(
+        subject,
+        stream=stream,
+        cb=handle,
+        ordered_consumer=True,
+        idle_heartbeat=IDLE_HEARTBEAT,
+        config=config,
+    )
 
 
 def last_per_subject(*, headers_only: bool) -> api.ConsumerConfig:
