@@ -5,10 +5,11 @@ While the old instance runs, the new one writes format 1 (what the old one reads
 started through either are read and continued through the other. Once the old instance is
 replaced, the new ones write format 2 (a lease later). See ``jetstream.formats``.
 
-Then the task log (format 3, issue 41) in two steps: beside the last version of format 2
-(tests/fixtures/format-2) this one keeps to the bucket; beside the version that reads the
-log but does not create tasks there (tests/fixtures/log-reader) it creates them in the log,
-and the old one reads, streams and, after a rollback, continues them.
+Then the task log (format 3, issue 41), turned on (``--nats-task-log``): beside the last
+version of format 2 (tests/fixtures/format-2) this one keeps to the bucket; beside a version
+that reads the log but does not create tasks there (tests/fixtures/log-reader, 93131b4) it
+creates them in the log, and the old one reads, streams and, after a rollback, continues
+them.
 """
 
 from __future__ import annotations
@@ -98,8 +99,7 @@ async def test_the_previous_version_and_this_one_share_a_cluster_through_a_rolli
     channels: list[grpc.aio.Channel] = []
 
     async def launch(env: dict[str, str] | None = None) -> a2a_pb2_grpc.A2AServiceStub:
-        # (and in the snapshot bucket: formats 1 and 2 are this test's; the log is the next's)
-        trust = () if env is not None else ("--nats-trust-bus", "--no-nats-task-log")
+        trust = () if env is not None else ("--nats-trust-bus",)
         process = await start(*AGENT, *lease, *trust, env=env)
         processes.append(process)
         channel = grpc.aio.insecure_channel(process.grpc_addr)
@@ -175,8 +175,8 @@ async def in_the_log(nats_url: str, task_id: str) -> bool:
 async def test_the_task_log_waits_for_the_last_format_2_instance_and_rolls_back_before_it(
     nats_url: str, tmp_path: Path
 ) -> None:
-    """Issue 41's upgrade rule: an instance with the task log on (``nats_task_log``, the
-    default) creates tasks in the bucket while one of the last format-2 version runs, so stopping it
+    """Issue 41's upgrade rule: an instance asked for the task log (``--nats-task-log``)
+    creates tasks in the bucket while one of the last format-2 version runs, so stopping it
     (a rollback) leaves every task readable; once no such instance is left, new tasks go to
     the log, and both layouts are read, continued and listed through every instance."""
     common = ("--nats", nats_url, "--lease", "1", "--nats-key-file", str(cluster_key_file()))
@@ -193,7 +193,7 @@ async def test_the_task_log_waits_for_the_last_format_2_instance_and_rolls_back_
     try:
         async with asyncio.timeout(90):
             old = await launch(env=format_2_version(tmp_path / "format-2"))
-            new = await launch()
+            new = await launch("--nats-task-log")
             await logged(processes[1], "writing format 2")  # (it heard the old one)
             from_old, from_new = await ask(old), await ask(new)
             assert not await in_the_log(nats_url, from_new.id), "the bucket beside format 2"
@@ -205,10 +205,10 @@ async def test_the_task_log_waits_for_the_last_format_2_instance_and_rolls_back_
             assert await processes[1].proc.wait() == 0
             assert (await answer(old, from_new)).status.state == S.TASK_STATE_COMPLETED
             # Rolled forward: two new instances replace the old one; the log follows.
-            again = await launch()
+            again = await launch("--nats-task-log")
             processes[0].proc.send_signal(signal.SIGTERM)
             assert await processes[0].proc.wait() == 0
-            other = await launch()
+            other = await launch("--nats-task-log")
             await logged(processes[2], "creating tasks in the task log")
             later = await ask(again)
             assert await in_the_log(nats_url, later.id)
@@ -237,26 +237,26 @@ LOG_READER = (
 
 
 def log_reader_version(into: Path) -> dict[str, str]:
-    """The environment that runs the version before the log became the default
-    (tests/fixtures/log-reader: it reads the log, and creates tasks in the bucket)."""
+    """The environment that runs 93131b4 (tests/fixtures/log-reader: it reads the log, and
+    creates tasks in the bucket)."""
     with zipfile.ZipFile(LOG_READER) as wheel:
         wheel.extractall(into)
     return {"PYTHONPATH": f"{into}:{ROOT}"}
 
 
-async def test_this_version_turns_the_log_on_beside_the_one_before_and_rolls_back_to_it(
+async def test_the_log_turned_on_beside_a_version_that_only_reads_it_rolls_back_to_it(
     nats_url: str, tmp_path: Path
 ) -> None:
-    """The rolling update that turns the task log on (issue 41): beside the version before
-    (which reads the log but creates tasks in the bucket), this one creates tasks in the
-    log by default; the old one reads them, streams their changes to the final frame and,
-    once this one is stopped (a rollback), continues them."""
+    """The rolling update that turns the task log on (issue 41): beside 93131b4 (which reads
+    the log but creates tasks in the bucket), this one, asked for the log, creates tasks
+    there; the old one reads them, streams their changes to the final frame and, once this
+    one is stopped (a rollback), continues them."""
     common = ("--nats", nats_url, "--lease", "1", "--nats-key-file", str(cluster_key_file()))
     processes: list[Process] = []
     channels: list[grpc.aio.Channel] = []
 
-    async def launch(env: dict[str, str] | None = None) -> a2a_pb2_grpc.A2AServiceStub:
-        process = await start(*AGENT, *common, env=env)
+    async def launch(*args: str, env: dict[str, str] | None = None) -> a2a_pb2_grpc.A2AServiceStub:
+        process = await start(*AGENT, *common, *args, env=env)
         processes.append(process)
         channel = grpc.aio.insecure_channel(process.grpc_addr)
         channels.append(channel)
@@ -265,11 +265,11 @@ async def test_this_version_turns_the_log_on_beside_the_one_before_and_rolls_bac
     try:
         async with asyncio.timeout(90):
             old = await launch(env=log_reader_version(tmp_path / "log-reader"))
-            new = await launch()
+            new = await launch("--nats-task-log")
             await logged(processes[1], "creating tasks in the task log")  # (it heard the old)
             streamed, released = await ask(new), await ask(new)
             from_old = await ask(old)
-            assert await in_the_log(nats_url, streamed.id), "the log by default"
+            assert await in_the_log(nats_url, streamed.id), "the log, once all read it"
             assert not await in_the_log(nats_url, from_old.id), "the old one: the bucket"
             seen = await old.GetTask(GetTaskRequest(id=released.id), metadata=V1)
             assert seen.status.state == S.TASK_STATE_INPUT_REQUIRED
