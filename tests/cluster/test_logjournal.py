@@ -361,3 +361,27 @@ async def test_a_running_task_is_snapshotted_again_before_its_snapshot_could_age
         await journal.update(t, v, [change(2, t)])
         last = await journal.log.last(t.id)
         assert last is not None and last.kind == kind, ttl
+
+
+async def test_what_a_journal_remembers_of_its_tasks_is_bounded_and_a_forgotten_one_is_read(
+    make: Callable[..., LogJournal], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``KNOWN`` bounds the tasks a journal remembers (memory follows what is kept): the
+    oldest is forgotten first, and its next write reads it back from the log, numbering on
+    from what the log holds, as for a task another instance wrote."""
+    monkeypatch.setattr(logjournal, "KNOWN", 2)
+    journal = make("i1", snapshot_every=100)
+    versions = {}
+    for n in range(3):
+        t = task(f"k{n}", S.TASK_STATE_WORKING)
+        versions[t.id] = await journal.create(t, [change(1, t)])
+    assert list(journal._known) == ["k1", "k2"]  # (k0, the oldest, forgotten)
+    t = task("k0", S.TASK_STATE_WORKING)
+    t.artifacts.add(artifact_id="x2")
+    v = await journal.update(t, versions["k0"], [change(2, t)])  # (read back, then written)
+    assert list(journal._known) == ["k2", "k0"]
+    t.artifacts.add(artifact_id="x3")
+    await journal.update(t, v, [change(3, t)])
+    got = await journal.get("k0")
+    assert got is not None and got.seq == 3
+    assert [a.artifact_id for a in got.task.artifacts] == ["x2", "x3"]

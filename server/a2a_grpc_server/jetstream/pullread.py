@@ -17,6 +17,9 @@ had already sent can come after it, and a count stops one short.
 Messages written during the read are read too: it ends on the message whose
 pending count is 0. Leaving the block unsubscribes (the consumer's
 ``inactive_threshold`` drops it on its own if this process dies first).
+
+``follow`` is the other way to read: a task's messages as they come, through an
+ordered push consumer (both journals' relays).
 """
 
 from __future__ import annotations
