@@ -345,7 +345,7 @@ class LogJournal:
         subject = _filter(query)
         await self.caught_up()
         scanning = bool(query.state or query.status_after_ns)
-        top = before if before is not None else await self._end(subject)
+        top = before if before is not None else await self._end()
         want = query.page_size + 1
         found: builtins.list[Logged] = []
         scanned, low = 0, top
@@ -382,19 +382,19 @@ class LogJournal:
 
         The log's last position (one direct get on ``>``: no subject walked), then,
         while the index's last entry came from below it, the first ``s`` and ``f``
-        between (near the log's end): none means the index has them all.
+        between (near the log's end): none means the index has them all. Both last
+        positions come from the streams' states and one direct get by position: a
+        last message by a wildcard walks every task's subjects (decision 0001).
 
         Raises:
             StoreUnavailableError: Not within ``Retry.timeout`` (the index's source stalls).
         """
-        target = await self._last_pos(self._log_stream, f"{LOG_SUBJECT}.>", origin=False)
+        _, target = await self._log.stream_state()
         pause = 0.001
         try:
             async with asyncio.timeout(self._retry.timeout):
                 while True:
-                    reached = await self._last_pos(
-                        self._index_stream, f"{CURRENT_SUBJECT}.>", origin=True
-                    )
+                    reached = await self._reached()
                     if reached >= target:
                         return
                     due = await asyncio.gather(
@@ -419,19 +419,24 @@ class LogJournal:
                 "the listing index has not caught up with the task log; retry"
             ) from None
 
-    async def _last_pos(self, stream: str, subject: str, *, origin: bool) -> int:
-        """The position of the last message on ``subject`` (0: none); ``origin``: in the log."""
-        msgs = await self._get(stream, {"last_by_subj": subject})
-        if not msgs:
-            return 0
-        if origin:
-            return _origin(msgs[0])
-        return _pos(msgs[0])
+    async def _reached(self) -> int:
+        """The log's position of the message the index's last entry copies (0: none).
 
-    async def _end(self, subject: str) -> int:
-        """One past the last entry on ``subject`` (1 if none)."""
-        msgs = await self._get(self._index_stream, {"last_by_subj": subject})
-        return _pos(msgs[0]) + 1 if msgs else 1
+        The entry at the index's last position; if it is not there (an R3 replica
+        behind its leader), the last entry by subject, as slow as it is sure.
+        """
+        _, last = await self._log.stream_state(self._index_stream)
+        if not last:
+            return 0
+        msgs = await self._get(self._index_stream, {"seq": last})
+        if not msgs:
+            msgs = await self._get(self._index_stream, {"last_by_subj": f"{CURRENT_SUBJECT}.>"})
+        return _origin(msgs[0]) if msgs else 0
+
+    async def _end(self) -> int:
+        """One past the index's last entry (1 if none): a page's top, from its state."""
+        _, last = await self._log.stream_state(self._index_stream)
+        return last + 1
 
     async def _count_from(self, subject: str, start: int) -> int:
         """How many entries on ``subject`` lie at ``start`` or after."""

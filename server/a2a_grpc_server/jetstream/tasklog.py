@@ -453,9 +453,30 @@ class TaskLog:
         return last
 
     async def holds_any(self) -> bool:
-        """Whether the log holds any task (one direct get, no subject walked)."""
-        msgs = await self._get({"last_by_subj": f"{LOG_SUBJECT}.t.>"}, "read the task log")
-        return bool(msgs)
+        """Whether the log holds any message (a task's, or an owner's registration).
+
+        From the stream's state (``stream_state``): a last message by a wildcard
+        (``last_by_subj a2a.log.t.>``) walks every task's subjects in nats-server
+        (37 ms at 100,000 tasks; docs/decisions/0001-cluster-store-layout.md).
+        """
+        messages, _ = await self.stream_state()
+        return messages > 0
+
+    async def stream_state(self, stream: str | None = None) -> tuple[int, int]:
+        """How many messages ``stream`` (default: the log) holds, and its last position.
+
+        One stream info request, answered by the stream's leader from counters it
+        keeps (no subject walked, current on R3).
+        """
+        name = stream or self._stream
+        answer = await self._retry(
+            lambda: self._requests.api(f"$JS.API.STREAM.INFO.{name}", b"", self._retry.timeout),
+            f"read the state of stream {name}",
+        )
+        state = answer.get("state")
+        if not isinstance(state, dict):
+            return 0, 0
+        return int(state.get("messages", 0)), int(state.get("last_seq", 0))
 
     async def read(self, task_id: str) -> LogRead | None:
         """The task by id: its newest ``s`` or its ``f``, and the changes after it.
