@@ -385,3 +385,40 @@ async def test_what_a_journal_remembers_of_its_tasks_is_bounded_and_a_forgotten_
     got = await journal.get("k0")
     assert got is not None and got.seq == 3
     assert [a.artifact_id for a in got.task.artifacts] == ["x2", "x3"]
+
+
+async def test_the_log_holds_no_task_while_it_holds_only_owner_registrations(
+    make: Callable[..., LogJournal],
+) -> None:
+    """A registration (never deleted while its owner lives) is not a task: the facade's
+    listing keeps to the bucket alone until the log holds one (``holds_any``)."""
+    journal = make("i1")
+    await journal.owners.register()
+    assert not await journal.holds_any()
+    t = task("h1", S.TASK_STATE_COMPLETED)
+    await journal.create(t, [change(1, t)], keep_frames=False)
+    assert await journal.holds_any()
+
+
+async def test_a_listing_reads_the_slow_way_when_no_stream_leader_answers(
+    make: Callable[..., LogJournal], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a stream's leader answers stream info: in a failover nobody does for a while,
+    and a listing then takes its positions from wildcard reads that any replica answers
+    (a silent leader is simulated: one node cannot lose its leader and keep serving)."""
+    journal = make("i1")
+    for n in range(3):
+        t = task(f"l{n}", S.TASK_STATE_WORKING)
+        await journal.create(t, [change(1, t)])
+    fast = await journal.list(TaskQuery(page_size=2))
+
+    async def silent(self: tasklog.TaskLog, stream: str | None = None) -> None:
+        return None
+
+    monkeypatch.setattr(tasklog.TaskLog, "stream_state", silent)
+    slow = await journal.list(TaskQuery(page_size=2))
+    assert [t.id for t in slow.tasks] == [t.id for t in fast.tasks] == ["l2", "l1"]
+    assert slow.total_size == fast.total_size == 3
+    rest = await journal.list(TaskQuery(page_size=2, page_token=slow.next_page_token))
+    assert [t.id for t in rest.tasks] == ["l0"]
+    assert await journal.holds_any()

@@ -345,7 +345,7 @@ class LogJournal:
         subject = _filter(query)
         await self.caught_up()
         scanning = bool(query.state or query.status_after_ns)
-        top = before if before is not None else await self._end()
+        top = before if before is not None else await self._end(subject)
         want = query.page_size + 1
         found: builtins.list[Logged] = []
         scanned, low = 0, top
@@ -389,7 +389,8 @@ class LogJournal:
         Raises:
             StoreUnavailableError: Not within ``Retry.timeout`` (the index's source stalls).
         """
-        _, target = await self._log.stream_state()
+        state = await self._log.stream_state()
+        target = state[1] if state else await self._last_pos(self._log_stream, f"{LOG_SUBJECT}.>")
         pause = 0.001
         try:
             async with asyncio.timeout(self._retry.timeout):
@@ -419,24 +420,51 @@ class LogJournal:
                 "the listing index has not caught up with the task log; retry"
             ) from None
 
+    async def holds_any(self) -> bool:
+        """Whether the log holds any task.
+
+        Its index holds an entry, or (the index empty, or its leader silent) one
+        direct get on the log finds one.
+        """
+        state = await self._log.stream_state(self._index_stream)
+        return bool(state and state[0]) or await self._log.holds_any()
+
     async def _reached(self) -> int:
         """The log's position of the message the index's last entry copies (0: none).
 
-        The entry at the index's last position; if it is not there (an R3 replica
-        behind its leader), the last entry by subject, as slow as it is sure.
+        The entry at the index's last position; if that is unknown (no leader
+        answered) or not there (an R3 replica behind its leader), the last entry by
+        subject: a wildcard read, as slow as it is sure.
         """
-        _, last = await self._log.stream_state(self._index_stream)
-        if not last:
+        state = await self._log.stream_state(self._index_stream)
+        if state is not None and not state[1]:
             return 0
-        msgs = await self._get(self._index_stream, {"seq": last})
+        msgs = await self._get(self._index_stream, {"seq": state[1]}) if state else []
         if not msgs:
-            msgs = await self._get(self._index_stream, {"last_by_subj": f"{CURRENT_SUBJECT}.>"})
-        return _origin(msgs[0]) if msgs else 0
+            return await self._last_pos(self._index_stream, f"{CURRENT_SUBJECT}.>", origin=True)
+        return _origin(msgs[0])
 
-    async def _end(self) -> int:
-        """One past the index's last entry (1 if none): a page's top, from its state."""
-        _, last = await self._log.stream_state(self._index_stream)
-        return last + 1
+    async def _last_pos(self, stream: str, subject: str, *, origin: bool = False) -> int:
+        """The position of the last message on ``subject`` (0: none); ``origin``: in the log.
+
+        A wildcard walks every matching subject in nats-server: the slow way, for
+        when no stream leader answers (``TaskLog.stream_state``).
+        """
+        msgs = await self._get(stream, {"last_by_subj": subject})
+        if not msgs:
+            return 0
+        return _origin(msgs[0]) if origin else _pos(msgs[0])
+
+    async def _end(self, subject: str) -> int:
+        """One past the index's last entry (1 if none): a page's top.
+
+        From the index's state, or (no leader answered) one past the last entry on
+        ``subject``.
+        """
+        state = await self._log.stream_state(self._index_stream)
+        if state is not None:
+            return state[1] + 1
+        return await self._last_pos(self._index_stream, subject) + 1
 
     async def _count_from(self, subject: str, start: int) -> int:
         """How many entries on ``subject`` lie at ``start`` or after."""

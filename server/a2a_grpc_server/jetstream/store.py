@@ -13,8 +13,8 @@ reads both: this façade sends each call to the journal that holds its task.
 * A listing returns the log's tasks first, then the bucket's: most recently
   written first within each. A token of the log's continues there; the log's
   last page continues with the bucket's first; the bucket's tokens are its own.
-  ``total_size`` is the sum. While the log holds nothing (one direct get says so),
-  the bucket alone answers, as before.
+  ``total_size`` is the sum. While the log holds no task (its index's state, or
+  one direct get, says so), the bucket alone answers, as before.
 
 Who runs what: as the journals under it. The bounded map of where tasks are is
 only touched between awaits.
@@ -253,10 +253,10 @@ class ClusterJournal:
             return page
         if phase == "bucket":
             page = await self._legacy.list(query)
-            if await self._log.log.holds_any():
+            if await self._log.holds_any():
                 page.total_size += await self._log.total(query)
             return page
-        if not query.page_token and not await self._log.log.holds_any():
+        if not query.page_token and not await self._log.holds_any():
             return await self._legacy.list(query)  # (nothing in the log: as before it)
         page = await self._log.list(query)
         rest = query.page_size - len(page.tasks)

@@ -58,6 +58,8 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import nats.errors
+import nats.js.errors
 from a2a.types.a2a_pb2 import Task
 from nats.aio.msg import Msg
 
@@ -68,6 +70,7 @@ from ..journal import (
     PartialWriteError,
     RecordedTask,
     StoreError,
+    StoreRefusedError,
     StoreUnavailableError,
     TaskExistsError,
     UnknownTaskError,
@@ -84,7 +87,7 @@ from .conn import log_config as log_config
 from .formats import HEADER as FORMAT
 from .records import COUNT, MSG_ID, PAYLOAD_SLACK, SEQ, STATE, STREAM_SEQ, Entry, record
 from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError
-from .retry import Retry
+from .retry import TRANSIENT, Retry
 
 LOG_FORMAT = 3
 """The format of this log's messages (the only one it reads)."""
@@ -100,6 +103,9 @@ SNAPSHOT, EVENTS, FINAL = "s", "e", "f"
 KINDS = (SNAPSHOT, EVENTS, FINAL)
 BATCH = 256
 """Messages one direct get returns at most."""
+STATE_TIMEOUT = 1.0
+"""Seconds a stream's state is waited for (only its leader answers: in a failover, the
+caller reads a replica instead, see ``TaskLog.stream_state``)."""
 READ_ATTEMPTS = 3
 """Reads of a task that changed between the requests of one read (see ``TaskLog.read``)."""
 KNOWN_FINAL = 4096
@@ -453,26 +459,34 @@ class TaskLog:
         return last
 
     async def holds_any(self) -> bool:
-        """Whether the log holds any message (a task's, or an owner's registration).
+        """Whether the log holds any task (one direct get).
 
-        From the stream's state (``stream_state``): a last message by a wildcard
-        (``last_by_subj a2a.log.t.>``) walks every task's subjects in nats-server
-        (37 ms at 100,000 tasks; docs/decisions/0001-cluster-store-layout.md).
+        A last message by a wildcard walks every task's subjects in nats-server
+        (37 ms at 100,000 tasks; docs/decisions/0001-cluster-store-layout.md): a
+        caller asks the index's state first (``LogJournal.holds_any``).
         """
-        messages, _ = await self.stream_state()
-        return messages > 0
+        msgs = await self._get({"last_by_subj": f"{LOG_SUBJECT}.t.>"}, "read the task log")
+        return bool(msgs)
 
-    async def stream_state(self, stream: str | None = None) -> tuple[int, int]:
+    async def stream_state(self, stream: str | None = None) -> tuple[int, int] | None:
         """How many messages ``stream`` (default: the log) holds, and its last position.
 
-        One stream info request, answered by the stream's leader from counters it
-        keeps (no subject walked, current on R3).
+        One stream info request, answered from counters (no subject walked). Only
+        the stream's leader answers: None when none did within ``STATE_TIMEOUT`` (a
+        failover), and the caller reads a replica the slow way instead.
+
+        Raises:
+            StoreRefusedError: NATS refused the request (no such stream).
         """
         name = stream or self._stream
-        answer = await self._retry(
-            lambda: self._requests.api(f"$JS.API.STREAM.INFO.{name}", b"", self._retry.timeout),
-            f"read the state of stream {name}",
-        )
+        try:
+            answer = await self._requests.api(
+                f"$JS.API.STREAM.INFO.{name}", b"", min(STATE_TIMEOUT, self._retry.timeout)
+            )
+        except TRANSIENT:
+            return None
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise StoreRefusedError(f"NATS refused to read stream {name}: {exc}") from exc
         state = answer.get("state")
         if not isinstance(state, dict):
             return 0, 0
