@@ -380,11 +380,11 @@ class LogJournal:
     async def caught_up(self) -> None:
         """Return once the index holds every ``s`` and ``f`` the log held when called.
 
-        The log's last position (one direct get on ``>``: no subject walked), then,
-        while the index's last entry came from below it, the first ``s`` and ``f``
-        between (near the log's end): none means the index has them all. Both last
-        positions come from the streams' states and one direct get by position: a
-        last message by a wildcard walks every task's subjects (decision 0001).
+        The log's last position, then, while the index's last entry came from below
+        it, the first ``s`` and ``f`` between (near the log's end): none means the
+        index has them all. Both last positions come from the streams' states and
+        one direct get by position (a last message by a wildcard walks every task's
+        subjects, decision 0001), or the slow way when no stream leader answers.
 
         Raises:
             StoreUnavailableError: Not within ``Retry.timeout`` (the index's source stalls).
