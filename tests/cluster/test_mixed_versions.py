@@ -15,8 +15,10 @@ them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import zipfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -46,11 +48,46 @@ WHEEL = ROOT / "tests" / "fixtures" / "previous" / "a2a_grpc_server-0.1.0-py3-no
 AGENT = ("--agent", "tests.support.agents:InputAgent")
 
 
-def previous_version(into: Path) -> dict[str, str]:
-    """The environment that runs 0.1.0's code (its wheel, unpacked) instead of this one's."""
-    with zipfile.ZipFile(WHEEL) as wheel:
-        wheel.extractall(into)
+def unpacked(wheel: Path, into: Path) -> dict[str, str]:
+    """The environment that runs a wheel's code (unpacked into ``into``) instead of this one's."""
+    with zipfile.ZipFile(wheel) as opened:
+        opened.extractall(into)
     return {"PYTHONPATH": f"{into}:{ROOT}"}
+
+
+class Cluster:
+    """``serve`` processes of several versions, each started with ``common``; ``running``
+    closes their clients and kills what is still up."""
+
+    def __init__(self, *common: str) -> None:
+        self.common = common
+        self.processes: list[Process] = []
+        self.channels: list[grpc.aio.Channel] = []
+
+    async def launch(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> a2a_pb2_grpc.A2AServiceStub:
+        """Start one more (``env``: another version's, see ``unpacked``); a client of it."""
+        process = await start(*AGENT, *self.common, *args, env=env)
+        self.processes.append(process)
+        channel = grpc.aio.insecure_channel(process.grpc_addr)
+        self.channels.append(channel)
+        return a2a_pb2_grpc.A2AServiceStub(channel)
+
+
+@contextlib.asynccontextmanager
+async def running(*common: str) -> AsyncIterator[Cluster]:
+    """A ``Cluster``, torn down on the way out."""
+    cluster = Cluster(*common)
+    try:
+        yield cluster
+    finally:
+        for channel in cluster.channels:
+            await channel.close()
+        for process in cluster.processes:
+            if process.proc.returncode is None:
+                process.proc.kill()
+                await process.proc.wait()
 
 
 async def ask(stub: a2a_pb2_grpc.A2AServiceStub) -> Task:
@@ -94,69 +131,43 @@ async def test_the_previous_version_and_this_one_share_a_cluster_through_a_rolli
 ) -> None:
     # This version signs routed requests; the previous one does not, so this one trusts the
     # bus during the update (the documented upgrade path), and 0.1.0 ignores the signature.
-    lease = ("--nats", nats_url, "--lease", "1")
-    processes: list[Process] = []
-    channels: list[grpc.aio.Channel] = []
-
-    async def launch(env: dict[str, str] | None = None) -> a2a_pb2_grpc.A2AServiceStub:
-        trust = () if env is not None else ("--nats-trust-bus",)
-        process = await start(*AGENT, *lease, *trust, env=env)
-        processes.append(process)
-        channel = grpc.aio.insecure_channel(process.grpc_addr)
-        channels.append(channel)
-        return a2a_pb2_grpc.A2AServiceStub(channel)
-
-    try:
-        async with asyncio.timeout(90):
-            old = await launch(previous_version(tmp_path / "0.1.0"))
-            new = await launch()
-            # Each reads and continues what the other started (the new one writes format 1).
-            from_old, from_new = await ask(old), await ask(new)
-            for task, reader in ((from_old, new), (from_new, old)):
-                seen = await reader.GetTask(GetTaskRequest(id=task.id), metadata=V1)
-                assert seen.status.state == S.TASK_STATE_INPUT_REQUIRED
-            assert not await snapshot_marked(nats_url, from_new.id), "format 1 beside 0.1.0"
-            assert (await answer(new, from_old)).status.state == S.TASK_STATE_COMPLETED
-            assert (await answer(old, from_new)).status.state == S.TASK_STATE_COMPLETED
-            # The old instance is replaced by a new one: format 2 follows, read by both.
-            processes[0].proc.send_signal(signal.SIGTERM)
-            assert await processes[0].proc.wait() == 0
-            other = await launch()
-            await logged(processes[1], "writing format 2")  # the old one left
-            later = await ask(new)
-            assert await snapshot_marked(nats_url, later.id)
-            assert (await answer(other, later)).status.state == S.TASK_STATE_COMPLETED
-            finished = await new.GetTask(GetTaskRequest(id=from_old.id), metadata=V1)
-            assert finished.status.state == S.TASK_STATE_COMPLETED, "format 1 read after"
-            # Every instance keeps the listing index now: the smallest live one indexes
-            # what 0.1.0 wrote (snapshots without entries), and listings find all of it.
-            builders = [
-                asyncio.create_task(logged(p, "listing index built")) for p in processes[1:]
-            ]
-            _, waiting = await asyncio.wait(builders, return_when=asyncio.FIRST_COMPLETED)
-            for builder in waiting:
-                builder.cancel()
-            assert await snapshot_indexed(nats_url, from_old.id), "indexed once 0.1.0 left"
-            for stub in (new, other):
-                listed = await stub.ListTasks(ListTasksRequest(page_size=10), metadata=V1)
-                assert {from_old.id, from_new.id, later.id} <= {t.id for t in listed.tasks}
-    finally:
-        for channel in channels:
-            await channel.close()
-        for process in processes:
-            if process.proc.returncode is None:
-                process.proc.kill()
-                await process.proc.wait()
+    trust = "--nats-trust-bus"
+    async with running("--nats", nats_url, "--lease", "1") as cluster, asyncio.timeout(90):
+        processes = cluster.processes
+        old = await cluster.launch(env=unpacked(WHEEL, tmp_path / "0.1.0"))
+        new = await cluster.launch(trust)
+        # Each reads and continues what the other started (the new one writes format 1).
+        from_old, from_new = await ask(old), await ask(new)
+        for task, reader in ((from_old, new), (from_new, old)):
+            seen = await reader.GetTask(GetTaskRequest(id=task.id), metadata=V1)
+            assert seen.status.state == S.TASK_STATE_INPUT_REQUIRED
+        assert not await snapshot_marked(nats_url, from_new.id), "format 1 beside 0.1.0"
+        assert (await answer(new, from_old)).status.state == S.TASK_STATE_COMPLETED
+        assert (await answer(old, from_new)).status.state == S.TASK_STATE_COMPLETED
+        # The old instance is replaced by a new one: format 2 follows, read by both.
+        processes[0].proc.send_signal(signal.SIGTERM)
+        assert await processes[0].proc.wait() == 0
+        other = await cluster.launch(trust)
+        await logged(processes[1], "writing format 2")  # the old one left
+        later = await ask(new)
+        assert await snapshot_marked(nats_url, later.id)
+        assert (await answer(other, later)).status.state == S.TASK_STATE_COMPLETED
+        finished = await new.GetTask(GetTaskRequest(id=from_old.id), metadata=V1)
+        assert finished.status.state == S.TASK_STATE_COMPLETED, "format 1 read after"
+        # Every instance keeps the listing index now: the smallest live one indexes
+        # what 0.1.0 wrote (snapshots without entries), and listings find all of it.
+        builders = [asyncio.create_task(logged(p, "listing index built")) for p in processes[1:]]
+        _, waiting = await asyncio.wait(builders, return_when=asyncio.FIRST_COMPLETED)
+        for builder in waiting:
+            builder.cancel()
+        assert await snapshot_indexed(nats_url, from_old.id), "indexed once 0.1.0 left"
+        for stub in (new, other):
+            listed = await stub.ListTasks(ListTasksRequest(page_size=10), metadata=V1)
+            assert {from_old.id, from_new.id, later.id} <= {t.id for t in listed.tasks}
 
 
 FORMAT_2 = ROOT / "tests" / "fixtures" / "format-2" / "a2a_grpc_server-0.2.0.dev0-py3-none-any.whl"
-
-
-def format_2_version(into: Path) -> dict[str, str]:
-    """The environment that runs the last version of format 2 (tests/fixtures/format-2)."""
-    with zipfile.ZipFile(FORMAT_2) as wheel:
-        wheel.extractall(into)
-    return {"PYTHONPATH": f"{into}:{ROOT}"}
+"""The last version of format 2."""
 
 
 async def in_the_log(nats_url: str, task_id: str) -> bool:
@@ -180,68 +191,44 @@ async def test_the_task_log_waits_for_the_last_format_2_instance_and_rolls_back_
     (a rollback) leaves every task readable; once no such instance is left, new tasks go to
     the log, and both layouts are read, continued and listed through every instance."""
     common = ("--nats", nats_url, "--lease", "1", "--nats-key-file", str(cluster_key_file()))
-    processes: list[Process] = []
-    channels: list[grpc.aio.Channel] = []
-
-    async def launch(*args: str, env: dict[str, str] | None = None) -> a2a_pb2_grpc.A2AServiceStub:
-        process = await start(*AGENT, *common, *args, env=env)
-        processes.append(process)
-        channel = grpc.aio.insecure_channel(process.grpc_addr)
-        channels.append(channel)
-        return a2a_pb2_grpc.A2AServiceStub(channel)
-
-    try:
-        async with asyncio.timeout(90):
-            old = await launch(env=format_2_version(tmp_path / "format-2"))
-            new = await launch("--nats-task-log")
-            await logged(processes[1], "writing format 2")  # (it heard the old one)
-            from_old, from_new = await ask(old), await ask(new)
-            assert not await in_the_log(nats_url, from_new.id), "the bucket beside format 2"
-            seen = await old.GetTask(GetTaskRequest(id=from_new.id), metadata=V1)
-            assert seen.status.state == S.TASK_STATE_INPUT_REQUIRED
-            assert (await answer(new, from_old)).status.state == S.TASK_STATE_COMPLETED
-            # Rolled back: the new one stops; the old one serves what it started.
-            processes[1].proc.send_signal(signal.SIGTERM)
-            assert await processes[1].proc.wait() == 0
-            assert (await answer(old, from_new)).status.state == S.TASK_STATE_COMPLETED
-            # Rolled forward: two new instances replace the old one; the log follows.
-            again = await launch("--nats-task-log")
-            processes[0].proc.send_signal(signal.SIGTERM)
-            assert await processes[0].proc.wait() == 0
-            other = await launch("--nats-task-log")
-            await logged(processes[2], "creating tasks in the task log")
-            later = await ask(again)
-            assert await in_the_log(nats_url, later.id)
-            seen = await other.GetTask(GetTaskRequest(id=later.id), metadata=V1)
-            assert seen.status.state == S.TASK_STATE_INPUT_REQUIRED
-            assert (await answer(other, later)).status.state == S.TASK_STATE_COMPLETED
-            for stub in (again, other):
-                listed = await stub.ListTasks(ListTasksRequest(page_size=10), metadata=V1)
-                ids = [t.id for t in listed.tasks]
-                assert ids[0] == later.id, "the log's tasks first"
-                assert {from_old.id, from_new.id, later.id} <= set(ids)
-                done = await stub.GetTask(GetTaskRequest(id=from_old.id), metadata=V1)
-                assert done.status.state == S.TASK_STATE_COMPLETED, "the bucket read after"
-    finally:
-        for channel in channels:
-            await channel.close()
-        for process in processes:
-            if process.proc.returncode is None:
-                process.proc.kill()
-                await process.proc.wait()
+    async with running(*common) as cluster, asyncio.timeout(90):
+        processes, launch = cluster.processes, cluster.launch
+        old = await launch(env=unpacked(FORMAT_2, tmp_path / "format-2"))
+        new = await launch("--nats-task-log")
+        await logged(processes[1], "writing format 2")  # (it heard the old one)
+        from_old, from_new = await ask(old), await ask(new)
+        assert not await in_the_log(nats_url, from_new.id), "the bucket beside format 2"
+        seen = await old.GetTask(GetTaskRequest(id=from_new.id), metadata=V1)
+        assert seen.status.state == S.TASK_STATE_INPUT_REQUIRED
+        assert (await answer(new, from_old)).status.state == S.TASK_STATE_COMPLETED
+        # Rolled back: the new one stops; the old one serves what it started.
+        processes[1].proc.send_signal(signal.SIGTERM)
+        assert await processes[1].proc.wait() == 0
+        assert (await answer(old, from_new)).status.state == S.TASK_STATE_COMPLETED
+        # Rolled forward: two new instances replace the old one; the log follows.
+        again = await launch("--nats-task-log")
+        processes[0].proc.send_signal(signal.SIGTERM)
+        assert await processes[0].proc.wait() == 0
+        other = await launch("--nats-task-log")
+        await logged(processes[2], "creating tasks in the task log")
+        later = await ask(again)
+        assert await in_the_log(nats_url, later.id)
+        seen = await other.GetTask(GetTaskRequest(id=later.id), metadata=V1)
+        assert seen.status.state == S.TASK_STATE_INPUT_REQUIRED
+        assert (await answer(other, later)).status.state == S.TASK_STATE_COMPLETED
+        for stub in (again, other):
+            listed = await stub.ListTasks(ListTasksRequest(page_size=10), metadata=V1)
+            ids = [t.id for t in listed.tasks]
+            assert ids[0] == later.id, "the log's tasks first"
+            assert {from_old.id, from_new.id, later.id} <= set(ids)
+            done = await stub.GetTask(GetTaskRequest(id=from_old.id), metadata=V1)
+            assert done.status.state == S.TASK_STATE_COMPLETED, "the bucket read after"
 
 
 LOG_READER = (
     ROOT / "tests" / "fixtures" / "log-reader" / "a2a_grpc_server-0.2.0.dev0-py3-none-any.whl"
 )
-
-
-def log_reader_version(into: Path) -> dict[str, str]:
-    """The environment that runs 93131b4 (tests/fixtures/log-reader: it reads the log, and
-    creates tasks in the bucket)."""
-    with zipfile.ZipFile(LOG_READER) as wheel:
-        wheel.extractall(into)
-    return {"PYTHONPATH": f"{into}:{ROOT}"}
+"""93131b4: it reads the log, and creates tasks in the bucket."""
 
 
 async def test_the_log_turned_on_beside_a_version_that_only_reads_it_rolls_back_to_it(
@@ -252,45 +239,28 @@ async def test_the_log_turned_on_beside_a_version_that_only_reads_it_rolls_back_
     there; the old one reads them, streams their changes to the final frame and, once this
     one is stopped (a rollback), continues them."""
     common = ("--nats", nats_url, "--lease", "1", "--nats-key-file", str(cluster_key_file()))
-    processes: list[Process] = []
-    channels: list[grpc.aio.Channel] = []
-
-    async def launch(*args: str, env: dict[str, str] | None = None) -> a2a_pb2_grpc.A2AServiceStub:
-        process = await start(*AGENT, *common, *args, env=env)
-        processes.append(process)
-        channel = grpc.aio.insecure_channel(process.grpc_addr)
-        channels.append(channel)
-        return a2a_pb2_grpc.A2AServiceStub(channel)
-
-    try:
-        async with asyncio.timeout(90):
-            old = await launch(env=log_reader_version(tmp_path / "log-reader"))
-            new = await launch("--nats-task-log")
-            await logged(processes[1], "creating tasks in the task log")  # (it heard the old)
-            streamed, released = await ask(new), await ask(new)
-            from_old = await ask(old)
-            assert await in_the_log(nats_url, streamed.id), "the log, once all read it"
-            assert not await in_the_log(nats_url, from_old.id), "the old one: the bucket"
-            seen = await old.GetTask(GetTaskRequest(id=released.id), metadata=V1)
-            assert seen.status.state == S.TASK_STATE_INPUT_REQUIRED
-            # The old one streams a log task's changes, made through this one, to the end.
-            call = old.SubscribeToTask(SubscribeToTaskRequest(id=streamed.id), metadata=V1)
-            frames: list[StreamResponse] = [await anext(aiter(call))]
-            assert (await answer(new, streamed)).status.state == S.TASK_STATE_COMPLETED
-            frames += [frame async for frame in call]
-            assert taskops.frame_state(frames[-1]) == S.TASK_STATE_COMPLETED, frames[-1]
-            assert await call.code() == grpc.StatusCode.OK
-            assert (await answer(new, from_old)).status.state == S.TASK_STATE_COMPLETED
-            # Rolled back: this one stops; the old one continues the log task it left.
-            processes[1].proc.send_signal(signal.SIGTERM)
-            assert await processes[1].proc.wait() == 0
-            assert (await answer(old, released)).status.state == S.TASK_STATE_COMPLETED
-            listed = await old.ListTasks(ListTasksRequest(page_size=10), metadata=V1)
-            assert {streamed.id, released.id, from_old.id} <= {t.id for t in listed.tasks}
-    finally:
-        for channel in channels:
-            await channel.close()
-        for process in processes:
-            if process.proc.returncode is None:
-                process.proc.kill()
-                await process.proc.wait()
+    async with running(*common) as cluster, asyncio.timeout(90):
+        processes, launch = cluster.processes, cluster.launch
+        old = await launch(env=unpacked(LOG_READER, tmp_path / "log-reader"))
+        new = await launch("--nats-task-log")
+        await logged(processes[1], "creating tasks in the task log")  # (it heard the old)
+        streamed, released = await ask(new), await ask(new)
+        from_old = await ask(old)
+        assert await in_the_log(nats_url, streamed.id), "the log, once all read it"
+        assert not await in_the_log(nats_url, from_old.id), "the old one: the bucket"
+        seen = await old.GetTask(GetTaskRequest(id=released.id), metadata=V1)
+        assert seen.status.state == S.TASK_STATE_INPUT_REQUIRED
+        # The old one streams a log task's changes, made through this one, to the end.
+        call = old.SubscribeToTask(SubscribeToTaskRequest(id=streamed.id), metadata=V1)
+        frames: list[StreamResponse] = [await anext(aiter(call))]
+        assert (await answer(new, streamed)).status.state == S.TASK_STATE_COMPLETED
+        frames += [frame async for frame in call]
+        assert taskops.frame_state(frames[-1]) == S.TASK_STATE_COMPLETED, frames[-1]
+        assert await call.code() == grpc.StatusCode.OK
+        assert (await answer(new, from_old)).status.state == S.TASK_STATE_COMPLETED
+        # Rolled back: this one stops; the old one continues the log task it left.
+        processes[1].proc.send_signal(signal.SIGTERM)
+        assert await processes[1].proc.wait() == 0
+        assert (await answer(old, released)).status.state == S.TASK_STATE_COMPLETED
+        listed = await old.ListTasks(ListTasksRequest(page_size=10), metadata=V1)
+        assert {streamed.id, released.id, from_old.id} <= {t.id for t in listed.tasks}
