@@ -233,6 +233,26 @@ async def test_a_lost_owner_with_nothing_left_is_swept_once_then_deregistered(
     assert await theirs.owners.owners() == await make("i3").owners.owners()
 
 
+async def test_a_sweep_leaves_the_tasks_of_nobody_unread(
+    nc: NATS, make: Callable[..., LogJournal]
+) -> None:
+    """A journal writing as nobody (a filler, as bench.scale's) does not register, and a
+    registration of nobody's is passed over: its waiting tasks were once all read at each
+    sweep (bench.scale's sweep at 100,000 tasks)."""
+    filler, survivor = make(""), make("i2")
+    for n in range(3):
+        waiting = task(f"nobody-{n}", S.TASK_STATE_INPUT_REQUIRED)
+        await filler.create(waiting, [change(1, waiting)])
+    assert await survivor.owners.owners() == {}
+    # (as the filler of an older version registered)
+    subject = f"{tasklog.LOG_SUBJECT}.o.{tasklog.token('')}"
+    await nc.jetstream().publish(subject, b"", headers={"Nats-TTL": "never"})
+    assert set(await survivor.owners.owners()) == {""}
+    found = survivor.owners.unfinished_batches(lambda owner: True, 10)
+    assert [pair async for batch in found for pair in batch] == []
+    assert await survivor.owners.claim("nobody-1") is not None, "still waits for a claim"
+
+
 async def test_the_facade_lists_the_logs_tasks_then_the_buckets_through_one_token_chain(
     nats_url: str, nc: NATS
 ) -> None:

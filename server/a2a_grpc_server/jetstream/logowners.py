@@ -93,8 +93,8 @@ class LogOwners:
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
-        if self._registered:
-            return
+        if self._registered or not self._owner:
+            return  # (nobody, a filler's empty id, is never lost: nothing to sweep)
         async with self._registering:
             if not self._registered:
                 await self._publish_registration()
@@ -138,14 +138,15 @@ class LogOwners:
         """The unfinished tasks of the owners ``lost`` picks: (owner, task id), ``size`` at once.
 
         Each batch is read when the one before was taken (a sweep ends its tasks
-        first). An owner found with none left is deregistered.
+        first). An owner found with none left is deregistered. Nobody (the empty
+        id) is never lost: its tasks were released and wait for a claim.
 
         Raises:
             StoreUnavailableError: NATS did not answer.
         """
         for owner, registrations in (await self.owners()).items():
-            if not lost(owner):
-                continue
+            if not owner or not lost(owner):
+                continue  # (nobody's tasks wait for a claim: never lost)
             left = 0
             candidates = await self._candidates(owner)
             for at in range(0, len(candidates), size):
