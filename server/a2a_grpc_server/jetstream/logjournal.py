@@ -33,7 +33,7 @@ waits until the index holds every ``s`` and ``f`` the log held when it began
 (``caught_up``), so a caller sees its own writes; if the index is not there
 within ``Retry.timeout`` (its source stalled, R3 after a failover) the listing
 fails UNAVAILABLE, retryable. A page's running tasks are folded with the ``e``
-after their entry.
+after their entry (one ``multi_last`` says which have any).
 
 Who runs what: as ``JetStreamJournal``: the owner writes a task under its lock;
 anyone else only through the log's compare-and-set. ``_known`` is this instance's
@@ -99,6 +99,8 @@ COUNT_MOST = 2_000
 """Entries a ``total_size`` with those filters counts at most (beyond: an estimate)."""
 BATCH = 256
 """Entries one direct get returns at most."""
+SUBJECT = "Nats-Subject"
+"""A direct get's answer: the message's subject."""
 FOLD_CONCURRENCY = 16
 """Running tasks of a page whose changes are read at once."""
 REPLAY_PROBE = 16
@@ -346,6 +348,7 @@ class LogJournal:
         await self.caught_up()
         scanning = bool(query.state or query.status_after_ns)
         top = before if before is not None else await self._end(subject)
+        at_top = None if before is not None else 0  # (none lies past the end)
         want = query.page_size + 1
         found: builtins.list[Logged] = []
         scanned, low = 0, top
@@ -353,7 +356,7 @@ class LogJournal:
             need = want - len(found)
             if scanning:  # (windows of a batch: few matches per entry read)
                 need = max(need, min(BATCH, SCAN_MOST - scanned))
-            lo, between = await self._start(subject, low, need)
+            lo, between, at_top = await self._start(subject, low, need, at_top)
             window = [m for m in await self._read(subject, lo, between) if _pos(m) < low]
             scanned += len(window)
             for msg in reversed(window):
@@ -473,18 +476,24 @@ class LogJournal:
         )
         return 1 + int((msgs[0].headers or {}).get(PENDING, "0")) if msgs else 0
 
-    async def _start(self, subject: str, top: int, want: int) -> tuple[int, int]:
-        """A position from which ``want`` entries (or all) lie below ``top``; how many do.
+    async def _start(
+        self, subject: str, top: int, want: int, at_top: int | None = None
+    ) -> tuple[int, int, int]:
+        """Where ``want`` entries (or all) lie below ``top``: (lo, between, at lo or after).
 
         Gallops down from ``top`` in steps of x4, counting with ``Nats-Num-Pending``.
+        ``at_top``: how many lie at ``top`` or after, when the caller knows (each
+        count is a request). Entries written meanwhile only make a window read more
+        than it keeps (a window keeps what lies below ``top``).
         """
-        at_top = await self._count_from(subject, top)
+        if at_top is None:
+            at_top = await self._count_from(subject, top)
         span = 4 * want
         while True:
             lo = max(top - span, 1)
-            between = await self._count_from(subject, lo) - at_top
-            if lo == 1 or between >= want:
-                return lo, between
+            at_lo = await self._count_from(subject, lo)
+            if lo == 1 or at_lo - at_top >= want:
+                return lo, at_lo - at_top, at_lo
             span *= 4
 
     async def _read(self, subject: str, lo: int, count: int) -> builtins.list[Msg]:
@@ -529,11 +538,20 @@ class LogJournal:
         return round(matched * entries / read)
 
     async def _fold_page(self, entries: Sequence[Logged]) -> builtins.list[Task]:
-        """The page's tasks, each running one with the ``e`` written after its entry."""
+        """The page's tasks, each running one with the ``e`` written after its entry.
+
+        One ``multi_last`` of the running tasks' ``e`` subjects says which have any
+        after their entry (a waiting task has none); only those are read.
+        """
         gate = asyncio.Semaphore(FOLD_CONCURRENCY)
+        running = sorted({events_of(e) for e in entries if not e.final})
+        newest: dict[str, int] = {}
+        if running:
+            msgs = await self._get(self._log_stream, {"multi_last": running})
+            newest = {(m.headers or {}).get(SUBJECT, ""): _pos(m) for m in msgs}
 
         async def folded(entry: Logged) -> Task:
-            if entry.final:
+            if entry.final or newest.get(events_of(entry), 0) <= entry.origin:
                 return entry.task()
             async with gate:
                 after = await self._log.entries(entry.task_id, entry.origin, events_of(entry))
