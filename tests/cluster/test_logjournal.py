@@ -7,6 +7,7 @@ Issue 41, step 2 of docs/decisions/0001-cluster-store-layout.md.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -174,6 +175,37 @@ async def test_a_page_by_a_rare_state_comes_short_and_its_tokens_reach_every_mat
     assert seen == rare
     everything = await journal.list(TaskQuery(page_size=200))
     assert (len(everything.tasks), everything.total_size) == (120, 120)
+
+
+async def test_a_filtered_total_counts_the_newest_entries_and_estimates_the_rest(
+    make: Callable[..., LogJournal], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A status time filter's matches are the newest entries: counted, not estimated. (The
+    total was once estimated from the oldest entries: 0 beside a full page.)"""
+    monkeypatch.setattr(logjournal, "COUNT_MOST", 300)  # (a page's own read: 256)
+    monkeypatch.setattr(logjournal, "SAMPLE_MOST", 40)
+    journal = make("i1")
+
+    async def made(n: int, state: int) -> None:
+        t = task(f"t{n:04}", state)
+        t.status.timestamp.FromNanoseconds(time.time_ns())
+        await journal.create(t, [change(1, t)])
+
+    def state(n: int) -> int:
+        return S.TASK_STATE_INPUT_REQUIRED if n % 5 == 0 else S.TASK_STATE_COMPLETED
+
+    for n in range(320):
+        await made(n, state(n))
+    after = time.time_ns()
+    for n in range(320, 600):
+        await made(n, state(n))
+    recent = await journal.list(TaskQuery(status_after_ns=after, page_size=10))
+    assert (len(recent.tasks), recent.total_size) == (10, 280), "the page's 256, 24 below"
+    waiting = await journal.list(TaskQuery(state=S.TASK_STATE_INPUT_REQUIRED, page_size=10))
+    assert len(waiting.tasks) == 10
+    assert abs(waiting.total_size - 120) <= 12, "the newest 300 counted, the rest sampled"
+    assert await journal.total(TaskQuery(status_after_ns=after)) == 280
+    assert abs(await journal.total(TaskQuery(state=S.TASK_STATE_INPUT_REQUIRED)) - 120) <= 12
 
 
 async def test_a_listing_fails_unavailable_when_the_index_does_not_catch_up(
