@@ -184,6 +184,7 @@ async def test_a_filtered_total_counts_the_newest_entries_and_estimates_the_rest
     total was once estimated from the oldest entries: 0 beside a full page.)"""
     monkeypatch.setattr(logjournal, "COUNT_MOST", 300)  # (a page's own read: 256)
     monkeypatch.setattr(logjournal, "SAMPLE_MOST", 40)
+    monkeypatch.setattr(logjournal, "COUNT_BYTES", 4096)  # (a count's batches cut short)
     journal = make("i1")
 
     async def made(n: int, state: int) -> None:

@@ -101,16 +101,18 @@ MARK = "log"
 """What this journal's page tokens are sealed for (another journal's do not open)."""
 SCAN_MOST = 2_000
 """Entries a page filtered by state or status time reads at most."""
-COUNT_MOST = 2_000
+COUNT_MOST = 1_000
 """Entries a ``total_size`` with those filters counts at most (beyond: an estimate)."""
 SAMPLE_WINDOWS = 4
 """Windows spread over the entries an estimated ``total_size`` samples."""
-SAMPLE_MOST = 1_000
+SAMPLE_MOST = 500
 """Entries those windows hold at most, together."""
 BATCH = 256
 """Entries one direct get returns at most."""
 COUNT_BATCH = 1_000
 """Entries one direct get returns at most when only their headers are read (a count)."""
+COUNT_BYTES = 4 << 20
+"""Bytes one such direct get returns at most (entries copy whole snapshots)."""
 SUBJECT = "Nats-Subject"
 """A direct get's answer: the message's subject."""
 FOLD_CONCURRENCY = 16
@@ -569,17 +571,16 @@ class LogJournal:
         pos = lo
         while read < most and pos < hi:
             want = min(most - read, COUNT_BATCH)
-            msgs = await self._get(
-                self._index_stream, {"seq": pos, "next_by_subj": subject, "batch": want}
-            )
+            request = {"seq": pos, "next_by_subj": subject, "batch": want, "max_bytes": COUNT_BYTES}
+            msgs = await self._get(self._index_stream, request)
             for msg in msgs:
                 at = _pos(msg)
                 if at >= hi:
                     return read, matched
                 read += 1
                 matched += _header_matches(query, msg.headers or {})
-            if len(msgs) < want:
-                break
+            if not msgs or (msgs[-1].headers or {}).get(PENDING, "0") == "0":
+                break  # (no more on the subject; a batch cut at COUNT_BYTES goes on)
             pos = _pos(msgs[-1]) + 1
         return read, matched
 
