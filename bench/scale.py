@@ -1,7 +1,7 @@
 """Scale: what ListTasks, GetTask, startup and the lease sweep cost as the store grows.
 
     .venv/bin/python -m bench.scale [--sizes 1000,10000,100000] [--backend memory|nats|both]
-                                    [--nats-sizes ...] [--quick] [--task-log] [--json PATH]
+                                    [--nats-sizes ...] [--quick] [--bucket] [--json PATH]
 
 For each backend and each N in ``--sizes`` it stores N tasks (``bench.population``:
 four scopes, ten contexts per scope, final and waiting tasks), then measures
@@ -307,12 +307,13 @@ async def run_memory(sizes: list[int], quick: bool) -> tuple[Rows, dict[int, flo
 
 @contextlib.asynccontextmanager
 async def nats_journal(
-    url: str, instance_id: str, owner: str, task_log: bool = False
+    url: str, instance_id: str, owner: str, task_log: bool = True
 ) -> AsyncIterator[tuple[NatsConnection, ClusterJournal, Formats]]:
     """A connection of this process to NATS and a journal on it writing as ``owner``.
 
-    It writes format 2, as every instance of a settled cluster of this version does;
-    with ``task_log``, new tasks go to the task log (format 3, ``--nats-task-log``).
+    It writes as every instance of a settled cluster of this version does: format 2,
+    new tasks in the task log (format 3); without ``task_log``, in the snapshot bucket
+    (``--no-nats-task-log``).
     """
     conn = await connect(NatsConfig(servers=[url], instance_id=instance_id))
     requests = JetStreamRequests(conn.nc)
@@ -330,18 +331,18 @@ async def nats_journal(
         await conn.close()
 
 
-def serve_args(url: str, task_log: bool = False) -> list[str]:
+def serve_args(url: str, task_log: bool = True) -> list[str]:
     """``a2a-grpc-server serve`` in cluster mode on free ports (see the module docstring)."""
     return [
         *("-m", "a2a_grpc_server.cli", "serve", "--port", "0", "--http-port", "0"),
         *("--agent", "bench.agents:Workload", "--nats", url),
         *("--nats-key-file", str(cluster_key_file())),
-        *(("--nats-task-log",) if task_log else ()),
+        *(() if task_log else ("--no-nats-task-log",)),
     ]
 
 
 async def restart_and_sweep(
-    url: str, size: int, nats_pid: int, quick: bool, task_log: bool = False
+    url: str, size: int, nats_pid: int, quick: bool, task_log: bool = True
 ) -> dict[str, float]:
     """Time a restarted instance's ``Lease.start()`` (it ends its predecessor's tasks), then
     one ``Lease.sweep()`` with nothing lost; wall ms, this process's CPU, nats-server's."""
@@ -391,11 +392,12 @@ def running(task_id: str, context_id: str = "restart") -> Task:
 
 
 async def run_nats(
-    sizes: list[int], quick: bool, task_log: bool = False
+    sizes: list[int], quick: bool, task_log: bool = True
 ) -> tuple[Rows, dict[int, float]]:
     """One nats-server, filled up to each N in turn; a fresh server instance per N.
 
-    ``task_log``: tasks filled into, and new ones created in, the task log (format 3).
+    ``task_log``: tasks filled into, and new ones created in, the task log (format 3, the
+    default); else the snapshot bucket (format 2).
     """
     rows: Rows = {}
     fills: dict[int, float] = {}
@@ -439,7 +441,7 @@ async def run_nats(
     return rows, fills
 
 
-async def startup(url: str, task_log: bool = False) -> float:
+async def startup(url: str, task_log: bool = True) -> float:
     """Seconds a ``serve --nats`` process takes from spawn to ready (then it is stopped)."""
     async with spawned(serve_args(url, task_log), READY, on_stdout=False) as server:
         return server.ready_s
@@ -504,9 +506,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         results["memory"], fills["memory"] = await run_memory(sorted(sizes), args.quick)
     if args.backend in ("nats", "both"):
         results["nats"], fills["nats"] = await run_nats(sorted(nats_sizes), args.quick)
-    if args.task_log:
-        results["nats-log"], fills["nats-log"] = await run_nats(
-            sorted(nats_sizes), args.quick, task_log=True
+    if args.bucket:
+        results["nats-bucket"], fills["nats-bucket"] = await run_nats(
+            sorted(nats_sizes), args.quick, task_log=False
         )
     return {
         "machine": {
@@ -529,9 +531,9 @@ def cli() -> None:
     parser.add_argument("--backend", choices=("memory", "nats", "both"), default="both")
     parser.add_argument("--quick", action="store_true", help="a smoke run: small N, short runs")
     parser.add_argument(
-        "--task-log",
+        "--bucket",
         action="store_true",
-        help="also NATS with the task log (format 3, --nats-task-log: off by default)",
+        help="also NATS with tasks in the snapshot bucket (format 2, --no-nats-task-log)",
     )
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "scale.json")
     args = parser.parse_args()

@@ -5,11 +5,11 @@ While the old instance runs, the new one writes format 1 (what the old one reads
 started through either are read and continued through the other. Once the old instance is
 replaced, the new ones write format 2 (a lease later). See ``jetstream.formats``.
 
-Then the task log (format 3, issue 41), turned on (``--nats-task-log``): beside the last
-version of format 2 (tests/fixtures/format-2) this one keeps to the bucket; beside a version
-that reads the log but does not create tasks there (tests/fixtures/log-reader, 93131b4) it
-creates them in the log, and the old one reads, streams and, after a rollback, continues
-them.
+Then the task log (format 3, issue 41), on by default: beside the last version of format 2
+(tests/fixtures/format-2) this one keeps to the bucket; beside a version that reads the log
+but does not create tasks there (tests/fixtures/log-reader, 93131b4, as the release before
+this one) it creates them in the log, and the old one reads, streams and, after a rollback,
+continues them.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ async def test_the_previous_version_and_this_one_share_a_cluster_through_a_rolli
     async with running("--nats", nats_url, "--lease", "1") as cluster, asyncio.timeout(90):
         processes = cluster.processes
         old = await cluster.launch(env=unpacked(WHEEL, tmp_path / "0.1.0"))
-        new = await cluster.launch(trust)
+        new = await cluster.launch(trust, "--no-nats-task-log")  # (formats 1 and 2: this test's)
         # Each reads and continues what the other started (the new one writes format 1).
         from_old, from_new = await ask(old), await ask(new)
         for task, reader in ((from_old, new), (from_new, old)):
@@ -147,7 +147,7 @@ async def test_the_previous_version_and_this_one_share_a_cluster_through_a_rolli
         # The old instance is replaced by a new one: format 2 follows, read by both.
         processes[0].proc.send_signal(signal.SIGTERM)
         assert await processes[0].proc.wait() == 0
-        other = await cluster.launch(trust)
+        other = await cluster.launch(trust, "--no-nats-task-log")
         await logged(processes[1], "writing format 2")  # the old one left
         later = await ask(new)
         assert await snapshot_marked(nats_url, later.id)
@@ -186,7 +186,7 @@ async def in_the_log(nats_url: str, task_id: str) -> bool:
 async def test_the_task_log_waits_for_the_last_format_2_instance_and_rolls_back_before_it(
     nats_url: str, tmp_path: Path
 ) -> None:
-    """Issue 41's upgrade rule: an instance asked for the task log (``--nats-task-log``)
+    """Issue 41's upgrade rule: an instance with the task log on (the default)
     creates tasks in the bucket while one of the last format-2 version runs, so stopping it
     (a rollback) leaves every task readable; once no such instance is left, new tasks go to
     the log, and both layouts are read, continued and listed through every instance."""
@@ -194,7 +194,7 @@ async def test_the_task_log_waits_for_the_last_format_2_instance_and_rolls_back_
     async with running(*common) as cluster, asyncio.timeout(90):
         processes, launch = cluster.processes, cluster.launch
         old = await launch(env=unpacked(FORMAT_2, tmp_path / "format-2"))
-        new = await launch("--nats-task-log")
+        new = await launch()
         await logged(processes[1], "writing format 2")  # (it heard the old one)
         from_old, from_new = await ask(old), await ask(new)
         assert not await in_the_log(nats_url, from_new.id), "the bucket beside format 2"
@@ -206,10 +206,10 @@ async def test_the_task_log_waits_for_the_last_format_2_instance_and_rolls_back_
         assert await processes[1].proc.wait() == 0
         assert (await answer(old, from_new)).status.state == S.TASK_STATE_COMPLETED
         # Rolled forward: two new instances replace the old one; the log follows.
-        again = await launch("--nats-task-log")
+        again = await launch()
         processes[0].proc.send_signal(signal.SIGTERM)
         assert await processes[0].proc.wait() == 0
-        other = await launch("--nats-task-log")
+        other = await launch()
         await logged(processes[2], "creating tasks in the task log")
         later = await ask(again)
         assert await in_the_log(nats_url, later.id)
@@ -235,14 +235,14 @@ async def test_the_log_turned_on_beside_a_version_that_only_reads_it_rolls_back_
     nats_url: str, tmp_path: Path
 ) -> None:
     """The rolling update that turns the task log on (issue 41): beside 93131b4 (which reads
-    the log but creates tasks in the bucket), this one, asked for the log, creates tasks
-    there; the old one reads them, streams their changes to the final frame and, once this
-    one is stopped (a rollback), continues them."""
+    the log but creates tasks in the bucket, as the release before this one), this one
+    creates tasks there by default; the old one reads them, streams their changes to the
+    final frame and, once this one is stopped (a rollback), continues them."""
     common = ("--nats", nats_url, "--lease", "1", "--nats-key-file", str(cluster_key_file()))
     async with running(*common) as cluster, asyncio.timeout(90):
         processes, launch = cluster.processes, cluster.launch
         old = await launch(env=unpacked(LOG_READER, tmp_path / "log-reader"))
-        new = await launch("--nats-task-log")
+        new = await launch()
         await logged(processes[1], "creating tasks in the task log")  # (it heard the old)
         streamed, released = await ask(new), await ask(new)
         from_old = await ask(old)

@@ -1,8 +1,8 @@
 """The randomized fault suite (see ``faultsuite``): fixed seeds plus a few random ones.
 
 ``pytest --long`` runs many more schedules. A failing schedule names its seed;
-``python -m tests.support.faultsuite SEED [3] [--task-log]`` runs it again (3: on a 3-node
-NATS cluster; ``--task-log``: the format-3 layout's runs).
+``python -m tests.support.faultsuite SEED [3] [--bucket]`` runs it again (3: on a 3-node NATS
+cluster; ``--bucket``: the format-2 layout's runs).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def report(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
-async def run_all(seeds: list[int], nodes: int, task_log: bool = False) -> None:
+async def run_all(seeds: list[int], nodes: int, task_log: bool = True) -> None:
     runs = []
     for seed in seeds:
         runs.append(await run_schedule(schedule(seed, nats_nodes=nodes), task_log=task_log))
@@ -61,8 +61,8 @@ async def run_all(seeds: list[int], nodes: int, task_log: bool = False) -> None:
 
 
 LAYOUTS = pytest.mark.parametrize("task_log", [False, True], ids=["format-2", "format-3"])
-"""New tasks in the snapshot bucket, or in the task log once the instances heard each other
-(issue 41: ``--nats-task-log``)."""
+"""New tasks in the snapshot bucket (``--no-nats-task-log``), or in the task log (the default)
+once the instances heard each other (issue 41)."""
 
 
 @pytest.mark.timeout(3600)

@@ -30,9 +30,11 @@ from tests.support import CLUSTER_KEY
 from tests.support.harness import expose
 
 S = TaskState
-TASK_LOG = False
-"""Whether instances create tasks in the task log (format 3) by default: a module's
-fixture sets it to run its tests on both layouts."""
+TASK_LOG: bool | None = None
+"""Whether instances create tasks in the task log (format 3): the ``layout`` fixture sets
+it to run a module's tests on both layouts, and with it set, an instance is ready once new
+tasks go to that layout (a lease after start). None: the default (``nats_task_log`` on),
+ready at once, its first tasks (in its first lease) in the snapshot bucket."""
 
 
 @dataclass
@@ -71,8 +73,10 @@ async def start_instance(
 ) -> Instance:
     """Start one instance joined to the cluster on ``servers``.
 
-    ``task_log``: whether it creates tasks in the task log (None: ``TASK_LOG``).
+    ``task_log``: whether it creates tasks in the task log (None: ``TASK_LOG``; if that is
+    None too, the default, without waiting for it).
     """
+    wanted = TASK_LOG if task_log is None else task_log
     cluster = await NatsCluster.connect(
         NatsConfig(
             servers=list(servers),
@@ -84,14 +88,14 @@ async def start_instance(
             key=CLUSTER_KEY,
             event_streams=event_streams,
             routed_in_flight=routed_in_flight,
-            task_log=TASK_LOG if task_log is None else task_log,
+            task_log=True if wanted is None else wanted,
         )
     )
     service = A2AService(
         executor, config=config or ServerConfig(cancel_timeout=1.0), cluster=cluster
     )
     await service.start()
-    if cluster.formats.log_wanted:  # (new tasks go to the log once the cluster is settled)
+    if wanted:  # (new tasks go to the log once the cluster is settled)
         async with asyncio.timeout(4 * lease + 10):
             await cluster.formats.wait_for(CURRENT)
         assert cluster.formats.writes_log

@@ -27,8 +27,8 @@ clients recorded, what every instance answers and what the record holds:
   after the faults).
 
 A failing schedule names its seed; ``python -m tests.support.faultsuite SEED [NODES]
-[--task-log]`` runs it again (NODES: 1, or 3 for a 3-node NATS cluster; ``--task-log``:
-tasks in the task log, format 3).
+[--bucket]`` runs it again (NODES: 1, or 3 for a 3-node NATS cluster; ``--bucket``: tasks
+in the snapshot bucket, format 2, rather than the task log).
 """
 
 from __future__ import annotations
@@ -593,19 +593,19 @@ async def inject(run: Run, fault: Fault, nodes: Sequence[natsserver.Node]) -> No
 
 
 async def run_schedule(
-    plan: Schedule, *, tasks: int = 6, settle: float = 60.0, task_log: bool = False
+    plan: Schedule, *, tasks: int = 6, settle: float = 60.0, task_log: bool = True
 ) -> Run:
     """Run ``plan`` on a fresh cluster; return what was recorded, violations included.
 
-    ``task_log``: the instances create tasks in the task log (``--nats-task-log``) once
-    they have heard each other; the first ones, and those while they have not, go to the
-    snapshot bucket.
+    ``task_log``: the instances create tasks in the task log (the default) once they have
+    heard each other (the first ones, and those while they have not, go to the snapshot
+    bucket); else in the bucket (``--no-nats-task-log``).
     """
     rng = random.Random(plan.seed * 7919 + 1)
     with natsserver.running(plan.nats_nodes) as cluster:
         args: tuple[str, ...] = ("--agent", AGENT, "--lease", str(plan.lease))
-        if task_log:
-            args += ("--nats-task-log",)
+        if not task_log:
+            args += ("--no-nats-task-log",)
         if plan.nats_nodes > 1:  # (a proxy would be bypassed: clients learn every node)
             args += ("--nats", ",".join(cluster.urls), "--nats-replicas", str(plan.nats_nodes))
         tag = uuid.uuid4().hex[:4]
@@ -927,9 +927,9 @@ async def _replay(seed: int, nodes: int, task_log: bool) -> int:
 if __name__ == "__main__":
     import sys
 
-    args = [a for a in sys.argv[1:] if a != "--task-log"]
+    args = [a for a in sys.argv[1:] if a != "--bucket"]
     raise SystemExit(
         asyncio.run(
-            _replay(int(args[0]), int(args[1]) if len(args) > 1 else 1, "--task-log" in sys.argv)
+            _replay(int(args[0]), int(args[1]) if len(args) > 1 else 1, "--bucket" not in sys.argv)
         )
     )

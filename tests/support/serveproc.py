@@ -44,9 +44,10 @@ async def start(*args: str, env: dict[str, str] | None = None) -> Process:
     """
     if "--nats" in args and env is None and "--nats-key-file" not in args:
         args = (*args, "--nats-key-file", str(cluster_key_file()))
-    task_log = clusterharness.TASK_LOG and "--nats" in args and env is None
-    if task_log:
-        args = (*args, "--nats-task-log")
+    chosen = clusterharness.TASK_LOG if "--nats" in args and env is None else None
+    if chosen is not None:  # (a layout chosen: its flag, before any the test gives)
+        args = ("--nats-task-log" if chosen else "--no-nats-task-log", *args)
+    task_log = bool(chosen)  # (then ready once new tasks go to the log, below)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

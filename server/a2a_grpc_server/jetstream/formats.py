@@ -30,8 +30,9 @@ not know it ignores, so they are written in every format.
 Format 3 is the task log (``tasklog``): a task created in it lives there, one
 message per change, in stream ``A2A_LOG``. This version reads it (a task is read
 from the log when the snapshot bucket does not hold it) and creates tasks there
-only when asked to (``Formats.log_wanted``) and every live instance reads 3: a
-version that writes it by default can then roll back to this one.
+when every live instance reads 3 and the setting is on (``Formats.log_wanted``,
+``nats_task_log``: on by default from this version, off in the one before, which
+reads 3: a cluster can roll back to it). Tasks keep the layout they were created in.
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ CURRENT = 2
 """The newest format of the values and messages above this version writes (once every
 instance reads it)."""
 LOG = 3
-"""Tasks in the task log (``tasklog``, ``logjournal``): read by this version; written only
-by an instance asked to (``Formats.log_wanted``), once every live instance reads it."""
+"""Tasks in the task log (``tasklog``, ``logjournal``): read by this version; written by
+an instance that wants it (``Formats.log_wanted``, on by default), once every live
+instance reads it."""
 READS = frozenset({LEGACY, CURRENT, LOG})
 """The formats this version reads."""
 FEATURES = frozenset({"deliverers", "index", "shards"})
@@ -151,8 +153,9 @@ class Formats:
         self._settled = False
         self.writing = LEGACY
         """The format written now."""
-        self.log_wanted = False
-        """Whether this instance creates tasks in the task log when the cluster reads it."""
+        self.log_wanted = True
+        """Whether this instance creates tasks in the task log when the cluster reads it
+        (``nats_task_log``)."""
         self._logging = False
         self._changed = asyncio.Event()
 

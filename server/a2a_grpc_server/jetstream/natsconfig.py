@@ -88,10 +88,9 @@ class NatsConfig:
             Off: nats-py's own writes.
         task_log: Create new tasks in the task log (format 3: one acknowledged write
             per change; docs/decisions/0001-cluster-store-layout.md) once every
-            live instance reads it. Every instance of this version reads the log;
-            off, it creates tasks in the snapshot bucket as versions before did.
-            Off by default in this version, so a cluster can roll back to it from
-            the next one, which turns it on.
+            live instance reads it (from the version before this one on). Off:
+            in the snapshot bucket, as versions before did (format 2; the way
+            back if the log misbehaves; every instance still reads both).
     """
 
     servers: list[str] = field(default_factory=lambda: ["nats://127.0.0.1:4222"])
@@ -117,7 +116,7 @@ class NatsConfig:
     tls_key: str | None = None
     routed_in_flight: int = 256
     coalesce_writes: bool = True
-    task_log: bool = False
+    task_log: bool = True
     key: bytes | None = None
     """The shared key itself, for embedders and tests (instead of ``key_file``; not a
     setting)."""

@@ -7,9 +7,10 @@ reads both: this façade sends each call to the journal that holds its task.
 * A new task goes to the log only when ``Formats.writes_log`` (this instance was
   asked to, and every live instance reads format 3); else to the bucket, as
   versions before did.
-* A task is read from the bucket first, then from the log (tasks of format 2 are
-  the common case while the log is opt-in); where each task was found is
-  remembered (bounded), so its writes and relays go to the same journal.
+* A task is read from the log first, then from the bucket (tasks of format 3 are
+  the common case now the log is on by default); where each task was found is
+  remembered (bounded), so its writes and relays go to the same journal. A task
+  is created in one layout only and stays there, so the order is only a cost.
 * A listing returns the log's tasks first, then the bucket's: most recently
   written first within each. A token of the log's continues there; the log's
   last page continues with the bucket's first; the bucket's tokens are its own.
@@ -126,12 +127,11 @@ class ClusterJournal:
         known = self._in_log.get(task_id)
         if known is not None:
             return known
-        if await self._legacy.snapshot(task_id) is not None:
-            self._remember(task_id, False)
-            return False
         if await self._log.log.last(task_id) is not None:
             self._remember(task_id, True)
             return True
+        if await self._legacy.snapshot(task_id) is not None:
+            self._remember(task_id, False)
         return False  # (in neither: not remembered, it may be created yet)
 
     async def get(self, task_id: str) -> RecordedTask | None:
@@ -141,15 +141,16 @@ class ClusterJournal:
             StoreUnavailableError: NATS did not answer.
             UnknownFormatError: A record in a format this version does not read.
         """
-        if self._in_log.get(task_id):
-            return await self._log.get(task_id)
+        known = self._in_log.get(task_id)
+        if known is False:
+            return await self._legacy.get(task_id)
+        found = await self._log.get(task_id)
+        if found is not None or known:
+            self._remember(task_id, True)
+            return found
         found = await self._legacy.get(task_id)
         if found is not None:
             self._remember(task_id, False)
-            return found
-        found = await self._log.get(task_id)
-        if found is not None:
-            self._remember(task_id, True)
         return found
 
     async def create(
