@@ -151,6 +151,31 @@ async def test_a_survivors_first_write_snapshots_so_reads_follow_its_events(
     assert [a.artifact_id for a in got.task.artifacts] == ["x2", "x3", "x4"]
 
 
+async def test_a_page_shows_each_running_task_with_the_changes_after_its_entry(
+    make: Callable[..., LogJournal], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page's one multi_last once kept only the first message of its answer (hostile
+    review of cb702b3): every other running task was listed without its latest changes."""
+    journal = make("i1", snapshot_every=100)
+    for n in range(4):
+        t = task(f"r{n}", S.TASK_STATE_WORKING)
+        v = await journal.create(t, [change(1, t)])
+        for k in range(n + 1):
+            t.artifacts.add(artifact_id=f"a{k}")
+            v = await journal.update(t, v, [change(k + 2, t)])  # (e: nothing due)
+    waiting = task("w", S.TASK_STATE_INPUT_REQUIRED)
+    await journal.create(waiting, [change(1, waiting)])
+
+    async def artifacts() -> dict[str, int]:
+        page = await journal.list(TaskQuery(page_size=10))
+        return {t.id: len(t.artifacts) for t in page.tasks}
+
+    expected = {"r0": 1, "r1": 2, "r2": 3, "r3": 4, "w": 0}
+    assert await artifacts() == expected
+    monkeypatch.setattr(logjournal, "FOLD_BYTES", 1)  # (its answer cut: each one read)
+    assert await artifacts() == expected
+
+
 async def test_a_page_by_a_rare_state_comes_short_and_its_tokens_reach_every_match(
     make: Callable[..., LogJournal], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -180,33 +205,35 @@ async def test_a_page_by_a_rare_state_comes_short_and_its_tokens_reach_every_mat
 async def test_a_filtered_total_counts_the_newest_entries_and_estimates_the_rest(
     make: Callable[..., LogJournal], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A status time filter's matches are the newest entries: counted, not estimated. (The
-    total was once estimated from the oldest entries: 0 beside a full page.)"""
-    monkeypatch.setattr(logjournal, "COUNT_MOST", 300)  # (a page's own read: 256)
-    monkeypatch.setattr(logjournal, "SAMPLE_MOST", 40)
+    """A status time filter's matches are the newest entries: counted, not estimated (the
+    total was once estimated from the oldest entries: 0 beside a full page); the rest is
+    sampled, and every page of a listing says about the same total."""
+    monkeypatch.setattr(logjournal, "COUNT_MOST", 300)  # (a first page reads 1,024 here)
+    monkeypatch.setattr(logjournal, "SAMPLE_MOST", 40)  # (4 windows of 10)
     monkeypatch.setattr(logjournal, "COUNT_BYTES", 4096)  # (a count's batches cut short)
     journal = make("i1")
 
-    async def made(n: int, state: int) -> None:
-        t = task(f"t{n:04}", state)
+    async def made(n: int) -> None:
+        waits = n % 5 == 0
+        t = task(f"t{n:04}", S.TASK_STATE_INPUT_REQUIRED if waits else S.TASK_STATE_COMPLETED)
         t.status.timestamp.FromNanoseconds(time.time_ns())
         await journal.create(t, [change(1, t)])
 
-    def state(n: int) -> int:
-        return S.TASK_STATE_INPUT_REQUIRED if n % 5 == 0 else S.TASK_STATE_COMPLETED
-
-    for n in range(320):
-        await made(n, state(n))
+    for n in range(1720):
+        await made(n)
     after = time.time_ns()
-    for n in range(320, 600):
-        await made(n, state(n))
-    recent = await journal.list(TaskQuery(status_after_ns=after, page_size=10))
-    assert (len(recent.tasks), recent.total_size) == (10, 280), "the page's 256, 24 below"
-    waiting = await journal.list(TaskQuery(state=S.TASK_STATE_INPUT_REQUIRED, page_size=10))
-    assert len(waiting.tasks) == 10
-    assert abs(waiting.total_size - 120) <= 12, "the newest 300 counted, the rest sampled"
-    assert await journal.total(TaskQuery(status_after_ns=after)) == 280
-    assert abs(await journal.total(TaskQuery(state=S.TASK_STATE_INPUT_REQUIRED)) - 120) <= 12
+    for n in range(1720, 2000):
+        await made(n)
+    recent = TaskQuery(status_after_ns=after, page_size=10)
+    page = await journal.list(recent)
+    assert (len(page.tasks), page.total_size) == (10, 280), "counted, none estimated"
+    assert await journal.total(recent) == 280, "the newest 300, then none in the samples"
+    waiting = TaskQuery(state=S.TASK_STATE_INPUT_REQUIRED, page_size=10)
+    page = await journal.list(waiting)
+    assert len(page.tasks) == 10 and abs(page.total_size - 400) <= 40
+    later = await journal.list(replace(waiting, page_token=page.next_page_token))
+    assert abs(later.total_size - 400) <= 40, "a later page counts from the end too"
+    assert abs(await journal.total(waiting) - 400) <= 40
 
 
 async def test_a_listing_fails_unavailable_when_the_index_does_not_catch_up(
@@ -325,6 +352,40 @@ async def test_the_facade_lists_the_logs_tasks_then_the_buckets_through_one_toke
         assert await legacy.get("t0") is not None and await log.get("t0") is None
     finally:
         await journal.close()
+        await requests.close()
+        await conn.js.delete_key_value(TASKS_BUCKET)
+        await conn.js.delete_stream(events_stream(0))
+        await conn.js.delete_stream(INDEX_STREAM)
+        await conn.close()
+
+
+async def test_the_facade_reads_the_buckets_tasks_while_the_log_does_not_answer(
+    nats_url: str, nc: NATS
+) -> None:
+    """Reads try the log first now it is the default; a log that does not answer must not
+    hide the bucket's tasks (hostile review of c9d28bf). Here the log is a stream nobody
+    serves."""
+    conn = await connect(NatsConfig(servers=[nats_url]))
+    requests = JetStreamRequests(conn.nc)
+    await requests.start()
+    tokens, formats = PageTokens(), Formats()
+    formats.settle()
+    legacy = JetStreamJournal(requests, conn.js, "i1", formats=formats, page_tokens=tokens)
+    mute = LogJournal(requests, conn.js, "i1", retry=Retry(0.3), log_stream="A2A_NOBODY")
+    try:
+        formats.log_wanted = False
+        t = task("b0", S.TASK_STATE_WORKING)
+        await ClusterJournal(legacy, mute, formats, tokens).create(t, [change(1, t)])
+        for wanted in (True, False):
+            formats.log_wanted = wanted
+            journal = ClusterJournal(legacy, mute, formats, tokens)  # (remembers nothing)
+            got = await journal.get("b0")
+            assert got is not None and got.task.id == "b0"
+            assert await ClusterJournal(legacy, mute, formats, tokens).logged("b0") is False
+            if wanted:  # (in neither layout: the log's silence is the answer)
+                with pytest.raises(StoreUnavailableError):
+                    await journal.get("nowhere")
+    finally:
         await requests.close()
         await conn.js.delete_key_value(TASKS_BUCKET)
         await conn.js.delete_stream(events_stream(0))

@@ -25,12 +25,12 @@ forwards. A scope, or a scope and a context, is the filter; a state or a status
 time is read from each entry's ``A2a-Status`` header: such a page reads at most
 ``SCAN_MOST`` entries, and may come short of its size with a token that
 continues below what it read. ``total_size`` is the filter's count (one request)
-without those. With them, the newest ``COUNT_MOST`` entries are counted (the
+without those. With them, the newest ``COUNT_MOST`` entries are counted (a first
 page's and those below, headers only): exact if there are no more. Beyond, the
-rest is estimated from ``SAMPLE_WINDOWS`` windows spread evenly over it
-(``SAMPLE_MOST`` entries in all). Entries are in the order they were written,
-so the matches of a status time filter, and of a state tasks pass through
-(working), lie mostly in the newest, which are counted.
+rest is estimated from ``SAMPLE_WINDOWS`` windows of equal spans below them
+(``SAMPLE_MOST`` entries in all, the first of each window). Entries are in the
+order they were written, so the matches of a status time filter, and of a state
+tasks pass through (working), lie mostly in the newest, which are counted.
 
 The index lags the log (0.3 ms at p50 in ``bench.nats_layout``). A listing first
 waits until the index holds every ``s`` and ``f`` the log held when it began
@@ -106,15 +106,20 @@ COUNT_MOST = 1_000
 SAMPLE_WINDOWS = 4
 """Windows spread over the entries an estimated ``total_size`` samples."""
 SAMPLE_MOST = 500
-"""Entries those windows hold at most, together."""
+"""Entries those windows read at most, together (the first of each window)."""
+NARROW_STEPS = 2
+"""Halvings that bring the counted top of a filtered total near ``COUNT_MOST`` entries."""
 BATCH = 256
 """Entries one direct get returns at most."""
 COUNT_BATCH = 1_000
 """Entries one direct get returns at most when only their headers are read (a count)."""
 COUNT_BYTES = 4 << 20
-"""Bytes one such direct get returns at most (entries copy whole snapshots)."""
+"""Bytes after which one such direct get stops (with the entry that crossed it): entries
+copy whole snapshots."""
 SUBJECT = "Nats-Subject"
 """A direct get's answer: the message's subject."""
+FOLD_BYTES = 4 << 20
+"""Bytes after which the ``multi_last`` of a page's running tasks stops (then each is read)."""
 FOLD_CONCURRENCY = 16
 """Running tasks of a page whose changes are read at once."""
 REPLAY_PROBE = 16
@@ -386,7 +391,8 @@ class LogJournal:
             next_token = self._tokens.encode(low, MARK, query.scope)
         else:
             next_token = ""
-        total = await self._total(query, subject, _Scan(low, top, scanned, len(found), at_top))
+        first = _Scan(low, top, scanned, len(found), at_top) if before is None else None
+        total = await self._total(query, subject, first)  # (later pages count from the end)
         return TaskPage(
             tasks=tasks,
             next_page_token=next_token,
@@ -536,69 +542,108 @@ class LogJournal:
     async def _total(self, query: TaskQuery, subject: str, scan: _Scan | None = None) -> int:
         """How many of the scope's tasks match (see the module docstring).
 
-        ``scan``: what the page read, exact there (None: nothing). With a state or
-        status time filter, the newest ``COUNT_MOST`` entries are counted (the page's
-        and those below them), and the rest estimated from windows spread over it.
+        ``scan``: what a first page read down from the index's end (exact there); None:
+        nothing. With a state or status time filter, the newest ``COUNT_MOST`` entries
+        are counted (the first page's and those below them), and the rest estimated
+        from windows spread over it. Entries written after the count began are left
+        out: a total as of its start.
         """
         entries = await self._count_from(subject, 1)
         if not (query.state or query.status_after_ns) or not entries:
             return entries
-        end = await self._end(subject)
-        scan = scan or _Scan(end, end, 0, 0, 0)
+        if scan is None:
+            end = await self._end(subject)
+            scan = _Scan(end, end, 0, 0, 0)
         more = COUNT_MOST - scan.scanned
         if more > 0 and scan.low > 1:  # (the top, where the newest statuses are)
-            lo, between, _ = await self._start(subject, scan.low, more, scan.at_low)
-            read, matched = await self._count_matches(query, subject, lo, scan.low, between)
+            lo, between = await self._narrow(subject, scan.low, more, scan.at_low)
+            read, matched, _ = await self._count_matches(query, subject, lo, scan.low, between)
             scan = replace(scan, low=lo, scanned=scan.scanned + read)
             scan = replace(scan, matched=scan.matched + matched)
         rest = entries - scan.scanned
-        if rest <= 0:
+        if rest <= 0 or scan.low <= 1:
             return scan.matched
-        windows = _spread([(1, scan.low), (scan.top, end)], SAMPLE_WINDOWS)
-        most = max(SAMPLE_MOST // max(len(windows), 1), 1)
+        windows = _spread(scan.low, SAMPLE_WINDOWS)
+        most = max(SAMPLE_MOST // len(windows), 1)
         counts = await asyncio.gather(
             *(self._count_matches(query, subject, lo, hi, most) for lo, hi in windows)
         )
-        read = sum(n for n, _ in counts)
-        matched = sum(m for _, m in counts)
-        return scan.matched + (max(matched, round(matched * rest / read)) if read else 0)
+        read = sum(n for n, _, _ in counts)
+        matched = sum(m for _, m, _ in counts)
+        sampled = [(n, m) for n, m, whole in counts if not whole and n]
+        rate = sum(m for _, m in sampled) / sum(n for n, _ in sampled) if sampled else 0.0
+        return scan.matched + matched + round(rate * max(rest - read, 0))
+
+    async def _narrow(
+        self, subject: str, top: int, want: int, at_top: int | None
+    ) -> tuple[int, int]:
+        """A position from which about ``want`` entries lie below ``top``; how many do.
+
+        ``_start``'s gallop, then up to ``NARROW_STEPS`` halvings while more than twice
+        ``want`` lie between (a count is a request; reading entries costs more).
+        """
+        if at_top is None:
+            at_top = await self._count_from(subject, top)
+        lo, between, _ = await self._start(subject, top, want, at_top)
+        for _ in range(NARROW_STEPS):
+            if between <= 2 * want or top - lo < 2:
+                break
+            mid = (lo + top) // 2
+            nearer = await self._count_from(subject, mid) - at_top
+            if nearer < want:
+                break
+            lo, between = mid, nearer
+        return lo, between
 
     async def _count_matches(
         self, query: TaskQuery, subject: str, lo: int, hi: int, most: int
-    ) -> tuple[int, int]:
-        """How many of the first ``most`` entries in [lo, hi) there are, and match (headers)."""
+    ) -> tuple[int, int, bool]:
+        """Of the first ``most`` entries in [lo, hi): how many, how many match, all of them?
+
+        Only their headers are read.
+        """
         read = matched = 0
         pos = lo
-        while read < most and pos < hi:
+        while read < most:
             want = min(most - read, COUNT_BATCH)
             request = {"seq": pos, "next_by_subj": subject, "batch": want, "max_bytes": COUNT_BYTES}
             msgs = await self._get(self._index_stream, request)
             for msg in msgs:
                 at = _pos(msg)
                 if at >= hi:
-                    return read, matched
+                    return read, matched, True
                 read += 1
                 matched += _header_matches(query, msg.headers or {})
             if not msgs or (msgs[-1].headers or {}).get(PENDING, "0") == "0":
-                break  # (no more on the subject; a batch cut at COUNT_BYTES goes on)
-            pos = _pos(msgs[-1]) + 1
-        return read, matched
+                return read, matched, True  # (no more on the subject)
+            pos = _pos(msgs[-1]) + 1  # (a batch cut at COUNT_BYTES goes on)
+        return read, matched, pos >= hi
 
     async def _fold_page(self, entries: Sequence[Logged]) -> builtins.list[Task]:
         """The page's tasks, each running one with the ``e`` written after its entry.
 
         One ``multi_last`` of the running tasks' ``e`` subjects says which have any
-        after their entry (a waiting task has none); only those are read.
+        after their entry (a waiting task has none); only those are read. An answer
+        cut short (``FOLD_BYTES``: it carries each last ``e`` whole), or one that does
+        not name its subjects, says nothing: then each running task is read.
         """
         gate = asyncio.Semaphore(FOLD_CONCURRENCY)
         running = sorted({events_of(e) for e in entries if not e.final})
-        newest: dict[str, int] = {}
+        newest: dict[str, int] | None = {}
         if running:
-            msgs = await self._get(self._log_stream, {"multi_last": running})
-            newest = {(m.headers or {}).get(SUBJECT, ""): _pos(m) for m in msgs}
+            request = {"multi_last": running, "batch": len(running), "max_bytes": FOLD_BYTES}
+            msgs = await self._get(self._log_stream, request)
+            headers = [m.headers or {} for m in msgs]
+            complete = not msgs or headers[-1].get(PENDING, "0") == "0"
+            if complete and all(SUBJECT in h for h in headers):
+                newest = {h[SUBJECT]: int(h[STREAM_SEQ]) for h in headers}
+            else:
+                newest = None
 
         async def folded(entry: Logged) -> Task:
-            if entry.final or newest.get(events_of(entry), 0) <= entry.origin:
+            if entry.final:
+                return entry.task()
+            if newest is not None and newest.get(events_of(entry), 0) <= entry.origin:
                 return entry.task()
             async with gate:
                 after = await self._log.entries(entry.task_id, entry.origin, events_of(entry))
@@ -637,16 +682,10 @@ class _Scan:
     """How many entries lie at ``low`` or after (None: not counted)."""
 
 
-def _spread(ranges: Sequence[tuple[int, int]], count: int) -> builtins.list[tuple[int, int]]:
-    """``count`` windows [lo, hi) spread evenly over the positions of ``ranges`` (each [lo, hi))."""
-    ranges = [(lo, hi) for lo, hi in ranges if hi > lo]
-    length = sum(hi - lo for lo, hi in ranges)
-    windows: builtins.list[tuple[int, int]] = []
-    for lo, hi in ranges:
-        share = max(round(count * (hi - lo) / length), 1)
-        step = -(-(hi - lo) // share)  # (ceiling)
-        windows += [(at, min(at + step, hi)) for at in range(lo, hi, step)]
-    return windows
+def _spread(below: int, count: int) -> builtins.list[tuple[int, int]]:
+    """``count`` windows [lo, hi) of equal spans over the positions [1, ``below``)."""
+    step = -(-(below - 1) // count)  # (ceiling)
+    return [(at, min(at + step, below)) for at in range(1, below, step)]
 
 
 def _header_matches(query: TaskQuery, headers: dict[str, str]) -> bool:

@@ -214,8 +214,9 @@ class JetStreamRequests:
     ) -> list[Msg]:
         """Send a direct get and return the messages it answered with (none if nothing matched).
 
-        ``request`` is JetStream's direct get request; with ``batch`` in it the
-        answer is several messages, ended by an end-of-batch status.
+        ``request`` is JetStream's direct get request; with ``batch`` or
+        ``multi_last`` in it the answer is several messages, ended by an end-of-batch
+        status.
 
         Raises:
             nats.errors.TimeoutError: The answer did not complete within ``timeout``.
@@ -235,7 +236,7 @@ class JetStreamRequests:
                     status = (msg.headers or {}).get(STATUS)
                     if status is None:
                         found.append(msg)
-                        if "batch" not in request:
+                        if "batch" not in request and "multi_last" not in request:
                             return found
                     elif status in ("204", "404"):  # end of batch; nothing (more) to get
                         return found

@@ -7,10 +7,12 @@ reads both: this façade sends each call to the journal that holds its task.
 * A new task goes to the log only when ``Formats.writes_log`` (this instance was
   asked to, and every live instance reads format 3); else to the bucket, as
   versions before did.
-* A task is read from the log first, then from the bucket (tasks of format 3 are
-  the common case now the log is on by default); where each task was found is
+* A task is read from the layout new tasks go to first (the log, unless
+  ``nats_task_log`` is off), then from the other; where each task was found is
   remembered (bounded), so its writes and relays go to the same journal. A task
-  is created in one layout only and stays there, so the order is only a cost.
+  is created in one layout only and stays there, so the order is only a cost; a
+  layout that does not answer is passed over (its error raised if the other does
+  not hold the task either).
 * A listing returns the log's tasks first, then the bucket's: most recently
   written first within each. A token of the log's continues there; the log's
   last page continues with the bucket's first; the bucket's tokens are its own.
@@ -38,6 +40,7 @@ from ..journal import (
     PageTokens,
     RecordedTask,
     Released,
+    StoreUnavailableError,
     TaskPage,
     TaskQuery,
 )
@@ -127,12 +130,30 @@ class ClusterJournal:
         known = self._in_log.get(task_id)
         if known is not None:
             return known
-        if await self._log.log.last(task_id) is not None:
-            self._remember(task_id, True)
-            return True
-        if await self._legacy.snapshot(task_id) is not None:
-            self._remember(task_id, False)
+        failed: StoreUnavailableError | None = None
+        for in_log in self._order():
+            try:
+                if in_log:
+                    held = await self._log.log.last(task_id) is not None
+                else:
+                    held = await self._legacy.snapshot(task_id) is not None
+            except StoreUnavailableError as exc:
+                failed = exc  # (the other layout's tasks stay reachable)
+                continue
+            if held:
+                self._remember(task_id, in_log)
+                return in_log
+        if failed is not None:
+            raise failed
         return False  # (in neither: not remembered, it may be created yet)
+
+    def _order(self) -> tuple[bool, bool]:
+        """Which layout a task not remembered is looked for in first (True: the log).
+
+        The layout new tasks are created in (``nats_task_log``), so most reads take one
+        request; a layout that does not answer does not hide the other's tasks.
+        """
+        return (True, False) if self._formats.log_wanted else (False, True)
 
     async def get(self, task_id: str) -> RecordedTask | None:
         """The task as last written, from whichever journal holds it (None: neither).
@@ -142,16 +163,21 @@ class ClusterJournal:
             UnknownFormatError: A record in a format this version does not read.
         """
         known = self._in_log.get(task_id)
-        if known is False:
-            return await self._legacy.get(task_id)
-        found = await self._log.get(task_id)
-        if found is not None or known:
-            self._remember(task_id, True)
-            return found
-        found = await self._legacy.get(task_id)
-        if found is not None:
-            self._remember(task_id, False)
-        return found
+        if known is not None:
+            return await (self._log if known else self._legacy).get(task_id)
+        failed: StoreUnavailableError | None = None
+        for in_log in self._order():
+            try:
+                found = await (self._log if in_log else self._legacy).get(task_id)
+            except StoreUnavailableError as exc:
+                failed = exc
+                continue
+            if found is not None:
+                self._remember(task_id, in_log)
+                return found
+        if failed is not None:
+            raise failed
+        return None
 
     async def create(
         self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True, scope: str = ""
