@@ -24,7 +24,7 @@ from a2a.types.a2a_pb2 import (
 from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig, StreamSource
 
-from a2a_grpc_server.jetstream import logjournal, tasklog
+from a2a_grpc_server.jetstream import logjournal, loglisting, tasklog
 from a2a_grpc_server.jetstream.conn import (
     INDEX_STREAM,
     TASKS_BUCKET,
@@ -172,14 +172,14 @@ async def test_a_page_shows_each_running_task_with_the_changes_after_its_entry(
 
     expected = {"r0": 1, "r1": 2, "r2": 3, "r3": 4, "w": 0}
     assert await artifacts() == expected
-    monkeypatch.setattr(logjournal, "FOLD_BYTES", 1)  # (its answer cut: each one read)
+    monkeypatch.setattr(loglisting, "FOLD_BYTES", 1)  # (its answer cut: each one read)
     assert await artifacts() == expected
 
 
 async def test_a_page_by_a_rare_state_comes_short_and_its_tokens_reach_every_match(
     make: Callable[..., LogJournal], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(logjournal, "SCAN_MOST", 8)  # (a window reads up to 4 times that)
+    monkeypatch.setattr(loglisting, "SCAN_MOST", 8)  # (a window reads up to 4 times that)
     journal = make("i1")
     rare: list[str] = []
     for n in range(120):
@@ -208,9 +208,9 @@ async def test_a_filtered_total_counts_the_newest_entries_and_estimates_the_rest
     """A status time filter's matches are the newest entries: counted, not estimated (the
     total was once estimated from the oldest entries: 0 beside a full page); the rest is
     sampled, and every page of a listing says about the same total."""
-    monkeypatch.setattr(logjournal, "COUNT_MOST", 300)  # (a first page reads 1,024 here)
-    monkeypatch.setattr(logjournal, "SAMPLE_MOST", 40)  # (4 windows of 10)
-    monkeypatch.setattr(logjournal, "COUNT_BYTES", 4096)  # (a count's batches cut short)
+    monkeypatch.setattr(loglisting, "COUNT_MOST", 300)  # (a first page reads 1,024 here)
+    monkeypatch.setattr(loglisting, "SAMPLE_MOST", 40)  # (4 windows of 10)
+    monkeypatch.setattr(loglisting, "COUNT_BYTES", 4096)  # (a count's batches cut short)
     journal = make("i1")
 
     async def made(n: int) -> None:

@@ -49,7 +49,8 @@ from .formats import LOG, Formats
 from .index import TaskIndex
 from .journal import JetStreamJournal
 from .listing import Listing
-from .logjournal import MARK, LogJournal
+from .logjournal import LogJournal
+from .loglisting import MARK
 from .ownership import SWEEP_BATCH
 from .records import Entry, Snapshot, resume_from
 from .snapshots import SnapshotStore
