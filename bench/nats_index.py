@@ -2,8 +2,8 @@
 
     .venv/bin/python -m bench.nats_index [--tasks 100000] [--calls 200]
 
-Issue 41 (docs/decisions/0001, "Scale, after the default"): on a nats-server of its own
-(one node, file storage) it fills the task log with ``--tasks`` tasks through
+Issue 41 (docs/decisions/0001, "The default, and what listing costs"): on a nats-server
+of its own (one node, file storage) it fills the task log with ``--tasks`` tasks through
 ``LogJournal`` (``bench.population``: four scopes, one entry per task), then makes two
 more indexes beside ``A2A_CURRENT``, the same sources and transforms, one with
 ``max_msgs_per_subject: 1`` (as built) and one without. Once both hold every entry and
