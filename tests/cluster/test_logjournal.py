@@ -176,6 +176,38 @@ async def test_a_page_shows_each_running_task_with_the_changes_after_its_entry(
     assert await artifacts() == expected
 
 
+async def test_reads_go_on_past_an_answer_cut_at_its_byte_limit(
+    requests: JetStreamRequests,
+    make: Callable[..., LogJournal],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """nats-server cuts a batch's answer at its max_bytes (64 MiB unless asked) and says
+    how many more follow: a read that took a short answer for the end lost the tail of a
+    task's changes (hostile review of 37ca0ee). Here every answer is cut at 2 KiB."""
+    original = requests.direct_get
+
+    async def cut(stream: str, request: dict[str, object], timeout: float) -> list[Any]:  # noqa: ASYNC109 (passed on)
+        if "batch" in request:
+            request = {**request, "max_bytes": 2048}
+        return await original(stream, request, timeout)
+
+    journal = make("i1", snapshot_every=100)
+    t = task("long", S.TASK_STATE_WORKING)
+    v = await journal.create(t, [change(1, t)])
+    for k in range(12):
+        t.artifacts.add(artifact_id=f"a{k}").parts.add(text="x" * 300)
+        v = await journal.update(t, v, [change(k + 2, t)])  # (an e each: nothing due)
+    for n in range(12):
+        other = task(f"o{n:02}", S.TASK_STATE_COMPLETED)
+        await journal.create(other, [change(1, other)])
+    monkeypatch.setattr(requests, "direct_get", cut)
+    got = await journal.get("long")
+    assert got is not None and len(got.task.artifacts) == 12
+    page = await journal.list(TaskQuery(page_size=20))
+    assert [len(t.artifacts) for t in page.tasks if t.id == "long"] == [12]
+    assert len(page.tasks) == 13 and page.total_size == 13
+
+
 async def test_a_page_by_a_rare_state_comes_short_and_its_tokens_reach_every_match(
     make: Callable[..., LogJournal], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -62,6 +62,7 @@ from .tasklog import (
     LogRead,
     TaskLog,
     decode,
+    ended,
     events_of,
     fold,
     numbered_on,
@@ -298,9 +299,9 @@ class LogListing:
                 self._index_stream, {"seq": pos, "next_by_subj": subject, "batch": most}
             )
             found.extend(msgs)
-            if len(msgs) < most:
+            if len(msgs) < most and ended(msgs):
                 break
-            pos = _pos(msgs[-1]) + 1
+            pos = _pos(msgs[-1]) + 1  # (or cut at its bytes)
         return found
 
     async def total(self, query: TaskQuery) -> int:

@@ -85,7 +85,17 @@ from .conn import LOG_SUBJECT as LOG_SUBJECT
 from .conn import current_config as current_config
 from .conn import log_config as log_config
 from .formats import HEADER as FORMAT
-from .records import COUNT, MSG_ID, PAYLOAD_SLACK, SEQ, STATE, STREAM_SEQ, Entry, record
+from .records import (
+    COUNT,
+    MSG_ID,
+    PAYLOAD_SLACK,
+    PENDING,
+    SEQ,
+    STATE,
+    STREAM_SEQ,
+    Entry,
+    record,
+)
 from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError
 from .retry import TRANSIENT, Retry
 
@@ -548,9 +558,9 @@ class TaskLog:
             for msg in msgs:
                 found.extend(decode(msg).changes)
             read += len(msgs)
-            if len(msgs) < want:
+            if len(msgs) < want and ended(msgs):
                 return found
-            pos = int((msgs[-1].headers or {})[STREAM_SEQ]) + 1
+            pos = int((msgs[-1].headers or {})[STREAM_SEQ]) + 1  # (or cut at its bytes)
         return found
 
     async def _get(self, request: dict[str, object], what: str) -> list[Msg]:
@@ -558,6 +568,15 @@ class TaskLog:
         return await self._retry(
             lambda: self._requests.direct_get(self._stream, request, self._retry.timeout), what
         )
+
+
+def ended(msgs: Sequence[Msg]) -> bool:
+    """Whether a batch's answer holds the last of what it asked for.
+
+    nats-server also cuts an answer at its ``max_bytes`` (the server's max pending,
+    64 MiB, unless asked), and then says how many more there are (``Nats-Num-Pending``).
+    """
+    return not msgs or (msgs[-1].headers or {}).get(PENDING, "0") == "0"
 
 
 def numbered_on(seq: int, after: Sequence[Entry]) -> bool:
