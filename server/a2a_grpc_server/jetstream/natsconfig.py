@@ -124,3 +124,5 @@ class NatsConfig:
     def __post_init__(self) -> None:
         if self.routed_in_flight < 1:
             raise ValueError("routed_in_flight must be positive")
+        if not self.instance_id:  # (the empty id is nobody's: released tasks, never swept)
+            raise ValueError("instance_id must not be empty")
