@@ -208,6 +208,33 @@ async def test_reads_go_on_past_an_answer_cut_at_its_byte_limit(
     assert len(page.tasks) == 13 and page.total_size == 13
 
 
+async def test_a_page_of_a_quiet_scope_reads_about_what_it_shows(
+    requests: JetStreamRequests,
+    make: Callable[..., LogJournal],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scope written in a burst, then quiet while others write: the gallop's last step
+    lands far below what a page needs, and the page once read all of it (hostile review
+    of 37ca0ee: tens of thousands of entries for a page). It now halves that step."""
+    original, read = requests.direct_get, [0]
+
+    async def counting(stream: str, request: dict[str, object], timeout: float) -> list[Any]:  # noqa: ASYNC109 (passed on)
+        found = await original(stream, request, timeout)
+        if stream == tasklog.CURRENT_STREAM and int(str(request.get("batch", 1))) > 1:
+            read[0] += len(found)
+        return found
+
+    journal = make("i1")
+    for n, scope in enumerate(["a"] * 600 + ["b"] * 2000 + ["a"] * 10):
+        t = task(f"t{n:04}", S.TASK_STATE_COMPLETED)
+        await journal.create(t, [change(1, t)], scope=scope)
+    monkeypatch.setattr(requests, "direct_get", counting)
+    page = await journal.list(TaskQuery(scope="a", page_size=50))
+    assert len(page.tasks) == 50 and page.total_size == 610
+    assert [t.id for t in page.tasks[:10]] == [f"t{n:04}" for n in range(2609, 2599, -1)]
+    assert read[0] <= 4 * 51, f"a page of 50 read {read[0]} entries"
+
+
 async def test_a_page_by_a_rare_state_comes_short_and_its_tokens_reach_every_match(
     make: Callable[..., LogJournal], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -79,8 +79,8 @@ SAMPLE_WINDOWS = 4
 """Windows spread over the entries an estimated ``total_size`` samples."""
 SAMPLE_MOST = 500
 """Entries those windows read at most, together (the first of each window)."""
-NARROW_STEPS = 2
-"""Halvings that bring the counted top of a filtered total near ``COUNT_MOST`` entries."""
+NARROW_STEPS = 16
+"""Halvings that bring a window near the entries it needs (see ``LogListing._start``)."""
 BATCH = 256
 """Entries one direct get returns at most."""
 COUNT_BATCH = 1_000
@@ -270,24 +270,38 @@ class LogListing:
         return 1 + int((msgs[0].headers or {}).get(PENDING, "0")) if msgs else 0
 
     async def _start(
-        self, subject: str, top: int, want: int, at_top: int | None = None
+        self, subject: str, top: int, want: int, at_top: int | None = None, slack: int = 4
     ) -> tuple[int, int, int]:
         """Where ``want`` entries (or all) lie below ``top``: (lo, between, at lo or after).
 
-        Gallops down from ``top`` in steps of x4, counting with ``Nats-Num-Pending``.
-        ``at_top``: how many lie at ``top`` or after, when the caller knows (each
-        count is a request). Entries written meanwhile only make a window read more
-        than it keeps (a window keeps what lies below ``top``).
+        Gallops down from ``top`` in steps of x4, counting with ``Nats-Num-Pending``;
+        then, while more than ``slack`` times ``want`` lie between (entries unevenly
+        spread: a burst, then a quiet scope), halves the last step, up to
+        ``NARROW_STEPS`` times, so a window reads about what it needs. Evenly spread
+        entries need no halving at the default slack. ``at_top``: how many lie at
+        ``top`` or after, when the caller knows (each count is a request). Entries
+        written meanwhile only make a window read more than it keeps (a window keeps
+        what lies below ``top``).
         """
         if at_top is None:
             at_top = await self._count_from(subject, top)
-        span = 4 * want
+        span, above = 4 * want, top  # (above: fewer than want lie between it and top)
         while True:
             lo = max(top - span, 1)
             at_lo = await self._count_from(subject, lo)
             if lo == 1 or at_lo - at_top >= want:
-                return lo, at_lo - at_top, at_lo
-            span *= 4
+                break
+            above, span = lo, span * 4
+        for _ in range(NARROW_STEPS):
+            if at_lo - at_top <= slack * want or above - lo < 2:
+                break
+            mid = (lo + above) // 2
+            at_mid = await self._count_from(subject, mid)
+            if at_mid - at_top >= want:
+                lo, at_lo = mid, at_mid
+            else:
+                above = mid
+        return lo, at_lo - at_top, at_lo
 
     async def _read(self, subject: str, lo: int, count: int) -> builtins.list[Msg]:
         """The ``count`` entries on ``subject`` from ``lo``, oldest first."""
@@ -329,7 +343,7 @@ class LogListing:
             scan = _Scan(end, end, 0, 0, 0)
         more = COUNT_MOST - scan.scanned
         if more > 0 and scan.low > 1:  # (the top, where the newest statuses are)
-            lo, between = await self._narrow(subject, scan.low, more, scan.at_low)
+            lo, between, _ = await self._start(subject, scan.low, more, scan.at_low, slack=2)
             read, matched, _ = await self._count_matches(query, subject, lo, scan.low, between)
             scan = replace(scan, low=lo, scanned=scan.scanned + read)
             scan = replace(scan, matched=scan.matched + matched)
@@ -346,27 +360,6 @@ class LogListing:
         sampled = [(n, m) for n, m, whole in counts if not whole and n]
         rate = sum(m for _, m in sampled) / sum(n for n, _ in sampled) if sampled else 0.0
         return scan.matched + matched + round(rate * max(rest - read, 0))
-
-    async def _narrow(
-        self, subject: str, top: int, want: int, at_top: int | None
-    ) -> tuple[int, int]:
-        """A position from which about ``want`` entries lie below ``top``; how many do.
-
-        ``_start``'s gallop, then up to ``NARROW_STEPS`` halvings while more than twice
-        ``want`` lie between (a count is a request; reading entries costs more).
-        """
-        if at_top is None:
-            at_top = await self._count_from(subject, top)
-        lo, between, _ = await self._start(subject, top, want, at_top)
-        for _ in range(NARROW_STEPS):
-            if between <= 2 * want or top - lo < 2:
-                break
-            mid = (lo + top) // 2
-            nearer = await self._count_from(subject, mid) - at_top
-            if nearer < want:
-                break
-            lo, between = mid, nearer
-        return lo, between
 
     async def _count_matches(
         self, query: TaskQuery, subject: str, lo: int, hi: int, most: int
