@@ -21,6 +21,10 @@ def without_userinfo(url: str) -> str:
     return f"{scheme}{sep}{rest.rpartition('@')[2]}"
 
 
+_NOT_A_TOKEN = frozenset(".*> \t\r\n")
+"""Characters no NATS subject token holds (an instance id is one: ``a2a.ctl.<id>.…``)."""
+
+
 def new_instance_id() -> str:
     """A fresh id for this process (ownership does not survive a restart)."""
     return uuid.uuid4().hex[:16]
@@ -126,3 +130,8 @@ class NatsConfig:
             raise ValueError("routed_in_flight must be positive")
         if not self.instance_id:  # (the empty id is nobody's: released tasks, never swept)
             raise ValueError("instance_id must not be empty")
+        if not _NOT_A_TOKEN.isdisjoint(self.instance_id):  # (it names subjects and keys)
+            raise ValueError(
+                f"instance_id {self.instance_id!r} must be one NATS subject token: "
+                "no '.', '*', '>' or whitespace"
+            )

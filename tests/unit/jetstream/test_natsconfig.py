@@ -15,6 +15,14 @@ def test_an_empty_instance_id_is_refused() -> None:
     assert NatsConfig().instance_id, "a fresh id by default"
 
 
+@pytest.mark.parametrize("instance_id", ["*", ">", "a.b", "two words", "tab\there"])
+def test_an_instance_id_that_is_not_one_subject_token_is_refused(instance_id: str) -> None:
+    """An id names this instance's control subjects (``a2a.ctl.<id>.<op>``): ``*`` would
+    subscribe to every instance's routed requests, ``a.b`` to none of its own."""
+    with pytest.raises(ValueError, match="one NATS subject token"):
+        NatsConfig(instance_id=instance_id)
+
+
 def test_routed_in_flight_must_be_positive() -> None:
     with pytest.raises(ValueError, match="routed_in_flight must be positive"):
         NatsConfig(routed_in_flight=0)
