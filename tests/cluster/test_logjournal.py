@@ -24,6 +24,7 @@ from a2a.types.a2a_pb2 import (
 from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig, StreamSource
 
+from a2a_grpc_server.errors import UnknownFormatError
 from a2a_grpc_server.jetstream import logjournal, loglisting, tasklog
 from a2a_grpc_server.jetstream.conn import (
     INDEX_STREAM,
@@ -233,6 +234,27 @@ async def test_a_page_of_a_quiet_scope_reads_about_what_it_shows(
     assert len(page.tasks) == 50 and page.total_size == 610
     assert [t.id for t in page.tasks[:10]] == [f"t{n:04}" for n in range(2609, 2599, -1)]
     assert read[0] <= 4 * 51, f"a page of 50 read {read[0]} entries"
+
+
+async def test_a_listing_refuses_an_entry_in_another_format_even_unshown(
+    nc: NATS, make: Callable[..., LogJournal]
+) -> None:
+    """Entries are matched on their headers and decoded only when shown: one of a format
+    this version does not know is still refused, not skipped or counted as ours."""
+    journal = make("i1")
+    ours = task("ours", S.TASK_STATE_COMPLETED)
+    await journal.create(ours, [change(1, ours)], scope="s")
+    where = tasklog.Where("theirs", "i9", "s", "c")
+    theirs = task("theirs", S.TASK_STATE_WORKING)
+    kind, payload, headers = tasklog.encode([change(1, theirs)], theirs, where, "i9")
+    headers["A2a-Format"] = "4"
+    await nc.jetstream().publish(where.subject(kind), payload, headers=headers)
+    for query in (
+        TaskQuery(scope="s", page_size=10),
+        TaskQuery(scope="s", state=S.TASK_STATE_COMPLETED, page_size=10),  # (not shown)
+    ):
+        with pytest.raises(UnknownFormatError, match="4"):
+            await journal.list(query)
 
 
 async def test_a_page_by_a_rare_state_comes_short_and_its_tokens_reach_every_match(

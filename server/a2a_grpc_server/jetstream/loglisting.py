@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from a2a.types.a2a_pb2 import Task
 from nats.aio.msg import Msg
 
+from ..errors import UnknownFormatError
 from ..journal import (
     InvalidPageTokenError,
     PageTokens,
@@ -47,12 +48,14 @@ from ..journal import (
     TaskPage,
     TaskQuery,
 )
+from .formats import HEADER as FORMAT
 from .records import PENDING, STREAM_SEQ
 from .requests import JetStreamRequests
 from .retry import Retry
 from .tasklog import (
     CURRENT_SUBJECT,
     FINAL,
+    LOG_FORMAT,
     LOG_SUBJECT,
     SCOPE,
     SNAPSHOT,
@@ -152,9 +155,8 @@ class LogListing:
             window = [m for m in await self._read(subject, lo, between) if _pos(m) < low]
             scanned += len(window)
             for msg in reversed(window):
-                entry = decode(msg)
-                if _matches(query, entry):
-                    found.append(entry)
+                if _header_matches(query, msg.headers or {}):  # (decoded only if it matches)
+                    found.append(decode(msg))
             low = lo
         page_items = found[: query.page_size]
         tasks = await self._fold_page(page_items)
@@ -455,21 +457,19 @@ def _spread(below: int, count: int) -> builtins.list[tuple[int, int]]:
 
 
 def _header_matches(query: TaskQuery, headers: dict[str, str]) -> bool:
-    """``_matches`` on an index entry's headers, not decoded."""
+    """Whether an index entry passes the query's filters (its headers: nothing decoded).
+
+    Raises:
+        UnknownFormatError: It is not in the log's format (as ``decode``).
+    """
+    given = headers.get(FORMAT)
+    if given != str(LOG_FORMAT):
+        raise UnknownFormatError("a message of the task log", str(given)[:16])
     state, _, stamp = headers.get(STATUS, "0 0").partition(" ")
     return (
         headers.get(SCOPE, "") == query.scope
         and query.state in (0, int(state))
         and int(stamp or 0) >= query.status_after_ns
-    )
-
-
-def _matches(query: TaskQuery, entry: Logged) -> bool:
-    """Whether an index entry passes the query's filters (its own headers; no decoding)."""
-    return (
-        entry.scope == query.scope
-        and query.state in (0, entry.state)
-        and (entry.status_ns >= query.status_after_ns)
     )
 
 
