@@ -177,6 +177,23 @@ async def test_a_page_shows_each_running_task_with_the_changes_after_its_entry(
     assert await artifacts() == expected
 
 
+async def test_a_multi_last_answer_is_read_to_its_end(
+    requests: JetStreamRequests, make: Callable[..., LogJournal]
+) -> None:
+    """direct_get once returned a multi_last answer after its first message; a page's fold
+    then fell back to reading each running task (the test above cannot tell)."""
+    journal = make("i1", snapshot_every=100)
+    subjects = []
+    for n in range(3):
+        t = task(f"m{n}", S.TASK_STATE_WORKING)
+        v = await journal.create(t, [change(1, t)])
+        t.artifacts.add(artifact_id="a")
+        await journal.update(t, v, [change(2, t)])  # (an e)
+        subjects.append(tasklog.Where(t.id, "i1", "", t.context_id).subject(tasklog.EVENTS))
+    msgs = await requests.direct_get(tasklog.LOG_STREAM, {"multi_last": subjects}, 5.0)
+    assert sorted(m.headers["Nats-Subject"] for m in msgs if m.headers) == sorted(subjects)
+
+
 async def test_reads_go_on_past_an_answer_cut_at_its_byte_limit(
     requests: JetStreamRequests,
     make: Callable[..., LogJournal],
