@@ -334,8 +334,8 @@ class LogListing:
         ``scan``: what a first page read down from the index's end (exact there); None:
         nothing. With a state or status time filter, the newest ``COUNT_MOST`` entries
         are counted (the first page's and those below them), and the rest estimated
-        from windows spread over it. Entries written after the count began are left
-        out: a total as of its start.
+        from windows spread over it. Entries written while it counts may be counted or
+        not: a total as of about its start.
         """
         entries = await self._count_from(subject, 1)
         if not (query.state or query.status_after_ns) or not entries:
