@@ -117,12 +117,11 @@ class LogJournal:
         self._owner = owner
         self._every = snapshot_every
         self._retry = retry or Retry()
-        self._tokens = page_tokens or PageTokens()
         self._log = TaskLog(requests, owner, self._retry, log_stream)
         self._owners = LogOwners(requests, self._log, owner, self._retry, log_stream)
         self._log_stream = log_stream
         self._listing = LogListing(
-            requests, self._log, self._tokens, self._retry, log_stream, index_stream
+            requests, self._log, page_tokens or PageTokens(), self._retry, log_stream, index_stream
         )
         self._known: OrderedDict[str, _Known] = OrderedDict()
         """The tasks this instance writes, newest last (``KNOWN`` at most: one forgotten

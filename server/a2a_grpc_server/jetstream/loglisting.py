@@ -49,7 +49,7 @@ from ..journal import (
     TaskQuery,
 )
 from .formats import HEADER as FORMAT
-from .records import PENDING, STREAM_SEQ
+from .records import PENDING, STREAM_SEQ, SUBJECT
 from .requests import JetStreamRequests
 from .retry import Retry
 from .tasklog import (
@@ -91,8 +91,6 @@ COUNT_BATCH = 1_000
 COUNT_BYTES = 4 << 20
 """Bytes after which one such direct get stops (with the entry that crossed it): entries
 copy whole snapshots."""
-SUBJECT = "Nats-Subject"
-"""A direct get's answer: the message's subject."""
 FOLD_BYTES = 4 << 20
 """Bytes after which the ``multi_last`` of a page's running tasks stops (then each is read)."""
 FOLD_CONCURRENCY = 16
@@ -166,7 +164,7 @@ class LogListing:
             next_token = self._tokens.encode(low, MARK, query.scope)
         else:
             next_token = ""
-        first = _Scan(low, top, scanned, len(found), at_top) if before is None else None
+        first = _Scan(low, scanned, len(found), at_top) if before is None else None
         total = await self._total(query, subject, first)  # (later pages count from the end)
         return TaskPage(
             tasks=tasks,
@@ -342,7 +340,7 @@ class LogListing:
             return entries
         if scan is None:
             end = await self._end(subject)
-            scan = _Scan(end, end, 0, 0, 0)
+            scan = _Scan(end, 0, 0, 0)
         more = COUNT_MOST - scan.scanned
         if more > 0 and scan.low > 1:  # (the top, where the newest statuses are)
             lo, between, _ = await self._start(subject, scan.low, more, scan.at_low, slack=2)
@@ -382,7 +380,7 @@ class LogListing:
                     return read, matched, True
                 read += 1
                 matched += _header_matches(query, msg.headers or {})
-            if not msgs or (msgs[-1].headers or {}).get(PENDING, "0") == "0":
+            if ended(msgs):
                 return read, matched, True  # (no more on the subject)
             pos = _pos(msgs[-1]) + 1  # (a batch cut at COUNT_BYTES goes on)
         return read, matched, pos >= hi
@@ -402,8 +400,7 @@ class LogListing:
             request = {"multi_last": running, "batch": len(running), "max_bytes": FOLD_BYTES}
             msgs = await self._get(self._log_stream, request)
             headers = [m.headers or {} for m in msgs]
-            complete = not msgs or headers[-1].get(PENDING, "0") == "0"
-            if complete and all(SUBJECT in h for h in headers):
+            if ended(msgs) and all(SUBJECT in h for h in headers):
                 newest = {h[SUBJECT]: int(h[STREAM_SEQ]) for h in headers}
             else:
                 newest = None
@@ -440,10 +437,9 @@ def _filter(query: TaskQuery) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Scan:
-    """What a page read of the index: the entries at [low, top), how many, how many matched."""
+    """What a first page read of the index: its entries from ``low`` up, and their counts."""
 
     low: int
-    top: int
     scanned: int
     matched: int
     at_low: int | None

@@ -70,6 +70,8 @@ PAYLOAD_SLACK = 1024
 MSG_ID = "Nats-Msg-Id"
 STREAM_SEQ = "Nats-Sequence"
 PENDING = "Nats-Num-Pending"
+SUBJECT = "Nats-Subject"
+"""A direct get's answer: the subject its message was stored on."""
 TASKS_STREAM = f"KV_{TASKS_BUCKET}"
 """The stream behind the snapshot bucket."""
 TASKS_ALL = f"$KV.{TASKS_BUCKET}.>"

@@ -93,6 +93,7 @@ from .records import (
     SEQ,
     STATE,
     STREAM_SEQ,
+    SUBJECT,
     Entry,
     record,
 )
@@ -287,7 +288,7 @@ def decode(msg: Msg, pos: int = 0) -> Logged:
         raise UnknownFormatError("a message of the task log", str(given)[:16])
     source = headers.get(SOURCE, "").split(" ")  # (read from the index: the log's message)
     copied = len(source) > 4 and source[1].isdigit()
-    subject = source[4] if copied else headers.get("Nats-Subject", msg.subject)
+    subject = source[4] if copied else headers.get(SUBJECT, msg.subject)
     tokens = subject.split(".")
     if len(tokens) != 8 or tokens[-1] not in KINDS:
         raise UnknownFormatError("a message of the task log", f"subject {subject[:64]}")
