@@ -29,6 +29,7 @@ import builtins
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from a2a.types.a2a_pb2 import Task
 from nats.aio.msg import Msg
@@ -59,6 +60,9 @@ KNOWN = 65_536
 """Tasks whose journal is remembered (the oldest forgotten first: read again)."""
 LOG_DONE = "log-done"
 """What a token is sealed for that starts the bucket's listing after the log's last page."""
+
+
+_T = TypeVar("_T")
 
 
 class ClusterJournal:
@@ -131,30 +135,41 @@ class ClusterJournal:
         known = self._in_log.get(task_id)
         if known is not None:
             return known
+
+        async def held(in_log: bool) -> object | None:
+            if in_log:
+                return await self._log.log.last(task_id)
+            return await self._legacy.snapshot(task_id)
+
+        found = await self._find(task_id, held)
+        return found is not None and found[0]  # (in neither: not remembered, may be created)
+
+    async def _find(
+        self, task_id: str, read: Callable[[bool], Awaitable[_T | None]]
+    ) -> tuple[bool, _T] | None:
+        """Which layout holds a task not remembered (True: the log), and ``read`` of it.
+
+        ``read`` is tried on one layout, then the other; the one that held it is
+        remembered. First, the layout new tasks are created in (``nats_task_log``), so
+        most reads take one request; a layout that does not answer does not hide the
+        other's tasks (its error is raised if the other does not hold the task either).
+
+        Raises:
+            StoreUnavailableError: A layout did not answer, and the other does not hold it.
+        """
         failed: StoreUnavailableError | None = None
-        for in_log in self._order():
+        for in_log in (True, False) if self._formats.log_wanted else (False, True):
             try:
-                if in_log:
-                    held = await self._log.log.last(task_id) is not None
-                else:
-                    held = await self._legacy.snapshot(task_id) is not None
+                found = await read(in_log)
             except StoreUnavailableError as exc:
-                failed = exc  # (the other layout's tasks stay reachable)
+                failed = exc
                 continue
-            if held:
+            if found is not None:
                 self._remember(task_id, in_log)
-                return in_log
+                return in_log, found
         if failed is not None:
             raise failed
-        return False  # (in neither: not remembered, it may be created yet)
-
-    def _order(self) -> tuple[bool, bool]:
-        """Which layout a task not remembered is looked for in first (True: the log).
-
-        The layout new tasks are created in (``nats_task_log``), so most reads take one
-        request; a layout that does not answer does not hide the other's tasks.
-        """
-        return (True, False) if self._formats.log_wanted else (False, True)
+        return None
 
     async def get(self, task_id: str) -> RecordedTask | None:
         """The task as last written, from whichever journal holds it (None: neither).
@@ -166,19 +181,10 @@ class ClusterJournal:
         known = self._in_log.get(task_id)
         if known is not None:
             return await (self._log if known else self._legacy).get(task_id)
-        failed: StoreUnavailableError | None = None
-        for in_log in self._order():
-            try:
-                found = await (self._log if in_log else self._legacy).get(task_id)
-            except StoreUnavailableError as exc:
-                failed = exc
-                continue
-            if found is not None:
-                self._remember(task_id, in_log)
-                return found
-        if failed is not None:
-            raise failed
-        return None
+        found = await self._find(
+            task_id, lambda in_log: (self._log if in_log else self._legacy).get(task_id)
+        )
+        return None if found is None else found[1]
 
     async def create(
         self, task: Task, changes: Sequence[Change], *, keep_frames: bool = True, scope: str = ""
