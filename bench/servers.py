@@ -7,10 +7,8 @@ the interceptors: their cost is the difference), ``ours-nats`` (A2AService joine
 the NATS given by ``--nats``; ready once it writes as a running cluster does, a lease
 after it came up: ``settled``), ``ours-v10`` and ``ours-nats-v10`` (those two
 with ``generation`` and ``idempotency_window`` off), ``ours-unpaced`` (``loop_slice``
-0: the pacer off, to see what it costs a burst), ``ours-nats-plain`` (``ours-nats``
-with ``coalesce_writes`` off: what coalescing gains), ``ours-nats-bucket`` and
-``ours-nats-bucket-plain`` (new tasks in the snapshot bucket, ``nats_task_log`` off:
-the layout before the task log), ``sdk`` (a2a-sdk
+0: the pacer off, to see what it costs a burst), ``ours-nats-bucket`` (new tasks in
+the snapshot bucket, ``nats_task_log`` off: the layout before the task log), ``sdk`` (a2a-sdk
 1.3.0: ``GrpcHandler`` over ``DefaultRequestHandler`` and ``InMemoryTaskStore``, the same
 agent) or
 ``raw`` (``bench.raw``). Each binds 127.0.0.1 on a free port, prints
@@ -52,15 +50,13 @@ KINDS = (
     "ours-v10",
     "ours-nats-v10",
     "ours-unpaced",
-    "ours-nats-plain",
     "ours-nats-bucket",
-    "ours-nats-bucket-plain",
     "sdk",
     "raw",
 )
 """``-v10``: ours without the v1.1 generation and the idempotency of retries (both
 settings off): the difference from ``ours`` is what the two cost. ``-unpaced``: ours
-with ``loop_slice`` 0. ``-plain``: ``ours-nats`` without coalesced writes. ``-bucket``: new
+with ``loop_slice`` 0. ``-bucket``: new
 tasks in the snapshot bucket (``nats_task_log`` off: format 2, before issue 41). Each changes
 a setting on purpose, to measure it."""
 
@@ -95,12 +91,9 @@ async def build(
             from tests.support import CLUSTER_KEY
 
             # The defaults, and the cluster key every instance must now be given (issue 22).
-            # (``-plain``: a setting changed on purpose, to measure what coalescing gains)
+            # (``-bucket``: a setting changed on purpose, to measure the layout before)
             config_nats = NatsConfig(
-                servers=[nats],
-                key=CLUSTER_KEY,
-                coalesce_writes=not kind.endswith("-plain"),
-                task_log="-bucket" not in kind,
+                servers=[nats], key=CLUSTER_KEY, task_log="-bucket" not in kind
             )
             cluster = await NatsCluster.connect(config_nats)
         # The defaults a user gets (but for the one the push benchmark must change).

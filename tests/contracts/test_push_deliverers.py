@@ -66,8 +66,8 @@ async def assets(nats_url: str) -> AsyncIterator[Assets]:
     index = TaskIndex(requests, Retry(5.0))
     try:
         yield Assets(
-            JetStreamPushConfigs(conn.push, Retry(5.0), index=index),
-            JetStreamPushConfigs(conn.push, Retry(5.0)),
+            JetStreamPushConfigs(conn.js, conn.push, Retry(5.0), index=index),
+            JetStreamPushConfigs(conn.js, conn.push, Retry(5.0)),
             index,
         )
     finally:
@@ -224,7 +224,7 @@ async def test_a_config_whose_cursor_moves_past_half_the_ttl_publishes_its_entry
     index = TaskIndex(requests, Retry(5.0))
     now = [100.0]
     store = JetStreamPushConfigs(
-        conn.push, Retry(5.0), index=index, entry_ttl=60.0, clock=lambda: now[0]
+        conn.js, conn.push, Retry(5.0), index=index, entry_ttl=60.0, clock=lambda: now[0]
     )
     try:
         await store.put(config("long"), most=10, seq=0, deliverer="A")

@@ -31,7 +31,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[PushConfigStore
         return
     conn = await connect(NatsConfig(servers=[request.getfixturevalue("nats_url")]))
     try:
-        yield JetStreamPushConfigs(conn.push, Retry(5.0), callers=conn.push_callers)
+        yield JetStreamPushConfigs(conn.js, conn.push, Retry(5.0), callers=conn.push_callers)
     finally:
         await conn.js.delete_key_value(PUSH_BUCKET)
         await conn.js.delete_key_value(PUSH_CALLERS_BUCKET)
@@ -189,7 +189,7 @@ async def test_a_count_left_over_by_a_crash_is_set_right_when_it_refuses(nats_ur
     conn = await connect(NatsConfig(servers=[nats_url]))
     now = [0.0]
     store = JetStreamPushConfigs(
-        conn.push, Retry(5.0), callers=conn.push_callers, clock=lambda: now[0]
+        conn.js, conn.push, Retry(5.0), callers=conn.push_callers, clock=lambda: now[0]
     )
     try:
         carol, first = ("carol", 2), new_task()

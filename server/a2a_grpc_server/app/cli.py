@@ -259,6 +259,8 @@ def prepare(values: dict[str, tuple[Any, str]]) -> A2AServer:
         AgentLoadError: ``agent`` does not name a usable executor.
     """
     args = argparse.Namespace(**{name: value for name, (value, _) in values.items()})
+    for warning in settings.retired(values):
+        logger.warning("%s", warning)
     if args.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
         raise SettingError(NO_UVLOOP)
     if args.admin and importlib.util.find_spec("grpc_channelz") is None:

@@ -53,8 +53,8 @@ class Setting:
             comma-separated in a flag or variable).
         default: Its value when nothing sets it (None: not set).
         help: What it does.
-        group: ``serve`` (the process), ``server`` (``ServerConfig``) or
-            ``cluster`` (``NatsConfig``).
+        group: ``serve`` (the process), ``server`` (``ServerConfig``),
+            ``cluster`` (``NatsConfig``) or ``retired`` (does nothing: ``RETIRED``).
         flags: Its flags; the first is the one documented.
         field: The dataclass field it sets ("" for ``serve`` settings).
         choices: The values it may take (empty: any).
@@ -280,10 +280,26 @@ def _from_dataclass(cls: type, group: str) -> list[Setting]:
     return made
 
 
+RETIRED: tuple[Setting, ...] = (
+    Setting(
+        "nats_coalesce_writes",
+        bool,
+        None,
+        "Retired: writes to NATS are nats-py's own (decision 0002). Still accepted, with "
+        "a WARNING, so configurations that name it keep starting; a later version refuses "
+        "it. Remove it.",
+        "retired",
+        ("--nats-coalesce-writes",),
+    ),
+)
+"""Settings that do nothing any more: accepted, each with a WARNING when given
+(``retired``), until a later version refuses them as it does any unknown name."""
+
 SETTINGS: tuple[Setting, ...] = (
     *SERVE,
     *_from_dataclass(ServerConfig, "server"),
     *_from_dataclass(NatsConfig, "cluster"),
+    *RETIRED,
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 BY_FIELD = {s.field: s for s in SETTINGS if s.group == "cluster"}
@@ -332,6 +348,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         "cluster": parser.add_argument_group(
             "cluster mode (NATS JetStream; pip install '.[cluster]')"
         ),
+        "retired": parser,
     }
     for s in SETTINGS:
         options: dict[str, Any] = {
@@ -339,6 +356,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             "default": argparse.SUPPRESS,
             "help": f"{s.help} (default: {_shown(s.default)}; env {s.env})".replace("%", "%%"),
         }
+        if s.group == "retired":
+            options["help"] = argparse.SUPPRESS
         if s.kind is bool:
             options["action"] = argparse.BooleanOptionalAction
         else:
@@ -485,10 +504,21 @@ def _check_cluster_key(key_file: str | None, trust_bus: bool) -> None:
     )
 
 
+def retired(values: Mapping[str, tuple[Any, str]]) -> list[str]:
+    """A WARNING's text for each retired setting ``values`` give (see ``RETIRED``)."""
+    return [
+        f"{spelled(s.name)} is retired and does nothing ({values[s.name][1]}): {s.help}"
+        for s in RETIRED
+        if values[s.name][1] != "default"
+    ]
+
+
 def render(values: Mapping[str, tuple[Any, str]]) -> str:
     """The effective configuration as a TOML file, each value's source in a comment."""
     lines = []
     for s in SETTINGS:
+        if s.group == "retired":
+            continue
         value, source = values[s.name]
         if value is None:
             lines.append(f"# {s.name} = (not set)")

@@ -4,7 +4,6 @@ Connection and requests:
 
 * ``natsconfig``: ``NatsConfig``, importable without nats-py (the settings read it);
 * ``conn``: the connection and the shared assets (streams, buckets);
-* ``coalesce``: nats-py's client, its writes coalesced under load (guarded at start-up);
 * ``requests``: lean publish-with-ack and batched direct gets;
 * ``pullread``: bounded reads of a stream through an ephemeral pull consumer;
 * ``retry``: how long an operation retries through a NATS outage;

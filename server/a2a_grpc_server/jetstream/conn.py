@@ -41,8 +41,6 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
-from . import coalesce
-from .coalesce import CoalescingClient
 from .natsconfig import NatsConfig as NatsConfig
 from .natsconfig import without_userinfo
 
@@ -128,19 +126,21 @@ async def connect(config: NatsConfig) -> NatsConnection:
     except (ValueError, OSError, ssl.SSLError) as exc:
         raise ConnectionError(f"cannot connect to NATS: {exc}") from None
     errors: list[Exception] = []
+    connecting = True
 
-    async def first_errors(exc: Exception) -> None:  # (what the first connect met, reported)
-        errors.append(exc)
+    async def on_error(exc: Exception) -> None:  # (what the first connect met is reported)
+        if connecting:
+            errors.append(exc)
         await _log_error(exc)
 
     # nats-py can hang after a failed TLS handshake: the first connect is bounded here too.
     bound = (CONNECT_TIMEOUT + 0.5) * CONNECT_ATTEMPTS * len(config.servers) + 2.0
     try:
         async with asyncio.timeout(bound):
-            nc = await _connect(config, name, options, events, first_errors)
+            nc = await _connect(config, name, options, events, on_error)
     except (nats.errors.Error, OSError, TimeoutError) as exc:
         raise ConnectionError(_why_not(config, [*errors, exc])) from exc
-    nc._error_cb = _log_error  # (nats-py keeps it as this attribute; later errors: logged)
+    connecting = False  # (later errors are logged only)
     nc.options["max_reconnect_attempts"] = -1
     js = nc.jetstream(timeout=5)
     try:
@@ -174,23 +174,9 @@ async def _connect(
         "disconnected_cb": events.disconnected,
         "reconnected_cb": events.reconnected,
     }
-    nc = _client(config)
+    nc = Client()
     await nc.connect(servers=config.servers, name=name, **arguments)
     return nc
-
-
-def _client(config: NatsConfig) -> Client:
-    """nats-py's client, its writes coalesced if ``config`` asks and nats-py allows it."""
-    if not config.coalesce_writes:
-        return Client()
-    why = coalesce.why_not()
-    if why is not None:
-        logger.warning(
-            "NATS writes are not coalesced: %s (set nats_coalesce_writes off to silence this)",
-            why,
-        )
-        return Client()
-    return CoalescingClient()
 
 
 def _auth_options(config: NatsConfig) -> dict[str, Any]:

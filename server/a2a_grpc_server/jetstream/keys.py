@@ -41,9 +41,12 @@ from nats.js.kv import KeyValue
 from ..journal.keys import KeyRecord, PerCaller
 from ..model.names import TASK_PREFIX
 from .conn import KEYS_BUCKET, ensure_kv
-from .pullread import bucket_of
+from .pullread import kv_subjects
 from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError
 from .retry import Retry
+
+_PREFIX = kv_subjects(KEYS_BUCKET)[1]
+"""The subjects of the bucket's keys start so."""
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +143,7 @@ class JetStreamSentKeys:
 
         async def attempt() -> KeyRecord | None:
             if self._requests is not None:
-                subject = bucket_of(kv)[2] + key
+                subject = _PREFIX + key
                 try:
                     await self._requests.publish(
                         subject, value.encode(), {EXPECT: "0"}, self._retry.timeout
@@ -203,7 +206,7 @@ class JetStreamSentKeys:
         if requests is None:
             await self._retry(lambda: kv.put(key, record.encode()), "record a message's task")
             return
-        subject, data = bucket_of(kv)[2] + key, record.encode()
+        subject, data = _PREFIX + key, record.encode()
         await self._retry(
             lambda: requests.publish(subject, data, {}, self._retry.timeout),
             "record a message's task",

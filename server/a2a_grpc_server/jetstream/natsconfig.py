@@ -85,11 +85,6 @@ class NatsConfig:
             (the client gets UNAVAILABLE ``OWNER_UNAVAILABLE`` and retries); a
             push config waits for room (refusing it would leave its webhook
             without a deliverer while the owner lives).
-        coalesce_writes: Hold a write to NATS for up to a millisecond while
-            replies are on their way, so writes under load share a socket write
-            (see ``coalesce``; it overrides two private methods of nats-py, checked
-            at start-up: if they are missing, the plain client with one WARNING).
-            Off: nats-py's own writes.
         task_log: Create new tasks in the task log (format 3: one acknowledged write
             per change; docs/decisions/0001-cluster-store-layout.md) once every
             live instance reads it (from the version before this one on). Off:
@@ -119,7 +114,6 @@ class NatsConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     routed_in_flight: int = 256
-    coalesce_writes: bool = True
     task_log: bool = True
     key: bytes | None = None
     """The shared key itself, for embedders and tests (instead of ``key_file``; not a

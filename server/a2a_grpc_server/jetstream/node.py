@@ -92,6 +92,7 @@ class NatsCluster:
         self._router: Router | None = None
         self.lease: Lease | None = None
         self.push_store = JetStreamPushConfigs(
+            conn.js,
             conn.push,
             Retry(conn.config.retry_for),
             self.formats,

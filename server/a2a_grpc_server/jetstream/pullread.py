@@ -30,7 +30,6 @@ from types import TracebackType
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
-from nats.js.kv import KeyValue
 
 BATCH = 256
 """Messages one fetch asks for at most."""
@@ -98,12 +97,13 @@ def _read(
     )
 
 
-def bucket_of(kv: KeyValue) -> tuple[JetStreamContext, str, str]:
-    """A bucket's JetStream context, stream name and subject prefix.
+def kv_subjects(bucket: str) -> tuple[str, str]:
+    """A KV bucket's stream and the prefix of its keys' subjects.
 
-    nats-py's ``KeyValue`` keeps them private; this is the one place that reads them.
+    As JetStream names them (ADR-8, the key-value store): ``KV_<bucket>`` and
+    ``$KV.<bucket>.``; nats-py keeps its own copies private.
     """
-    return kv._js, kv._stream, kv._pre
+    return f"KV_{bucket}", f"$KV.{bucket}."
 
 
 def is_deletion(msg: Msg) -> bool:

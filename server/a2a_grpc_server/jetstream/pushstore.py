@@ -50,15 +50,17 @@ from typing import TypeVar
 
 import nats.js.errors
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
+from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from ..errors import QuotaExceededError
 from ..push.configs import ConfigPage, PushConfigLimitError, decode_page_token
+from .conn import PUSH_BUCKET, PUSH_CALLERS_BUCKET
 from .deliveries import DeliveryCoverage as DeliveryCoverage
 from .deliveries import DeliveryEntry, DeliveryIndex
 from .formats import Formats, mark, unmark
 from .index import STALE_AFTER, TaskIndex
-from .pullread import PullRead, bucket_of, is_deletion, last_per_subject
+from .pullread import PullRead, is_deletion, kv_subjects, last_per_subject
 from .retry import Retry
 
 logger = logging.getLogger(__name__)
@@ -129,6 +131,7 @@ class JetStreamPushConfigs:
     """A ``PushConfigStore`` on the shared KV bucket (see the module docstring).
 
     Args:
+        js: The JetStream context the buckets are read through.
         kv: The ``A2A_PUSH`` bucket.
         retry: How long reads and writes retry through a NATS outage.
         formats: Which format to write (see ``formats``; None: format 1 only).
@@ -145,6 +148,7 @@ class JetStreamPushConfigs:
 
     def __init__(
         self,
+        js: JetStreamContext,
         kv: KeyValue,
         retry: Retry,
         formats: Formats | None = None,
@@ -154,7 +158,7 @@ class JetStreamPushConfigs:
         index: TaskIndex | None = None,
         entry_ttl: float = 86_400.0,
     ) -> None:
-        self._kv = kv
+        self._js, self._kv = js, kv
         self._index = DeliveryIndex(index) if index is not None else None
         self._entry_ttl = entry_ttl
         self._noted: OrderedDict[str, float] = OrderedDict()
@@ -230,7 +234,7 @@ class JetStreamPushConfigs:
         self._revisions.pop((task_id, config_id), None)
         callers = self._callers
         if callers is not None:  # (then its index key: see the module docstring)
-            for index in await self._read_keys(callers, f"*.{key}"):
+            for index in await self._read_keys(PUSH_CALLERS_BUCKET, f"*.{key}"):
                 await self._uncount(index)
         return existed
 
@@ -364,7 +368,7 @@ class JetStreamPushConfigs:
         ``keep`` gets the key, the revision and the value without its format
         mark; the bucket is never held whole.
         """
-        js, stream, prefix = bucket_of(self._kv)
+        js, (stream, prefix) = self._js, kv_subjects(PUSH_BUCKET)
 
         async def scan() -> builtins.list[_T]:
             found: builtins.list[_T] = []
@@ -444,17 +448,17 @@ class JetStreamPushConfigs:
 
     async def _keys(self, task_id: str) -> Sequence[str]:
         """The keys of the task's configs."""
-        return await self._read_keys(self._kv, f"{task_id}.*")
+        return await self._read_keys(PUSH_BUCKET, f"{task_id}.*")
 
-    async def _read_keys(self, kv: KeyValue, pattern: str) -> Sequence[str]:
-        """The keys of ``kv`` that match ``pattern`` (deleted ones left out).
+    async def _read_keys(self, bucket: str, pattern: str) -> Sequence[str]:
+        """The keys of ``bucket`` that match ``pattern`` (deleted ones left out).
 
         Read with a pull consumer (``PullRead``), whose count is exact when it
         is made: a watch's "initial values done" marker can come before values
         already sent, and a count one short let a principal past its quota of
         configs.
         """
-        js, stream, prefix = bucket_of(kv)
+        js, (stream, prefix) = self._js, kv_subjects(bucket)
 
         async def keys() -> list[str]:
             config = last_per_subject(headers_only=True)
@@ -485,7 +489,7 @@ class JetStreamPushConfigs:
             QuotaExceededError: PUSH_CONFIGS_QUOTA.
         """
         assert self._callers is not None
-        held = await self._read_keys(self._callers, f"{who}.>")
+        held = await self._read_keys(PUSH_CALLERS_BUCKET, f"{who}.>")
         if len(held) >= quota and self._may_reconcile(who):
             held = [index for index in held if await self._still_counts(index)]
         if len(held) >= quota:

@@ -29,8 +29,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from .coalesce import CoalescingClient
-
 STATUS = "Status"
 EXPECT = "Nats-Expected-Last-Subject-Sequence"
 """The header of a publish that is a compare-and-set on its subject's last sequence."""
@@ -55,7 +53,6 @@ class JetStreamRequests:
 
     def __init__(self, nc: Client) -> None:
         self._nc = nc
-        self._coalescing = nc if isinstance(nc, CoalescingClient) else None
         self._prefix = ""
         self._tokens = itertools.count(1)
         self._waiting: dict[str, Callable[[Msg], None]] = {}
@@ -271,7 +268,7 @@ class JetStreamRequests:
         return answer
 
     def _register(self, handler: Callable[[Msg], None], *, batch: bool = False) -> str:
-        """A new request's inbox (a request answered once is counted sent: ``coalesce``)."""
+        """A new request's inbox."""
         if self._sub is None:
             raise nats.errors.ConnectionClosedError
         token = str(next(self._tokens))
@@ -279,27 +276,20 @@ class JetStreamRequests:
             self._reading[token] = handler
         else:
             self._waiting[token] = handler
-            if self._coalescing is not None:
-                self._coalescing.sent()
         return f"{self._prefix}.{token}"
 
     def _unwait(self, inbox: str) -> None:
         """A request answered once has ended (its reply came, or it never will)."""
-        ended = self._waiting.pop(inbox.rsplit(".", 1)[1], None)
-        if ended is not None and self._coalescing is not None:
-            self._coalescing.abandoned()
+        self._waiting.pop(inbox.rsplit(".", 1)[1], None)
 
     async def _on_reply(self, msg: Msg) -> None:
         token = msg.subject.rsplit(".", 1)[1]
         handler = self._waiting.pop(token, None)
-        answered = handler is not None
         if handler is None:
             handler = self._reading.get(token)
         if handler is not None:
             with contextlib.suppress(asyncio.InvalidStateError):  # it timed out meanwhile
                 handler(msg)
-        if answered and self._coalescing is not None:
-            self._coalescing.answered()  # (after its requester was woken: ``coalesce``)
 
 
 def _ack(msg: Msg) -> int:

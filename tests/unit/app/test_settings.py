@@ -162,3 +162,47 @@ def test_the_configuration_page_table_is_the_declaration() -> None:
 
 def test_a_setting_error_is_a_value_error() -> None:
     assert issubclass(SettingError, ValueError)  # (main reports both as a usage error)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "file"),
+    [
+        (["--no-nats-coalesce-writes"], {}, ""),
+        (["--nats-coalesce-writes"], {}, ""),
+        ([], {"A2A_GRPC_SERVER_NATS_COALESCE_WRITES": "false"}, ""),
+        ([], {}, "nats_coalesce_writes = false"),
+    ],
+)
+def test_a_retired_setting_still_starts_with_a_warning(
+    tmp_path: Path, argv: list[str], env: dict[str, str], file: str
+) -> None:
+    # A configuration written for an older version keeps starting: the setting does
+    # nothing, and the log says so and how to stop it saying so.
+    config = tmp_path / "a2a.toml"
+    config.write_text(file)
+    done = subprocess.run(
+        [*CHECK, "--config", str(config), *CHOSEN, *argv],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "nats_coalesce_writes) is retired and does nothing" in done.stderr, done.stderr
+    assert "Remove it" in done.stderr
+    assert "coalesce" not in done.stdout  # (the effective configuration does not name it)
+
+
+def test_a_retired_setting_not_given_says_nothing() -> None:
+    done = subprocess.run(
+        [*CHECK, *CHOSEN],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert "retired" not in done.stderr, done.stderr
