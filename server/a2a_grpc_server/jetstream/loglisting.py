@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -64,6 +65,7 @@ from .tasklog import (
     Logged,
     LogRead,
     TaskLog,
+    batches,
     decode,
     ended,
     events_of,
@@ -305,18 +307,9 @@ class LogListing:
 
     async def _read(self, subject: str, lo: int, count: int) -> builtins.list[Msg]:
         """The ``count`` entries on ``subject`` from ``lo``, oldest first."""
-        found: builtins.list[Msg] = []
-        pos = lo
-        while len(found) < count:
-            most = min(count - len(found), BATCH)
-            msgs = await self._get(
-                self._index_stream, {"seq": pos, "next_by_subj": subject, "batch": most}
-            )
-            found.extend(msgs)
-            if len(msgs) < most and ended(msgs):
-                break
-            pos = _pos(msgs[-1]) + 1  # (or cut at its bytes)
-        return found
+        walk = batches(self._index_get, subject, lo, count, BATCH)
+        async with contextlib.aclosing(walk) as read:
+            return [msg async for msgs in read for msg in msgs]
 
     async def total(self, query: TaskQuery) -> int:
         """How many of the scope's tasks match ``query`` (its page token aside).
@@ -369,21 +362,16 @@ class LogListing:
         Only their headers are read.
         """
         read = matched = 0
-        pos = lo
-        while read < most:
-            want = min(most - read, COUNT_BATCH)
-            request = {"seq": pos, "next_by_subj": subject, "batch": want, "max_bytes": COUNT_BYTES}
-            msgs = await self._get(self._index_stream, request)
-            for msg in msgs:
-                at = _pos(msg)
-                if at >= hi:
-                    return read, matched, True
-                read += 1
-                matched += _header_matches(query, msg.headers or {})
-            if ended(msgs):
-                return read, matched, True  # (no more on the subject)
-            pos = _pos(msgs[-1]) + 1  # (a batch cut at COUNT_BYTES goes on)
-        return read, matched, pos >= hi
+        last: Sequence[Msg] = ()
+        walk = batches(self._index_get, subject, lo, most, COUNT_BATCH, COUNT_BYTES)
+        async with contextlib.aclosing(walk) as batch:
+            async for last in batch:
+                for msg in last:
+                    if _pos(msg) >= hi:
+                        return read, matched, True
+                    read += 1
+                    matched += _header_matches(query, msg.headers or {})
+        return read, matched, ended(last) or _pos(last[-1]) + 1 >= hi
 
     async def _fold_page(self, entries: Sequence[Logged]) -> builtins.list[Task]:
         """The page's tasks, each running one with the ``e`` written after its entry.
@@ -418,6 +406,10 @@ class LogListing:
             return fold(LogRead(entry, after, after[-1].pos if after else entry.origin)).task
 
         return list(await asyncio.gather(*(folded(e) for e in entries)))
+
+    async def _index_get(self, request: dict[str, object]) -> builtins.list[Msg]:
+        """A direct get on the index, retried through an outage."""
+        return await self._get(self._index_stream, request)
 
     async def _get(self, stream: str, request: dict[str, object]) -> builtins.list[Msg]:
         """A direct get, retried through an outage."""
