@@ -37,7 +37,7 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
-from nats.aio.client import Client
+from nats.aio.client import Client, ServerVersion
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
@@ -141,6 +141,10 @@ async def connect(config: NatsConfig) -> NatsConnection:
     except (nats.errors.Error, OSError, TimeoutError) as exc:
         raise ConnectionError(_why_not(config, [*errors, exc])) from exc
     connecting = False  # (later errors are logged only)
+    too_old = server_too_old(nc.connected_server_version)
+    if too_old is not None:
+        await nc.close()
+        raise ConnectionError(too_old)
     nc.options["max_reconnect_attempts"] = -1
     js = nc.jetstream(timeout=5)
     try:
@@ -364,6 +368,28 @@ async def _ensure_log(js: JetStreamContext, config: NatsConfig) -> None:
             if exc.err_code != IN_USE:
                 raise
             logger.warning("stream %s exists with other settings; using it as it is", stream.name)
+
+
+OLDEST_SERVER = (2, 11)
+"""The oldest nats-server cluster mode works with: it reads with batched direct gets
+(``batch``, ``multi_last``, ``Nats-Num-Pending``), new in 2.11; an older one ignores
+what it does not know in a request, so its answers would be quietly wrong."""
+
+
+def server_too_old(version: ServerVersion) -> str | None:
+    """Why cluster mode cannot use the nats-server of ``version`` (None: it can)."""
+    try:
+        found = (version.major, version.minor)
+    except ValueError:
+        shown = str(version).removeprefix("<nats server v").removesuffix(">")
+        return f"nats-server says its version is {shown!r}, which cluster mode cannot read"
+    if found >= OLDEST_SERVER:
+        return None
+    oldest = ".".join(str(n) for n in OLDEST_SERVER)
+    return (
+        f"nats-server {found[0]}.{found[1]} is older than {oldest}, the oldest cluster mode "
+        f"works with (it reads with batched direct gets); upgrade the NATS servers"
+    )
 
 
 def _why_not(config: NatsConfig, errors: list[Exception]) -> str:
