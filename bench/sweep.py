@@ -1,6 +1,6 @@
 """Sweep: what ending a lost owner's tasks costs the survivor, as the owner held more.
 
-    .venv/bin/python -m bench.sweep [--lost 1000,10000,100000] [--json PATH]
+    .venv/bin/python -m bench.sweep [--lost 1000,10000,100000] [--bucket] [--json PATH]
 
 For each M in ``--lost``, on one nats-server: an instance ``lost-M`` records M
 running tasks (through the ``TaskJournal`` API, ``FILL_CONCURRENCY`` writes at
@@ -13,7 +13,9 @@ nats-server's CPU per task, and the longest the survivor's event loop was
 held (a ticker wakes every ``TICK_MS`` ms; its longest lateness). Then the
 exponent k of a least-squares fit of the sweep's time over M (log-log):
 about 1 is in proportion to the lost owner's tasks. Every task is checked
-ended by that sweep (the row ``tasks ended``: fewer is a finding, printed).
+ended by that sweep (the row ``tasks ended``: fewer is a finding, printed). The lost
+owner's tasks are in the task log (the default), or with ``--bucket`` in the snapshot
+bucket (format 2, ``--no-nats-task-log``).
 
 Every loop is bounded in count and time. Prints a table; writes JSON.
 """
@@ -51,10 +53,10 @@ SWEEP_LIMIT = 1800.0
 SCOPE = '["sweep",""]'
 
 
-async def fill(url: str, owner: str, count: int) -> float:
+async def fill(url: str, owner: str, count: int, task_log: bool = True) -> float:
     """Record ``count`` running tasks owned by ``owner``; seconds it took."""
     began = time.perf_counter()
-    async with nats_journal(url, owner, owner) as (_, journal, _):
+    async with nats_journal(url, owner, owner, task_log) as (_, journal, _):
         todo = iter(range(count))
 
         async def worker() -> None:
@@ -139,7 +141,7 @@ async def sweep(url: str, lost: str, count: int, nats_pid: int) -> dict[str, flo
     return figures
 
 
-async def main(sizes: list[int]) -> dict[int, dict[str, float]]:
+async def main(sizes: list[int], task_log: bool = True) -> dict[int, dict[str, float]]:
     rows: dict[int, dict[str, float]] = {}
     with natsserver.running(1) as cluster:
         url = cluster.urls[0]
@@ -147,7 +149,7 @@ async def main(sizes: list[int]) -> dict[int, dict[str, float]]:
         assert proc is not None
         for size in sizes:
             lost = f"lost-{size}"
-            took = await fill(url, lost, size)
+            took = await fill(url, lost, size, task_log)
             print(f"M={size:,}: {lost} recorded {size:,} running tasks in {took:.1f} s", flush=True)
             rows[size] = await sweep(url, lost, size, proc.pid)
             print(f"  swept in {rows[size]['sweep time (s)']:.2f} s", flush=True)
@@ -172,12 +174,16 @@ def table(rows: dict[int, dict[str, float]]) -> str:
 def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lost", default="1000,10000,100000", help="M values, comma-separated")
+    parser.add_argument(
+        "--bucket", action="store_true", help="the lost owner's tasks in the snapshot bucket"
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "sweep.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     sizes = [int(n) for n in args.lost.split(",")]
-    rows = asyncio.run(main(sizes))
-    print(f"python {platform.python_version()}, lease {LEASE} s, ticker {TICK_MS} ms")
+    rows = asyncio.run(main(sizes, not args.bucket))
+    layout = "snapshot bucket" if args.bucket else "task log"
+    print(f"python {platform.python_version()}, lease {LEASE} s, ticker {TICK_MS} ms, {layout}")
     print(table(rows))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({str(n): r for n, r in rows.items()}, indent=2) + "\n")
