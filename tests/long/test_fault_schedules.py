@@ -38,14 +38,20 @@ def report(runs: list[Run]) -> str:
     for run in runs:
         streams = len(run.streams)
         lines.append(f"{run.schedule}: {len(run.tasks)} tasks, {streams} streams")
+        lines += [
+            f"  instance {index}: ListTasks listed every task after {readings} readings"
+            for index, readings in sorted(run.list_readings.items())
+            if readings > 1
+        ]
         lines += [f"  VIOLATION {v}" for v in run.violations]
     faults = sum(len(r.injected) for r in runs)
     streams = sum(len(r.streams) for r in runs)
     tasks = sum(len(r.tasks) for r in runs)
     broken = sum(len(r.violations) for r in runs)
+    reread = sum(1 for r in runs for n in r.list_readings.values() if n > 1)
     lines.append(
         f"{len(runs)} schedules, {faults} faults injected, {tasks} tasks, "
-        f"{streams} streams checked, {broken} violations"
+        f"{streams} streams checked, {broken} violations, {reread} listings read again"
     )
     return "\n".join(lines)
 
