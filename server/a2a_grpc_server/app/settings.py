@@ -287,7 +287,7 @@ RETIRED: tuple[Setting, ...] = (
         None,
         "Retired: writes to NATS are nats-py's own (decision 0002). Still accepted, with "
         "a WARNING, so configurations that name it keep starting; a later version refuses "
-        "it. Remove it.",
+        "it. Remove it from the configuration.",
         "retired",
         ("--nats-coalesce-writes",),
     ),
@@ -507,7 +507,7 @@ def _check_cluster_key(key_file: str | None, trust_bus: bool) -> None:
 def retired(values: Mapping[str, tuple[Any, str]]) -> list[str]:
     """A WARNING's text for each retired setting ``values`` give (see ``RETIRED``)."""
     return [
-        f"{spelled(s.name)} is retired and does nothing ({values[s.name][1]}): {s.help}"
+        f"{spelled(s.name)}, given by {values[s.name][1]}, does nothing now: {s.help}"
         for s in RETIRED
         if values[s.name][1] != "default"
     ]

@@ -143,6 +143,7 @@ async def connect(config: NatsConfig) -> NatsConnection:
     connecting = False  # (later errors are logged only)
     too_old = server_too_old(nc.connected_server_version)
     if too_old is not None:
+        events.closing = True  # (its disconnect is ours, not a loss)
         await nc.close()
         raise ConnectionError(too_old)
     nc.options["max_reconnect_attempts"] = -1
@@ -378,10 +379,12 @@ what it does not know in a request, so its answers would be quietly wrong."""
 
 def server_too_old(version: ServerVersion) -> str | None:
     """Why cluster mode cannot use the nats-server of ``version`` (None: it can)."""
+    shown = str(version).removeprefix("<nats server v").removesuffix(">")
     try:
         found = (version.major, version.minor)
     except ValueError:
-        shown = str(version).removeprefix("<nats server v").removesuffix(">")
+        found = (0, 0)
+    if found == (0, 0):  # (nats-py's "0.0.0-unknown": the server said none)
         return f"nats-server says its version is {shown!r}, which cluster mode cannot read"
     if found >= OLDEST_SERVER:
         return None

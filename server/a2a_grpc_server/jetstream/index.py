@@ -80,7 +80,7 @@ from nats.aio.msg import Msg
 from ..errors import UnknownFormatError
 from ..model.names import TASK_PREFIX
 from .conn import INDEX_STREAM, INDEX_SUBJECT
-from .requests import JetStreamRequests
+from .requests import JetStreamRequests, pending
 from .retry import Retry
 
 MARKER = f"{INDEX_SUBJECT}.meta.built"
@@ -102,7 +102,6 @@ DROP_QUEUE = 100_000
 MARKER_RENEW = 60.0
 """Seconds between two renewals of a marker by the smallest live instance."""
 SEQ_HEADER = "Nats-Sequence"
-PENDING = "Nats-Num-Pending"
 SUBJECT_HEADER = "Nats-Subject"
 
 
@@ -445,7 +444,7 @@ class TaskIndex:
         msgs = await self._get({"seq": max(start, 1), "next_by_subj": subject, "batch": 1})
         if not msgs:
             return 0
-        return 1 + int((msgs[0].headers or {}).get(PENDING, "0"))
+        return 1 + pending(msgs[0])
 
     async def below(
         self, subject: str, before: int | None, want: int

@@ -78,7 +78,6 @@ from .ownership import Ownership
 from .records import (
     MSG_ID,
     PAYLOAD_SLACK,
-    PENDING,
     SHARDS,
     STATE,
     STREAM_SEQ,
@@ -90,7 +89,7 @@ from .records import Snapshot as Snapshot
 from .records import encode as encode
 from .records import shard_for as shard_for
 from .records import subject as subject
-from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError
+from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError, pending
 from .retry import Retry
 from .snapshots import SnapshotStore, new_positions
 
@@ -431,7 +430,7 @@ class JetStreamJournal:
                 after_pos = int((msg.headers or {})[STREAM_SEQ])
                 found.extend(Entry.unpack(msg, after_pos))
             read += len(msgs)
-            if not msgs or (msgs[-1].headers or {}).get(PENDING, "0") == "0":
+            if not msgs or not pending(msgs[-1]):
                 break
         return found
 

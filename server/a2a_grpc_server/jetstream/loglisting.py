@@ -21,7 +21,8 @@ tasks pass through (working), lie mostly in the newest, which are counted.
 
 The index lags the log (0.3 ms at p50 in ``bench.nats_layout``). A listing first
 waits until the index holds every ``s`` and ``f`` the log held when it began
-(``caught_up``), so a caller sees its own writes; if the index is not there
+(``caught_up``), so a caller sees its own writes, as far as the replica that
+answers a page's reads holds them (on R3 one may lag: docs/cluster.md); if the index is not there
 within ``Retry.timeout`` (its source stalled, R3 after a failover) the listing
 fails UNAVAILABLE, retryable. A page's running tasks are folded with the ``e``
 after their entry (one ``multi_last`` says which have any).
@@ -50,8 +51,8 @@ from ..journal import (
     TaskQuery,
 )
 from .formats import HEADER as FORMAT
-from .records import PENDING, STREAM_SEQ, SUBJECT
-from .requests import JetStreamRequests
+from .records import STREAM_SEQ, SUBJECT
+from .requests import JetStreamRequests, pending
 from .retry import Retry
 from .tasklog import (
     CURRENT_SUBJECT,
@@ -269,7 +270,7 @@ class LogListing:
         msgs = await self._get(
             self._index_stream, {"seq": max(start, 1), "next_by_subj": subject, "batch": 1}
         )
-        return 1 + int((msgs[0].headers or {}).get(PENDING, "0")) if msgs else 0
+        return 1 + pending(msgs[0]) if msgs else 0
 
     async def _start(
         self, subject: str, top: int, want: int, at_top: int | None = None, slack: int = 4
@@ -361,6 +362,8 @@ class LogListing:
 
         Only their headers are read.
         """
+        if most < 1:
+            return 0, 0, lo >= hi
         read = matched = 0
         last: Sequence[Msg] = ()
         walk = batches(self._index_get, subject, lo, most, COUNT_BATCH, COUNT_BYTES)

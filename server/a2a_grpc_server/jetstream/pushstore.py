@@ -132,11 +132,11 @@ class JetStreamPushConfigs:
 
     Args:
         js: The JetStream context the buckets are read through.
-        kv: The ``A2A_PUSH`` bucket.
+        kv: The ``A2A_PUSH`` bucket (no other: its keys are listed by that name).
         retry: How long reads and writes retry through a NATS outage.
         formats: Which format to write (see ``formats``; None: format 1 only).
         callers: The ``A2A_PUSH_CALLERS`` bucket (None: configs are not counted
-            per principal).
+            per principal; no other bucket, as for ``kv``).
         clock: Monotonic clock that paces reconciliations.
         index: Where a config's deliverer is published before the config names it
             (``DeliveryEntry``; None: it is not, and orphans are found by reading

@@ -69,7 +69,6 @@ PAYLOAD_SLACK = 1024
 """Bytes of a server's ``max_payload`` left for a message's headers."""
 MSG_ID = "Nats-Msg-Id"
 STREAM_SEQ = "Nats-Sequence"
-PENDING = "Nats-Num-Pending"
 SUBJECT = "Nats-Subject"
 """A direct get's answer: the subject its message was stored on."""
 TASKS_STREAM = f"KV_{TASKS_BUCKET}"

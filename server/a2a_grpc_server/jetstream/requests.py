@@ -29,6 +29,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from ..journal import StoreRefusedError
+
 STATUS = "Status"
 EXPECT = "Nats-Expected-Last-Subject-Sequence"
 """The header of a publish that is a compare-and-set on its subject's last sequence."""
@@ -38,6 +40,8 @@ WRONG_LAST_SEQUENCE_IN_FLIGHT = 10164
 """The same check failed against a write still being replicated (R3, two writers at once:
 tests/cluster/test_tasklog.py)."""
 _SEQ = re.compile(rb'"seq":(\d+)')
+PENDING = "Nats-Num-Pending"
+"""A batched direct get's answer: how many more match after this message."""
 
 
 class WrongLastSequenceError(Exception):
@@ -290,6 +294,23 @@ class JetStreamRequests:
         if handler is not None:
             with contextlib.suppress(asyncio.InvalidStateError):  # it timed out meanwhile
                 handler(msg)
+
+
+def pending(msg: Msg) -> int:
+    """How many more messages match after ``msg``, as a batched direct get's answer says.
+
+    Raises:
+        StoreRefusedError: The answer does not say: a nats-server older than 2.11 (a
+            replica in a cluster being upgraded, say) ignores ``batch`` and answers one
+            message, and reading on would take that for the end.
+    """
+    found = (msg.headers or {}).get(PENDING)
+    if found is None:
+        raise StoreRefusedError(
+            "a NATS server answered a batched read without Nats-Num-Pending: it is older "
+            "than 2.11, which cluster mode needs on every node; upgrade the NATS servers"
+        )
+    return int(found)
 
 
 def _ack(msg: Msg) -> int:

@@ -90,7 +90,6 @@ from .records import (
     COUNT,
     MSG_ID,
     PAYLOAD_SLACK,
-    PENDING,
     SEQ,
     STATE,
     STREAM_SEQ,
@@ -98,7 +97,7 @@ from .records import (
     Entry,
     record,
 )
-from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError
+from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError, pending
 from .retry import TRANSIENT, Retry
 
 LOG_FORMAT = 3
@@ -612,7 +611,7 @@ def ended(msgs: Sequence[Msg]) -> bool:
     nats-server also cuts an answer at its ``max_bytes`` (the server's max pending,
     64 MiB, unless asked), and then says how many more there are (``Nats-Num-Pending``).
     """
-    return not msgs or (msgs[-1].headers or {}).get(PENDING, "0") == "0"
+    return not msgs or not pending(msgs[-1])
 
 
 def numbered_on(seq: int, after: Sequence[Entry]) -> bool:

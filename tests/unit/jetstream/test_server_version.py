@@ -1,4 +1,5 @@
-"""Cluster mode refuses a nats-server older than it works with, saying which and what to do.
+"""Cluster mode refuses a nats-server older than it works with, saying which and what to do:
+when it connects, and when a replica of one answers a batched read.
 
 The version is what the server said when the client connected (nats-py's
 ``ServerVersion``); no older binary is available here, so the check is asserted on
@@ -9,8 +10,11 @@ from __future__ import annotations
 
 import pytest
 from nats.aio.client import ServerVersion
+from nats.aio.msg import Msg
 
 from a2a_grpc_server.jetstream.conn import NatsConfig, connect, server_too_old
+from a2a_grpc_server.jetstream.tasklog import batches, ended
+from a2a_grpc_server.journal import StoreRefusedError
 
 
 @pytest.mark.parametrize("said", ["2.11.0", "2.12.0-RC.1", "2.15.1", "3.0.0"])
@@ -26,11 +30,11 @@ def test_an_older_server_is_refused_saying_which_and_what_to_do(said: str, shown
     assert "upgrade the NATS servers" in why
 
 
-def test_a_version_that_does_not_parse_is_refused_as_such() -> None:
-    why = server_too_old(ServerVersion("two-point-eleven"))
-    assert (
-        why == "nats-server says its version is 'two-point-eleven', which cluster mode cannot read"
-    )
+@pytest.mark.parametrize("said", ["two-point-eleven", "0.0.0-unknown", "v2.11.0"])
+def test_a_version_that_does_not_parse_is_refused_as_such(said: str) -> None:
+    # ("0.0.0-unknown": what nats-py makes of a server that said no version)
+    why = server_too_old(ServerVersion(said))
+    assert why == f"nats-server says its version is {said!r}, which cluster mode cannot read"
 
 
 async def test_the_server_the_tests_run_is_taken(nats_url: str) -> None:
@@ -40,3 +44,28 @@ async def test_the_server_the_tests_run_is_taken(nats_url: str) -> None:
         assert conn.nc.connected_server_version.minor >= 11
     finally:
         await conn.close()
+
+
+def _answer(seq: int, pending: str | None) -> Msg:
+    headers = {"Nats-Sequence": str(seq), **({"Nats-Num-Pending": pending} if pending else {})}
+    return Msg(_client=None, subject="a2a.log.x", headers=headers)  # type: ignore[arg-type]
+
+
+async def test_a_batched_answer_that_says_nothing_pending_is_refused_not_taken_for_the_end() -> (
+    None
+):
+    # A replica older than 2.11, in a cluster being upgraded, ignores ``batch`` and
+    # answers one message without Nats-Num-Pending: read on as the end, a task's changes
+    # or a listing's entries would be cut short without a word.
+    asked: list[dict[str, object]] = []
+
+    async def old_replica(request: dict[str, object]) -> list[Msg]:
+        asked.append(request)
+        return [_answer(int(str(request["seq"])), None)]
+
+    with pytest.raises(StoreRefusedError, match=r"older than 2\.11"):
+        [msgs async for msgs in batches(old_replica, "a2a.log.x", 7, most=100)]
+    assert len(asked) == 1
+    assert ended([]) is True
+    assert ended([_answer(3, "0")]) is True
+    assert ended([_answer(3, "2")]) is False
