@@ -41,6 +41,19 @@ def effective(argv: list[str], env: dict[str, str]) -> dict[str, tuple[Any, str]
     return resolve(build_parser().parse_args(["check-config", *argv]), env)
 
 
+def check_config(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``a2a-grpc-server check-config`` run as a user runs it (bounded at 30 s)."""
+    return subprocess.run(
+        [*CHECK, *argv],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
 @pytest.mark.parametrize(("name", "flag", "env", "file", "by_flag", "by_env", "by_file"), CASES)
 def test_a_flag_beats_the_environment_which_beats_the_file(
     tmp_path: Path,
@@ -117,29 +130,14 @@ def test_check_config_names_the_bad_value(
 ) -> None:
     config = tmp_path / "a2a.toml"
     config.write_text(file)
-    done = subprocess.run(
-        [*CHECK, "--config", str(config), *argv],
-        cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", **env},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    done = check_config(["--config", str(config), *argv], env)
     assert done.returncode == 2, done.stdout
     assert says in done.stderr, done.stderr
 
 
 def test_check_config_prints_a_file_that_reads_back_the_same(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [*CHECK, *CHOSEN],
-        cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", "A2A_GRPC_SERVER_LEASE": "12.5"},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
+    done = check_config(CHOSEN, {"A2A_GRPC_SERVER_LEASE": "12.5"})
+    assert done.returncode == 0, done.stderr
     printed = tomllib.loads(done.stdout)
     assert (printed["quota_streams"], printed["lease"]) == (5, 12.5)
     assert "quota_streams = 5  # flag --quota-streams" in done.stdout
@@ -180,15 +178,7 @@ def test_a_retired_setting_still_starts_with_a_warning(
     # nothing, and the log says so and how to stop it saying so.
     config = tmp_path / "a2a.toml"
     config.write_text(file)
-    done = subprocess.run(
-        [*CHECK, "--config", str(config), *CHOSEN, *argv],
-        cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", **env},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    done = check_config(["--config", str(config), *CHOSEN, *argv], env)
     assert done.returncode == 0, done.stderr
     assert "(nats_coalesce_writes), given by " in done.stderr, done.stderr
     assert "does nothing now: Retired:" in done.stderr
@@ -197,13 +187,6 @@ def test_a_retired_setting_still_starts_with_a_warning(
 
 
 def test_a_retired_setting_not_given_says_nothing() -> None:
-    done = subprocess.run(
-        [*CHECK, *CHOSEN],
-        cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
+    done = check_config(CHOSEN, {})
+    assert done.returncode == 0, done.stderr
     assert "does nothing now" not in done.stderr, done.stderr
