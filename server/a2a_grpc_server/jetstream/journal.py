@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -89,7 +90,7 @@ from .records import Snapshot as Snapshot
 from .records import encode as encode
 from .records import shard_for as shard_for
 from .records import subject as subject
-from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError, pending
+from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError, batches, position
 from .retry import Retry
 from .snapshots import SnapshotStore, new_positions
 
@@ -411,27 +412,21 @@ class JetStreamJournal:
             StoreUnavailableError: NATS did not answer.
         """
         found: builtins.list[Entry] = []
-        read = 0
         shard = await self._shard(task_id)
-        while messages is None or read < messages:
-            most = FOLD_BATCH if messages is None else min(FOLD_BATCH, messages - read)
-            request: dict[str, object] = {
-                "seq": after_pos + 1,
-                "next_by_subj": subject(task_id, shard),
-                "batch": most,
-            }
-            msgs = await self._retry(
-                lambda r=request, t=self._retry.timeout: self._requests.direct_get(  # type: ignore[misc]
-                    events_stream(shard), r, t
+
+        async def get(request: dict[str, object]) -> builtins.list[Msg]:
+            return await self._retry(
+                lambda: self._requests.direct_get(
+                    events_stream(shard), request, self._retry.timeout
                 ),
                 f"read the changes of task {task_id}",
             )
-            for msg in msgs:
-                after_pos = int((msg.headers or {})[STREAM_SEQ])
-                found.extend(Entry.unpack(msg, after_pos))
-            read += len(msgs)
-            if not msgs or not pending(msgs[-1]):
-                break
+
+        walk = batches(get, subject(task_id, shard), after_pos + 1, messages, FOLD_BATCH)
+        async with contextlib.aclosing(walk) as read:
+            async for msgs in read:
+                for msg in msgs:
+                    found.extend(Entry.unpack(msg, position(msg)))
         return found
 
     async def last_entry(self, task_id: str) -> Entry | None:

@@ -52,7 +52,8 @@ from ..journal import (
 )
 from .formats import HEADER as FORMAT
 from .records import STREAM_SEQ, SUBJECT
-from .requests import JetStreamRequests, pending
+from .requests import JetStreamRequests, batches, ended, pending
+from .requests import position as _pos
 from .retry import Retry
 from .tasklog import (
     CURRENT_SUBJECT,
@@ -66,9 +67,7 @@ from .tasklog import (
     Logged,
     LogRead,
     TaskLog,
-    batches,
     decode,
-    ended,
     events_of,
     fold,
     numbered_on,
@@ -462,11 +461,6 @@ def _header_matches(query: TaskQuery, headers: dict[str, str]) -> bool:
         and query.state in (0, int(state))
         and int(stamp or 0) >= query.status_after_ns
     )
-
-
-def _pos(msg: Msg) -> int:
-    """A message's stream sequence (a direct get's answer)."""
-    return int((msg.headers or {})[STREAM_SEQ])
 
 
 def _origin(msg: Msg) -> int:

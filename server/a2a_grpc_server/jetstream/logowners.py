@@ -40,8 +40,8 @@ from ..journal import (
 )
 from ..model import taskops
 from .conn import LOG_STREAM, LOG_SUBJECT
-from .records import STREAM_SEQ
 from .requests import JetStreamRequests
+from .requests import position as _pos
 from .retry import Retry
 from .tasklog import (
     FINAL,
@@ -283,7 +283,3 @@ class LogOwners:
             lambda: self._requests.direct_get(self._stream, request, self._retry.timeout),
             "read the task log",
         )
-
-
-def _pos(msg: Msg) -> int:
-    return int((msg.headers or {})[STREAM_SEQ])

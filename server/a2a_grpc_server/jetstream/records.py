@@ -55,6 +55,7 @@ from .formats import LEGACY, check_header, mark, unmark
 from .index import HEADER as INDEX_HEADER
 from .index import Positions
 from .natsconfig import MAX_EVENT_STREAMS
+from .requests import STREAM_SEQ as STREAM_SEQ
 
 SEQ = "A2a-Seq"
 COUNT = "A2a-Count"
@@ -68,7 +69,6 @@ _RECORD = struct.Struct(">BBI")
 PAYLOAD_SLACK = 1024
 """Bytes of a server's ``max_payload`` left for a message's headers."""
 MSG_ID = "Nats-Msg-Id"
-STREAM_SEQ = "Nats-Sequence"
 SUBJECT = "Nats-Subject"
 """A direct get's answer: the subject its message was stored on."""
 TASKS_STREAM = f"KV_{TASKS_BUCKET}"

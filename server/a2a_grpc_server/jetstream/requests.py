@@ -21,7 +21,7 @@ import itertools
 import json
 import re
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 import nats.errors
 import nats.js.errors
@@ -42,6 +42,8 @@ tests/cluster/test_tasklog.py)."""
 _SEQ = re.compile(rb'"seq":(\d+)')
 PENDING = "Nats-Num-Pending"
 """A batched direct get's answer: how many more match after this message."""
+STREAM_SEQ = "Nats-Sequence"
+"""A direct get's answer: the message's stream sequence (its position)."""
 
 
 class WrongLastSequenceError(Exception):
@@ -311,6 +313,59 @@ def pending(msg: Msg) -> int:
             "than 2.11, which cluster mode needs on every node; upgrade the NATS servers"
         )
     return int(found)
+
+
+def position(msg: Msg) -> int:
+    """A direct get's message's stream sequence."""
+    return int((msg.headers or {})[STREAM_SEQ])
+
+
+async def batches(
+    get: Callable[[dict[str, object]], Awaitable[list[Msg]]],
+    subject: str,
+    pos: int,
+    most: int | None,
+    batch: int,
+    max_bytes: int | None = None,
+) -> AsyncGenerator[list[Msg]]:
+    """The messages on ``subject`` from stream position ``pos`` on, a batch at a time.
+
+    Oldest first, each batch one direct get: the walk the journals' batched reads of a
+    task's changes and the log's listing share.
+
+    Ends once ``most`` messages are read (None: no bound) or none remain after a batch
+    (``ended``); a batch nats-server cut at its bytes is continued after its last message.
+
+    Args:
+        get: One direct get of the stream (a request's fields in, its messages out).
+        subject: What ``next_by_subj`` matches (a literal subject or a filter).
+        pos: The first stream sequence to read.
+        most: The most messages to read (None: all there are).
+        batch: The most messages a request asks for.
+        max_bytes: The most bytes of an answer (None: nats-server's limit).
+    """
+    read = 0
+    while most is None or read < most:
+        want = batch if most is None else min(batch, most - read)
+        request: dict[str, object] = {"seq": pos, "next_by_subj": subject, "batch": want}
+        if max_bytes is not None:
+            request["max_bytes"] = max_bytes
+        msgs = await get(request)
+        if msgs:
+            yield msgs
+        read += len(msgs)
+        if ended(msgs):
+            return
+        pos = position(msgs[-1]) + 1
+
+
+def ended(msgs: Sequence[Msg]) -> bool:
+    """Whether a batch's answer holds the last of what it asked for.
+
+    nats-server also cuts an answer at its ``max_bytes`` (the server's max pending,
+    64 MiB, unless asked), and then says how many more there are (``Nats-Num-Pending``).
+    """
+    return not msgs or not pending(msgs[-1])
 
 
 def _ack(msg: Msg) -> int:

@@ -56,7 +56,7 @@ import contextlib
 import hashlib
 import os
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import nats.errors
@@ -97,7 +97,7 @@ from .records import (
     Entry,
     record,
 )
-from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError, pending
+from .requests import EXPECT, JetStreamRequests, WrongLastSequenceError, batches
 from .retry import TRANSIENT, Retry
 
 LOG_FORMAT = 3
@@ -552,7 +552,7 @@ class TaskLog:
         what = f"read the changes of task {task_id} after {version}"
         found: list[Entry] = []
         where = subject or task_filter(task_id)
-        walk = batches(lambda r: self._get(r, what), where, version + 1, most)
+        walk = batches(lambda r: self._get(r, what), where, version + 1, most, BATCH)
         async with contextlib.aclosing(walk) as read:
             async for msgs in read:
                 for msg in msgs:
@@ -564,54 +564,6 @@ class TaskLog:
         return await self._retry(
             lambda: self._requests.direct_get(self._stream, request, self._retry.timeout), what
         )
-
-
-async def batches(
-    get: Callable[[dict[str, object]], Awaitable[list[Msg]]],
-    subject: str,
-    pos: int,
-    most: int | None = None,
-    batch: int = BATCH,
-    max_bytes: int | None = None,
-) -> AsyncGenerator[list[Msg]]:
-    """The messages on ``subject`` from stream position ``pos`` on, a batch at a time.
-
-    Oldest first, each batch one direct get: the one walk every batched read of the
-    log makes.
-
-    Ends once ``most`` messages are read (None: no bound) or none remain after a batch
-    (``ended``); a batch nats-server cut at its bytes is continued after its last message.
-
-    Args:
-        get: One direct get of the stream (a request's fields in, its messages out).
-        subject: What ``next_by_subj`` matches (a literal subject or a filter).
-        pos: The first stream sequence to read.
-        most: The most messages to read (None: all there are).
-        batch: The most messages a request asks for.
-        max_bytes: The most bytes of an answer (None: nats-server's limit).
-    """
-    read = 0
-    while most is None or read < most:
-        want = batch if most is None else min(batch, most - read)
-        request: dict[str, object] = {"seq": pos, "next_by_subj": subject, "batch": want}
-        if max_bytes is not None:
-            request["max_bytes"] = max_bytes
-        msgs = await get(request)
-        if msgs:
-            yield msgs
-        read += len(msgs)
-        if ended(msgs):
-            return
-        pos = int((msgs[-1].headers or {})[STREAM_SEQ]) + 1
-
-
-def ended(msgs: Sequence[Msg]) -> bool:
-    """Whether a batch's answer holds the last of what it asked for.
-
-    nats-server also cuts an answer at its ``max_bytes`` (the server's max pending,
-    64 MiB, unless asked), and then says how many more there are (``Nats-Num-Pending``).
-    """
-    return not msgs or not pending(msgs[-1])
 
 
 def numbered_on(seq: int, after: Sequence[Entry]) -> bool:

@@ -13,7 +13,7 @@ from nats.aio.client import ServerVersion
 from nats.aio.msg import Msg
 
 from a2a_grpc_server.jetstream.conn import NatsConfig, connect, server_too_old
-from a2a_grpc_server.jetstream.tasklog import batches, ended
+from a2a_grpc_server.jetstream.requests import batches, ended
 from a2a_grpc_server.journal import StoreRefusedError
 
 
@@ -64,7 +64,7 @@ async def test_a_batched_answer_that_says_nothing_pending_is_refused_not_taken_f
         return [_answer(int(str(request["seq"])), None)]
 
     with pytest.raises(StoreRefusedError, match=r"older than 2\.11"):
-        [msgs async for msgs in batches(old_replica, "a2a.log.x", 7, most=100)]
+        [msgs async for msgs in batches(old_replica, "a2a.log.x", 7, 100, 256)]
     assert len(asked) == 1
     assert ended([]) is True
     assert ended([_answer(3, "0")]) is True
