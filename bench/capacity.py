@@ -22,7 +22,7 @@ For every phase, the CPU each process spent per unit of work (task or frame), re
 a stream does more than the others), and the load generator. A process near 100 % of a
 core is the limit; on this machine every process shares its cores, so the sum near the
 core count is the limit too, and the table's CPU per unit is what projects to other
-machines (see docs/performance.md, "Capacity").
+machines (see docs/explanation/performance.md, "Capacity").
 """
 
 from __future__ import annotations

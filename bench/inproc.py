@@ -41,8 +41,8 @@ from typing import Any
 from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest
 
 from a2a_grpc_server import A2AService, ServerConfig
-from a2a_grpc_server.app.card import default_card
-from a2a_grpc_server.app.settings import SETTINGS, SettingError, resolve, server_config
+from a2a_grpc_server._internal.app.card import default_card
+from a2a_grpc_server._internal.app.settings import SETTINGS, SettingError, resolve, server_config
 
 from .agents import Workload
 from .servers import settled
@@ -108,8 +108,8 @@ async def measure(
     """
     cluster = None
     if nats:
-        from a2a_grpc_server.jetstream.conn import NatsConfig
-        from a2a_grpc_server.jetstream.node import NatsCluster
+        from a2a_grpc_server._internal.jetstream.conn import NatsConfig
+        from a2a_grpc_server._internal.jetstream.node import NatsCluster
         from tests.support import CLUSTER_KEY
 
         cluster = await NatsCluster.connect(NatsConfig(servers=[nats], key=CLUSTER_KEY))

@@ -26,9 +26,9 @@ from collections.abc import Awaitable, Callable
 
 from nats.js import JetStreamContext
 
-from a2a_grpc_server.jetstream.conn import current_config
-from a2a_grpc_server.jetstream.requests import JetStreamRequests
-from a2a_grpc_server.jetstream.tasklog import CURRENT_SUBJECT, token
+from a2a_grpc_server._internal.jetstream.conn import current_config
+from a2a_grpc_server._internal.jetstream.requests import JetStreamRequests
+from a2a_grpc_server._internal.jetstream.tasklog import CURRENT_SUBJECT, token
 from tests.support import natsserver
 
 from . import population

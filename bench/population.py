@@ -49,9 +49,9 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import A2AService, ServerConfig, grpc_options
-from a2a_grpc_server.app.card import default_card
-from a2a_grpc_server.journal import Change, TaskJournal
-from a2a_grpc_server.model.scope import scope_key
+from a2a_grpc_server._internal.app.card import default_card
+from a2a_grpc_server._internal.journal import Change, TaskJournal
+from a2a_grpc_server._internal.model.scope import scope_key
 
 from .agents import Workload
 

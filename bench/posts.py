@@ -19,8 +19,8 @@ import time
 
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
 
-from a2a_grpc_server.push.screen import Screen
-from a2a_grpc_server.push.sender import Outcome, WebhookSender
+from a2a_grpc_server._internal.push.screen import Screen
+from a2a_grpc_server._internal.push.sender import Outcome, WebhookSender
 
 from .push import Receiver
 

@@ -61,15 +61,15 @@ import grpc
 from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import GetTaskRequest, ListTasksRequest, Task, TaskState
 
-from a2a_grpc_server.jetstream.conn import NatsConfig, NatsConnection, connect
-from a2a_grpc_server.jetstream.formats import Formats
-from a2a_grpc_server.jetstream.journal import JetStreamJournal
-from a2a_grpc_server.jetstream.lease import Lease
-from a2a_grpc_server.jetstream.logjournal import LogJournal
-from a2a_grpc_server.jetstream.requests import JetStreamRequests
-from a2a_grpc_server.jetstream.store import ClusterJournal
-from a2a_grpc_server.journal import PageTokens
-from a2a_grpc_server.obs.metrics import Metrics
+from a2a_grpc_server._internal.jetstream.conn import NatsConfig, NatsConnection, connect
+from a2a_grpc_server._internal.jetstream.formats import Formats
+from a2a_grpc_server._internal.jetstream.journal import JetStreamJournal
+from a2a_grpc_server._internal.jetstream.lease import Lease
+from a2a_grpc_server._internal.jetstream.logjournal import LogJournal
+from a2a_grpc_server._internal.jetstream.requests import JetStreamRequests
+from a2a_grpc_server._internal.jetstream.store import ClusterJournal
+from a2a_grpc_server._internal.journal import PageTokens
+from a2a_grpc_server._internal.obs.metrics import Metrics
 from tests.support import ROOT, cluster_key_file, natsserver
 
 from . import population
@@ -538,7 +538,7 @@ def cli() -> None:
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "scale.json")
     args = parser.parse_args()
     # (the restart measured here ends its predecessor's tasks on purpose: one warning each)
-    logging.getLogger("a2a_grpc_server.jetstream.lease").setLevel(logging.ERROR)
+    logging.getLogger("a2a_grpc_server._internal.jetstream.lease").setLevel(logging.ERROR)
     args.sizes = args.sizes or ("200,1000" if args.quick else "1000,10000,100000")
     report = asyncio.run(main(args))
     results = report["results"]

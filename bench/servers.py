@@ -38,7 +38,7 @@ from a2a.server.tasks import (
 from a2a.types import a2a_pb2_grpc
 
 from a2a_grpc_server import A2AService, ServerConfig, grpc_options
-from a2a_grpc_server.app.card import default_card
+from a2a_grpc_server._internal.app.card import default_card
 
 from .agents import Workload
 from .raw import RawServicer
@@ -65,7 +65,7 @@ async def settled(cluster: Any) -> None:
     """Until ``cluster`` writes as a running cluster does: the current format, with every
     feature its instances share, once it has heard them all (a lease after it came up,
     ``lease``: 10 s by default). Measured sooner, its first writes would be format 1's."""
-    from a2a_grpc_server.jetstream import formats
+    from a2a_grpc_server._internal.jetstream import formats
 
     async with asyncio.timeout(cluster.conn.config.lease * 3):
         await cluster.formats.wait_for(formats.CURRENT)
@@ -84,8 +84,8 @@ async def build(
     if kind.startswith("ours"):
         cluster = None
         if kind.startswith("ours-nats"):
-            from a2a_grpc_server.jetstream.conn import NatsConfig
-            from a2a_grpc_server.jetstream.node import NatsCluster
+            from a2a_grpc_server._internal.jetstream.conn import NatsConfig
+            from a2a_grpc_server._internal.jetstream.node import NatsCluster
 
             assert nats, "ours-nats needs --nats"
             from tests.support import CLUSTER_KEY

@@ -30,15 +30,15 @@ import platform
 import time
 from pathlib import Path
 
-from a2a_grpc_server.jetstream.conn import NatsConfig, connect
-from a2a_grpc_server.jetstream.formats import Formats
-from a2a_grpc_server.jetstream.journal import JetStreamJournal
-from a2a_grpc_server.jetstream.lease import Lease
-from a2a_grpc_server.jetstream.logjournal import LogJournal
-from a2a_grpc_server.jetstream.requests import JetStreamRequests
-from a2a_grpc_server.jetstream.store import ClusterJournal
-from a2a_grpc_server.journal import PageTokens
-from a2a_grpc_server.obs.metrics import Metrics
+from a2a_grpc_server._internal.jetstream.conn import NatsConfig, connect
+from a2a_grpc_server._internal.jetstream.formats import Formats
+from a2a_grpc_server._internal.jetstream.journal import JetStreamJournal
+from a2a_grpc_server._internal.jetstream.lease import Lease
+from a2a_grpc_server._internal.jetstream.logjournal import LogJournal
+from a2a_grpc_server._internal.jetstream.requests import JetStreamRequests
+from a2a_grpc_server._internal.jetstream.store import ClusterJournal
+from a2a_grpc_server._internal.journal import PageTokens
+from a2a_grpc_server._internal.obs.metrics import Metrics
 from tests.support import ROOT, natsserver
 
 from . import population

@@ -1,1 +1,1 @@
-"""Runnable example agents (see docs/examples.md)."""
+"""Runnable example agents (see docs/how-to/conformance.md)."""

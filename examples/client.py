@@ -4,11 +4,11 @@
 
 It generates the stubs itself when they are missing (``generate()``). By
 hand, from the checkout: the commands under "With stubs generated from proto/"
-in docs/calling.md, which a test runs as written (they find googleapis' protos
+in docs/how-to/call.md, which a test runs as written (they find googleapis' protos
 through ``google.api.annotations_pb2``: ``google.api.__file__`` is None).
 
 ``ask`` sends one message and waits for the task's outcome, and shows how a
-client handles each status the server answers (docs/errors.md):
+client handles each status the server answers (docs/reference/errors.md):
 
 * OK: the task (or the agent's message);
 * UNAVAILABLE (the instance is draining, or the task's owner is out of
@@ -108,7 +108,7 @@ def ask(
         message=pb2.Message(
             # The same id on every retry: with SAFE_RETRIES in the metadata, a retry of
             # a message the server already took is answered its task, never run twice
-            # (docs/calling.md, "Safe retries").
+            # (docs/how-to/retries.md).
             message_id=str(uuid.uuid4()),
             role=pb2.ROLE_USER,
             parts=[pb2.Part(text=text)],

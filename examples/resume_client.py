@@ -26,7 +26,7 @@ from a2a.types.a2a_pb2_grpc import A2AServiceStub
 from google.protobuf import json_format
 
 RESUME = "urn:a2a-grpc-server:extension:resume:v1"
-"""The resume extension's URI (see the server's docs/resume.md)."""
+"""The resume extension's URI (see the server's docs/how-to/resume.md)."""
 FALLBACK = ("a2a-resume-fallback", "snapshot")
 """Call metadata asking for the task as it stands where frames are no longer kept."""
 

@@ -1,14 +1,17 @@
-"""Who calls: the public names of authentication, for embedders (see ``rpc.auth``).
+"""Who calls: the public names of authentication, for embedders.
 
 An embedder's own authenticator implements ``Authenticator``, raises
-``AuthenticationError`` and returns a ``Principal``.
+``AuthenticationError`` and returns a ``Principal``. ``A2AServer(auth=...)`` guards
+its service; a ``grpc.aio`` server of your own adds ``AuthInterceptor(authenticator)``
+after ``A2AService.interceptors()``.
 """
 
 from __future__ import annotations
 
-from .rpc.auth import (
+from ._internal.rpc.auth import (
     AuthenticationError,
     Authenticator,
+    AuthInterceptor,
     ClientCertificate,
     Credentials,
     Principal,
@@ -18,6 +21,7 @@ from .rpc.auth import (
 )
 
 __all__ = [
+    "AuthInterceptor",
     "AuthenticationError",
     "Authenticator",
     "ClientCertificate",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .app.cli import main
+from ._internal.app.cli import main
 
 __all__ = ["main"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .app.healthcheck import main
+from ._internal.app.healthcheck import main
 
 __all__ = ["main"]
 

@@ -17,7 +17,7 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.rpc.servicer import SERVICE
+from a2a_grpc_server._internal.rpc.servicer import SERVICE
 from tests.support.agents import BurstAgent, GatedAgent
 from tests.support.harness import (
     V1,

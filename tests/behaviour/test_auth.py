@@ -18,8 +18,8 @@ from a2a.types.a2a_pb2 import AgentCard, GetExtendedAgentCardRequest, GetTaskReq
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from a2a_grpc_server import A2AServer, A2AService
-from a2a_grpc_server.app.tls import TlsFiles
-from a2a_grpc_server.rpc.auth import ClientCertificate, TokenFile, TrustedHeader
+from a2a_grpc_server._internal.app.tls import TlsFiles
+from a2a_grpc_server._internal.rpc.auth import ClientCertificate, TokenFile, TrustedHeader
 from tests.support.agents import WhoAgent
 from tests.support.certs import Issued, issue
 from tests.support.harness import V1, expose, rich_status, send_request
@@ -181,8 +181,8 @@ def test_serve_refuses_an_extended_card_without_authentication_or_unreadable(
 
 
 def test_quota_and_transport_flags_reach_the_settings() -> None:
-    from a2a_grpc_server.app import settings
-    from a2a_grpc_server.app.cli import build_parser, resolve
+    from a2a_grpc_server._internal.app import settings
+    from a2a_grpc_server._internal.app.cli import build_parser, resolve
 
     args = build_parser().parse_args(
         ["serve", "--quota-streams", "7", "--grpc-max-connection-age", "1800"]

@@ -16,8 +16,8 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from a2a_grpc_server._internal.app.cli import AgentLoadError, load_agent
 from a2a_grpc_server.agents.echo import EchoAgent
-from a2a_grpc_server.app.cli import AgentLoadError, load_agent
 from tests.support import ROOT, cluster_key_file
 from tests.support.harness import samples, send_request
 from tests.support.serveproc import Process, start

@@ -10,8 +10,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from a2a_grpc_server.app.healthcheck import check
-from a2a_grpc_server.testing.nats import free_port
+from a2a_grpc_server._internal.app.healthcheck import check
+from a2a_grpc_server.testing._nats import free_port
 from tests.support import ROOT
 from tests.support.serveproc import start
 

@@ -19,8 +19,8 @@ import pytest
 from a2a.types import a2a_pb2_grpc
 
 from a2a_grpc_server import A2AServer
-from a2a_grpc_server.app.tls import TlsFiles
-from a2a_grpc_server.rpc.auth import (
+from a2a_grpc_server._internal.app.tls import TlsFiles
+from a2a_grpc_server._internal.rpc.auth import (
     Authenticator,
     ClientCertificate,
     Credentials,

@@ -22,10 +22,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
 from a2a_grpc_server import A2AServer, A2AService, ServerConfig
+from a2a_grpc_server._internal.app import settings
+from a2a_grpc_server._internal.app.settings import SettingError
+from a2a_grpc_server._internal.jetstream import formats
 from a2a_grpc_server.agents.echo import EchoAgent
-from a2a_grpc_server.app import settings
-from a2a_grpc_server.app.settings import SettingError
-from a2a_grpc_server.jetstream import formats
 from tests.support import ROOT
 from tests.support.certs import issue
 from tests.support.harness import V1, error_of, rich_status, send_request, serve

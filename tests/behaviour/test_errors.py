@@ -27,7 +27,7 @@ from a2a.types.a2a_pb2 import (
 from google.rpc import error_details_pb2
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.app import errortable
+from a2a_grpc_server._internal.app import errortable
 from tests.support import ROOT
 from tests.support.agents import GatedAgent
 from tests.support.harness import V1, Harness, rich_status, send_request, serve, user_message
@@ -271,10 +271,12 @@ async def test_part_with_a_media_type_the_card_does_not_accept_is_refused() -> N
 
 
 def test_the_errors_page_lists_every_error_of_the_tree() -> None:
-    page = (ROOT / "docs" / "errors.md").read_text()
+    page = (ROOT / "docs" / "reference" / "errors.md").read_text()
     begin, end = "<!-- errors:begin -->\n", "<!-- errors:end -->"
     table = page[page.index(begin) + len(begin) : page.index(end)]
-    assert table == errortable.markdown(), "docs/errors.md is stale: run scripts/errors_table"
+    assert table == errortable.markdown(), (
+        "docs/reference/errors.md is stale: run scripts/errors_table"
+    )
     for reason in ("FRAME_NOT_KEPT", "RELAY_LOST", "STREAMS_QUOTA", "TASK_NOT_FOUND"):
         assert f"| {reason} |" in table
 

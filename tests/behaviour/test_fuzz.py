@@ -69,10 +69,10 @@ from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from a2a_grpc_server import A2AService, ServerConfig
-from a2a_grpc_server.model import taskops
-from a2a_grpc_server.rpc.auth import Credentials, Principal
-from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY, URI
-from a2a_grpc_server.rpc.servicer import SERVICE
+from a2a_grpc_server._internal.model import taskops
+from a2a_grpc_server._internal.rpc.auth import Credentials, Principal
+from a2a_grpc_server._internal.rpc.resume import RESUME_AFTER_KEY, URI
+from a2a_grpc_server._internal.rpc.servicer import SERVICE
 from tests.support.harness import V1, Harness, expose, varint
 
 Metadata = tuple[tuple[str, str], ...]

@@ -22,7 +22,7 @@ from a2a.types.a2a_pb2 import GetTaskRequest, SendMessageRequest, StreamResponse
 from grpc_tools import protoc
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.model import generation
+from a2a_grpc_server._internal.model import generation
 from tests.support.agents import CountingAgent, InputAgent
 from tests.support.harness import V1, rich_status, send_request, serve
 

@@ -14,11 +14,16 @@ import pytest
 from a2a.types.a2a_pb2 import SendMessageRequest, StreamResponse, Task, TaskState
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.errors import UnknownFormatError
-from a2a_grpc_server.journal import Change
-from a2a_grpc_server.journal.keys import ANSWER_KEPT, PENDING_FOR, KeyRecord, MemorySentKeys
-from a2a_grpc_server.journal.memory import MemoryJournal
-from a2a_grpc_server.rpc import idempotency
+from a2a_grpc_server._internal.errors import UnknownFormatError
+from a2a_grpc_server._internal.journal import Change
+from a2a_grpc_server._internal.journal.keys import (
+    ANSWER_KEPT,
+    PENDING_FOR,
+    KeyRecord,
+    MemorySentKeys,
+)
+from a2a_grpc_server._internal.journal.memory import MemoryJournal
+from a2a_grpc_server._internal.rpc import idempotency
 from tests.support.agents import CountingAgent, InputAgent
 from tests.support.harness import KEYED, V1, copy, rich_status, send_request, serve
 

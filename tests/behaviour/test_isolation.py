@@ -29,9 +29,9 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 
-from a2a_grpc_server.journal import RecordedTask
-from a2a_grpc_server.journal.memory import MemoryJournal
-from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY, URI
+from a2a_grpc_server._internal.journal import RecordedTask
+from a2a_grpc_server._internal.journal.memory import MemoryJournal
+from a2a_grpc_server._internal.rpc.resume import RESUME_AFTER_KEY, URI
 from tests.support.agents import InputAgent
 from tests.support.clusterharness import instances
 from tests.support.harness import ALICE, BOB, V1, error_of, rich_status, send_request, serve, tokens

@@ -18,8 +18,8 @@ from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskUpdater
 from a2a.types.a2a_pb2 import CancelTaskRequest
 
-from a2a_grpc_server.obs.logs import JsonFormatter
-from a2a_grpc_server.rpc.auth import TokenFile
+from a2a_grpc_server._internal.obs.logs import JsonFormatter
+from a2a_grpc_server._internal.rpc.auth import TokenFile
 from a2a_grpc_server.testing import running_server
 from tests.support import ROOT
 from tests.support.harness import send_request

@@ -25,8 +25,8 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.model import generation
-from a2a_grpc_server.rpc.auth import TokenFile
+from a2a_grpc_server._internal.model import generation
+from a2a_grpc_server._internal.rpc.auth import TokenFile
 from tests.support.agents import InputAgent
 from tests.support.harness import (
     ALICE,

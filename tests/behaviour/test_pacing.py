@@ -13,8 +13,8 @@ from a2a.server.tasks import TaskUpdater
 from a2a.types.a2a_pb2 import GetTaskRequest, Part, TaskState
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.execution.pacing import CROWD, IDLE_GAP, Pacer
-from a2a_grpc_server.execution.supervisor import FREE_EVENTS
+from a2a_grpc_server._internal.execution.pacing import CROWD, IDLE_GAP, Pacer
+from a2a_grpc_server._internal.execution.supervisor import FREE_EVENTS
 from tests.support.agents import BurstAgent
 from tests.support.harness import V1, send_request, serve
 

@@ -28,10 +28,10 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import A2AService, ServerConfig
-from a2a_grpc_server.push.configs import MemoryPushConfigs
-from a2a_grpc_server.push.screen import RefusedTargetError, Screen, refused_address
-from a2a_grpc_server.push.sender import Outcome, WebhookSender, retry_after
-from a2a_grpc_server.push.service import PushService
+from a2a_grpc_server._internal.push.configs import MemoryPushConfigs
+from a2a_grpc_server._internal.push.screen import RefusedTargetError, Screen, refused_address
+from a2a_grpc_server._internal.push.sender import Outcome, WebhookSender, retry_after
+from a2a_grpc_server._internal.push.service import PushService
 from tests.support.agents import (
     BurstAgent,
     CancelMode,

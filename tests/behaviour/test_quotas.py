@@ -19,10 +19,10 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.app.service import grpc_options
-from a2a_grpc_server.journal import StoreUnavailableError
-from a2a_grpc_server.rpc.auth import TokenFile
-from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY
+from a2a_grpc_server._internal.app.service import grpc_options
+from a2a_grpc_server._internal.journal import StoreUnavailableError
+from a2a_grpc_server._internal.rpc.auth import TokenFile
+from a2a_grpc_server._internal.rpc.resume import RESUME_AFTER_KEY
 from tests.support.agents import AskWhenReleased, InputAgent, StepAgent
 from tests.support.harness import (
     ALICE,

@@ -17,7 +17,7 @@ from a2a.types.a2a_pb2 import (
 from google.protobuf import json_format
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.rpc.resume import FALLBACK_KEY, RESUME_AFTER_KEY, SNAPSHOT, URI
+from a2a_grpc_server._internal.rpc.resume import FALLBACK_KEY, RESUME_AFTER_KEY, SNAPSHOT, URI
 from tests.support.agents import FloodAgent, InputAgent, StepAgent
 from tests.support.harness import (
     RESUME,

@@ -10,8 +10,8 @@ from pathlib import Path
 from a2a.types.a2a_pb2 import TaskState
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.journal.keys import KeyRecord, MemorySentKeys
-from a2a_grpc_server.rpc import idempotency
+from a2a_grpc_server._internal.journal.keys import KeyRecord, MemorySentKeys
+from a2a_grpc_server._internal.rpc import idempotency
 from tests.support.agents import CountingAgent
 from tests.support.harness import ALICE, BOB, copy, send_request, serve, tokens
 

@@ -17,8 +17,8 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.journal import Change
-from a2a_grpc_server.journal.memory import MemoryJournal
+from a2a_grpc_server._internal.journal import Change
+from a2a_grpc_server._internal.journal.memory import MemoryJournal
 from tests.support.agents import BurstAgent, ChunkAgent, FloodAgent, GatedAgent
 from tests.support.harness import (
     V1,

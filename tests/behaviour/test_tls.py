@@ -16,8 +16,8 @@ from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import TaskState
 
 from a2a_grpc_server import A2AServer
+from a2a_grpc_server._internal.app.tls import TlsFiles
 from a2a_grpc_server.agents.echo import EchoAgent
-from a2a_grpc_server.app.tls import TlsFiles
 from tests.support.certs import Issued, issue
 from tests.support.harness import V1, send_request
 from tests.support.serveproc import refusal

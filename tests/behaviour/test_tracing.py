@@ -1,5 +1,5 @@
 """OpenTelemetry: every A2A call is one ``a2a.server`` span with the draft A2A conventions'
-names (docs/telemetry.md); a trace goes from a client's span through SendMessage into the
+names (docs/reference/telemetry.md); a trace goes from a client's span through SendMessage into the
 executor (one span per RPC and per run, state changes as events, never a span per frame), and
 in cluster mode across a routed cancel to the owner. Spans are read from an in-memory
 exporter."""

@@ -27,11 +27,16 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.jetstream.formats import CURRENT
-from a2a_grpc_server.jetstream.formats import HEADER as FORMAT
-from a2a_grpc_server.jetstream.routing import CALL_HEADERS, CALLER, TIMEOUT, control_subject
-from a2a_grpc_server.jetstream.signing import SIGNATURE
-from a2a_grpc_server.testing.nats import running
+from a2a_grpc_server._internal.jetstream.formats import CURRENT
+from a2a_grpc_server._internal.jetstream.formats import HEADER as FORMAT
+from a2a_grpc_server._internal.jetstream.routing import (
+    CALL_HEADERS,
+    CALLER,
+    TIMEOUT,
+    control_subject,
+)
+from a2a_grpc_server._internal.jetstream.signing import SIGNATURE
+from a2a_grpc_server.testing._nats import running
 from tests.support import cluster_key_file
 from tests.support.agents import Hanging, InputAgent
 from tests.support.certs import issue

@@ -17,9 +17,9 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 
-from a2a_grpc_server.jetstream.conn import EVENTS_STREAM
-from a2a_grpc_server.jetstream.journal import subject
-from a2a_grpc_server.model import taskops
+from a2a_grpc_server._internal.jetstream.conn import EVENTS_STREAM
+from a2a_grpc_server._internal.jetstream.journal import subject
+from a2a_grpc_server._internal.model import taskops
 from tests.support import natsserver
 from tests.support.agents import (
     BurstAgent,

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from a2a.types.a2a_pb2 import StreamResponse, TaskState
 
-from a2a_grpc_server.model import generation
+from a2a_grpc_server._internal.model import generation
 from tests.support.agents import CountingAgent, HeldFollowUpAgent, InputAgent
 from tests.support.clusterharness import instances
 from tests.support.harness import KEYED, copy, rich_status, send_request

@@ -13,7 +13,7 @@ import asyncio
 from pathlib import Path
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.jetstream.conn import KEYS_BUCKET
+from a2a_grpc_server._internal.jetstream.conn import KEYS_BUCKET
 from tests.behaviour.test_retry_keys import ALICE_KEYED, BOB_KEYED
 from tests.support.agents import CountingAgent
 from tests.support.clusterharness import instances

@@ -10,11 +10,11 @@ import asyncio
 import nats
 from a2a.types.a2a_pb2 import CancelTaskRequest, StreamResponse, Task, TaskState
 
-from a2a_grpc_server.jetstream.conn import TASKS_BUCKET, NatsConfig, connect
-from a2a_grpc_server.jetstream.formats import Formats
-from a2a_grpc_server.jetstream.journal import SHARD, JetStreamJournal, shard_for
-from a2a_grpc_server.jetstream.requests import JetStreamRequests
-from a2a_grpc_server.journal import Change
+from a2a_grpc_server._internal.jetstream.conn import TASKS_BUCKET, NatsConfig, connect
+from a2a_grpc_server._internal.jetstream.formats import Formats
+from a2a_grpc_server._internal.jetstream.journal import SHARD, JetStreamJournal, shard_for
+from a2a_grpc_server._internal.jetstream.requests import JetStreamRequests
+from a2a_grpc_server._internal.journal import Change
 from tests.cluster.test_cluster import attach, start_task, stored_state
 from tests.support import formatfixtures as fx
 from tests.support.agents import GatedPerTask

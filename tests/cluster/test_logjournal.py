@@ -24,29 +24,29 @@ from a2a.types.a2a_pb2 import (
 from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig, StreamSource
 
-from a2a_grpc_server.errors import UnknownFormatError
-from a2a_grpc_server.jetstream import logjournal, loglisting, tasklog
-from a2a_grpc_server.jetstream.conn import (
+from a2a_grpc_server._internal.errors import UnknownFormatError
+from a2a_grpc_server._internal.jetstream import logjournal, loglisting, tasklog
+from a2a_grpc_server._internal.jetstream.conn import (
     INDEX_STREAM,
     TASKS_BUCKET,
     NatsConfig,
     connect,
     events_stream,
 )
-from a2a_grpc_server.jetstream.formats import Formats
-from a2a_grpc_server.jetstream.journal import JetStreamJournal
-from a2a_grpc_server.jetstream.logjournal import LogJournal
-from a2a_grpc_server.jetstream.requests import JetStreamRequests
-from a2a_grpc_server.jetstream.retry import Retry
-from a2a_grpc_server.jetstream.store import ClusterJournal
-from a2a_grpc_server.journal import (
+from a2a_grpc_server._internal.jetstream.formats import Formats
+from a2a_grpc_server._internal.jetstream.journal import JetStreamJournal
+from a2a_grpc_server._internal.jetstream.logjournal import LogJournal
+from a2a_grpc_server._internal.jetstream.requests import JetStreamRequests
+from a2a_grpc_server._internal.jetstream.retry import Retry
+from a2a_grpc_server._internal.jetstream.store import ClusterJournal
+from a2a_grpc_server._internal.journal import (
     Change,
     PageTokens,
     Released,
     StoreUnavailableError,
     TaskQuery,
 )
-from a2a_grpc_server.model import taskops
+from a2a_grpc_server._internal.model import taskops
 from tests.support import natsserver
 
 pytestmark = pytest.mark.timeout(120)

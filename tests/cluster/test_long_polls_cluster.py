@@ -15,7 +15,7 @@ from a2a.types.a2a_pb2 import GetTaskRequest, StreamResponse, SubscribeToTaskReq
 from a2a.types.a2a_pb2 import TaskState as S
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.model import generation
+from a2a_grpc_server._internal.model import generation
 from tests.behaviour.test_long_poll_quotas import GET_TASK, poll_request
 from tests.support.agents import GatedAgent
 from tests.support.clusterharness import Instance, instances

@@ -35,10 +35,10 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 
-from a2a_grpc_server.jetstream import formats
-from a2a_grpc_server.jetstream.conn import LOG_STREAM, LOG_SUBJECT, TASKS_BUCKET
-from a2a_grpc_server.jetstream.index import HEADER as INDEX_HEADER
-from a2a_grpc_server.model import taskops
+from a2a_grpc_server._internal.jetstream import formats
+from a2a_grpc_server._internal.jetstream.conn import LOG_STREAM, LOG_SUBJECT, TASKS_BUCKET
+from a2a_grpc_server._internal.jetstream.index import HEADER as INDEX_HEADER
+from a2a_grpc_server._internal.model import taskops
 from tests.support import ROOT, cluster_key_file
 from tests.support.harness import V1, send_request, user_message
 from tests.support.serveproc import Process, logged, start

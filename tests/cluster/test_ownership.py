@@ -26,7 +26,7 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 
-from a2a_grpc_server.journal import StoreUnavailableError
+from a2a_grpc_server._internal.journal import StoreUnavailableError
 from tests.support import natsserver
 from tests.support.agents import Ticking
 from tests.support.clusterharness import Instance, instances

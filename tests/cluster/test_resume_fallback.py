@@ -16,7 +16,7 @@ import pytest
 from a2a.types.a2a_pb2 import StreamResponse, SubscribeToTaskRequest, TaskState
 from google.protobuf import json_format
 
-from a2a_grpc_server.rpc.resume import FALLBACK_KEY, RESUME_AFTER_KEY, SNAPSHOT, URI
+from a2a_grpc_server._internal.rpc.resume import FALLBACK_KEY, RESUME_AFTER_KEY, SNAPSHOT, URI
 from tests.support import natsserver
 from tests.support.agents import StepAgent
 from tests.support.clusterharness import instances

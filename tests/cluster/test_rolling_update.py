@@ -143,7 +143,8 @@ async def test_a_rolling_restart_under_load_fails_nothing_after_one_retry_and_lo
                 members.append(await launch(nats_url))
             # A settled cluster: until an instance writes format 2 (a lease after it heard
             # every other one), its waiting tasks end FAILED with it, as the upgrade rule
-            # says (docs/cluster.md); on a loaded machine the first SIGTERM came before that.
+            # says (docs/how-to/upgrades.md); on a loaded machine the first SIGTERM came
+            # before that.
             for member in members:
                 await logged(member.process, "writing format 2")
             driving = asyncio.ensure_future(drive(members, load, done))

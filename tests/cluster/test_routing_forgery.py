@@ -33,8 +33,8 @@ from a2a.types.a2a_pb2 import (
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from a2a_grpc_server.jetstream.routing import control_subject
-from a2a_grpc_server.jetstream.signing import SIGNATURE
+from a2a_grpc_server._internal.jetstream.routing import control_subject
+from a2a_grpc_server._internal.jetstream.signing import SIGNATURE
 from tests.support.agents import Hanging
 from tests.support.clusterharness import instances
 from tests.support.harness import KEYED, V1, copy, send_request

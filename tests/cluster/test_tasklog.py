@@ -25,14 +25,14 @@ from a2a.types.a2a_pb2 import (
 from nats.aio.client import Client as NATS
 from nats.js.api import StreamInfo
 
-from a2a_grpc_server.errors import UnknownFormatError
-from a2a_grpc_server.jetstream import tasklog
-from a2a_grpc_server.jetstream.formats import HEADER as FORMAT
-from a2a_grpc_server.jetstream.records import MSG_ID, STREAM_SEQ
-from a2a_grpc_server.jetstream.requests import JetStreamRequests
-from a2a_grpc_server.jetstream.retry import Retry
-from a2a_grpc_server.jetstream.tasklog import LogRead, TaskLog, Where
-from a2a_grpc_server.journal import (
+from a2a_grpc_server._internal.errors import UnknownFormatError
+from a2a_grpc_server._internal.jetstream import tasklog
+from a2a_grpc_server._internal.jetstream.formats import HEADER as FORMAT
+from a2a_grpc_server._internal.jetstream.records import MSG_ID, STREAM_SEQ
+from a2a_grpc_server._internal.jetstream.requests import JetStreamRequests
+from a2a_grpc_server._internal.jetstream.retry import Retry
+from a2a_grpc_server._internal.jetstream.tasklog import LogRead, TaskLog, Where
+from a2a_grpc_server._internal.journal import (
     Change,
     FinalTaskError,
     StoreError,

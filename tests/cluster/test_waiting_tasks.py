@@ -29,8 +29,8 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.errors import ServerShuttingDownError
-from a2a_grpc_server.jetstream import formats
+from a2a_grpc_server._internal.errors import ServerShuttingDownError
+from a2a_grpc_server._internal.jetstream import formats
 from tests.support.agents import InputAgent
 from tests.support.clusterharness import Instance, instances
 from tests.support.harness import KEYED, V1, rich_status, send_request, serve, user_message

@@ -20,9 +20,8 @@ import nats.js.errors
 import pytest
 from a2a.types.a2a_pb2 import SendMessageResponse, StreamResponse, SubscribeToTaskRequest, TaskState
 
-from a2a_grpc_server.agents.echo import EchoAgent
-from a2a_grpc_server.jetstream import formats
-from a2a_grpc_server.jetstream.conn import (
+from a2a_grpc_server._internal.jetstream import formats
+from a2a_grpc_server._internal.jetstream.conn import (
     INDEX_STREAM,
     INDEX_SUBJECT,
     KEYS_BUCKET,
@@ -30,6 +29,7 @@ from a2a_grpc_server.jetstream.conn import (
     TASKS_BUCKET,
     events_stream,
 )
+from a2a_grpc_server.agents.echo import EchoAgent
 from tests.support.agents import GatedPerTask
 from tests.support.clusterharness import Instance, instances
 from tests.support.harness import KEYED, V1, last_state, read_all, send_request

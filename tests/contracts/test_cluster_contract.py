@@ -23,13 +23,13 @@ from a2a.types.a2a_pb2 import StreamResponse, Task, TaskState
 from a2a.utils.errors import TaskNotCancelableError, UnsupportedOperationError
 
 from a2a_grpc_server import A2AService
-from a2a_grpc_server.cluster import Cluster
-from a2a_grpc_server.engine.engine import Started
-from a2a_grpc_server.errors import OwnerUnavailableError, TaskHandedOverError
-from a2a_grpc_server.jetstream import formats
-from a2a_grpc_server.journal import RecordedTask, Released
-from a2a_grpc_server.log.tasklog import LogReader
-from a2a_grpc_server.model.caller import Caller
+from a2a_grpc_server._internal.cluster import Cluster
+from a2a_grpc_server._internal.engine.engine import Started
+from a2a_grpc_server._internal.errors import OwnerUnavailableError, TaskHandedOverError
+from a2a_grpc_server._internal.jetstream import formats
+from a2a_grpc_server._internal.journal import RecordedTask, Released
+from a2a_grpc_server._internal.log.tasklog import LogReader
+from a2a_grpc_server._internal.model.caller import Caller
 from tests.support import clusterharness, fakecluster
 from tests.support.agents import GatedPerTask, HeldFollowUpAgent, InputAgent
 from tests.support.harness import send_request

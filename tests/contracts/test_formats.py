@@ -16,14 +16,14 @@ import pytest
 from a2a.types.a2a_pb2 import GetTaskRequest, Message, Role, StreamResponse, TaskState
 from nats.aio.msg import Msg
 
-from a2a_grpc_server.errors import UnknownFormatError
-from a2a_grpc_server.jetstream import formats, pushstore, tasklog
-from a2a_grpc_server.jetstream.conn import NatsConfig, connect
-from a2a_grpc_server.jetstream.journal import Entry, JetStreamJournal, Snapshot
-from a2a_grpc_server.jetstream.requests import JetStreamRequests
-from a2a_grpc_server.jetstream.routing import control_subject
-from a2a_grpc_server.jetstream.signing import REPLY_TO, Signer
-from a2a_grpc_server.journal import Change, VersionConflictError
+from a2a_grpc_server._internal.errors import UnknownFormatError
+from a2a_grpc_server._internal.jetstream import formats, pushstore, tasklog
+from a2a_grpc_server._internal.jetstream.conn import NatsConfig, connect
+from a2a_grpc_server._internal.jetstream.journal import Entry, JetStreamJournal, Snapshot
+from a2a_grpc_server._internal.jetstream.requests import JetStreamRequests
+from a2a_grpc_server._internal.jetstream.routing import control_subject
+from a2a_grpc_server._internal.jetstream.signing import REPLY_TO, Signer
+from a2a_grpc_server._internal.journal import Change, VersionConflictError
 from tests.support import CLUSTER_KEY
 from tests.support import formatfixtures as fx
 from tests.support.agents import InputAgent

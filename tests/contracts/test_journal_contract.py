@@ -13,20 +13,20 @@ import nats
 import pytest
 from a2a.types.a2a_pb2 import Part, Role, StreamResponse, Task, TaskState
 
-from a2a_grpc_server.jetstream import tasklog
-from a2a_grpc_server.jetstream.conn import (
+from a2a_grpc_server._internal.jetstream import tasklog
+from a2a_grpc_server._internal.jetstream.conn import (
     INDEX_STREAM,
     TASKS_BUCKET,
     NatsConfig,
     connect,
     events_stream,
 )
-from a2a_grpc_server.jetstream.formats import Formats
-from a2a_grpc_server.jetstream.journal import JetStreamJournal, Snapshot, encode
-from a2a_grpc_server.jetstream.logjournal import LogJournal
-from a2a_grpc_server.jetstream.records import messages as _messages
-from a2a_grpc_server.jetstream.requests import JetStreamRequests
-from a2a_grpc_server.journal import (
+from a2a_grpc_server._internal.jetstream.formats import Formats
+from a2a_grpc_server._internal.jetstream.journal import JetStreamJournal, Snapshot, encode
+from a2a_grpc_server._internal.jetstream.logjournal import LogJournal
+from a2a_grpc_server._internal.jetstream.records import messages as _messages
+from a2a_grpc_server._internal.jetstream.requests import JetStreamRequests
+from a2a_grpc_server._internal.journal import (
     Change,
     FinalTaskError,
     InvalidPageTokenError,
@@ -36,9 +36,9 @@ from a2a_grpc_server.journal import (
     UnknownTaskError,
     VersionConflictError,
 )
-from a2a_grpc_server.journal.memory import MemoryJournal
-from a2a_grpc_server.model import taskops
-from a2a_grpc_server.model.scope import scope_key
+from a2a_grpc_server._internal.journal.memory import MemoryJournal
+from a2a_grpc_server._internal.model import taskops
+from a2a_grpc_server._internal.model.scope import scope_key
 from tests.support import natsserver
 
 S = TaskState

@@ -16,24 +16,29 @@ from dataclasses import replace
 import pytest
 from a2a.types.a2a_pb2 import StreamResponse, Task, TaskState
 
-from a2a_grpc_server.jetstream.conn import (
+from a2a_grpc_server._internal.jetstream.conn import (
     EVENTS_STREAM,
     INDEX_STREAM,
     TASKS_BUCKET,
     NatsConfig,
     connect,
 )
-from a2a_grpc_server.jetstream.formats import Formats
-from a2a_grpc_server.jetstream.index import MARKER, IndexEntry
-from a2a_grpc_server.jetstream.journal import SWEEP_BATCH, JetStreamJournal, Snapshot, encode
-from a2a_grpc_server.jetstream.lease import Lease
-from a2a_grpc_server.jetstream.logjournal import LogJournal
-from a2a_grpc_server.jetstream.requests import JetStreamRequests
-from a2a_grpc_server.jetstream.store import ClusterJournal
-from a2a_grpc_server.journal import Change, InvalidPageTokenError, PageTokens, TaskQuery
-from a2a_grpc_server.model import taskops
-from a2a_grpc_server.model.scope import scope_key
-from a2a_grpc_server.obs.metrics import Metrics
+from a2a_grpc_server._internal.jetstream.formats import Formats
+from a2a_grpc_server._internal.jetstream.index import MARKER, IndexEntry
+from a2a_grpc_server._internal.jetstream.journal import (
+    SWEEP_BATCH,
+    JetStreamJournal,
+    Snapshot,
+    encode,
+)
+from a2a_grpc_server._internal.jetstream.lease import Lease
+from a2a_grpc_server._internal.jetstream.logjournal import LogJournal
+from a2a_grpc_server._internal.jetstream.requests import JetStreamRequests
+from a2a_grpc_server._internal.jetstream.store import ClusterJournal
+from a2a_grpc_server._internal.journal import Change, InvalidPageTokenError, PageTokens, TaskQuery
+from a2a_grpc_server._internal.model import taskops
+from a2a_grpc_server._internal.model.scope import scope_key
+from a2a_grpc_server._internal.obs.metrics import Metrics
 from tests.support import formatfixtures as fx
 from tests.support import natsserver
 

@@ -1,36 +1,102 @@
-"""The public API is what docs/reference.md documents, and it is all the examples and the
-docs use: every documented name imports from its documented path, and every import of the
-package in examples/, README.md and docs/ is of a documented module (the rest of the package
-is implementation and may move, as it did when the packages became the layers)."""
+"""The public API is what ``__all__`` names in the public modules, and docs/reference/api.md
+documents exactly those names. Every other module is private by name (``_internal``,
+``testing._nats``). The examples and the docs import only public modules, so they keep
+working when the implementation moves, as it did into ``_internal``."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import pathlib
+import pkgutil
 import re
+import subprocess
+import sys
 
 import pytest
 
+import a2a_grpc_server
 from tests.support import ROOT
 
-PUBLIC_MODULES = {
+PUBLIC_MODULES = (
     "a2a_grpc_server",
+    "a2a_grpc_server.cluster",
     "a2a_grpc_server.auth",
     "a2a_grpc_server.testing",
-    "a2a_grpc_server.jetstream.natsconfig",
-    "a2a_grpc_server.jetstream.node",
     "a2a_grpc_server.agents.echo",
-    "a2a_grpc_server.cli",
-    "a2a_grpc_server.healthcheck",
-}
-"""The modules docs/reference.md documents, the bundled agent, and the two entry points."""
+)
+"""The modules whose ``__all__`` is the API (docs/reference/api.md, in this order)."""
+
+ENTRY_POINTS = ("a2a_grpc_server.cli", "a2a_grpc_server.healthcheck", "a2a_grpc_server.agents")
+"""Public by name but not API: the console script, the health probe, the agents' package."""
 
 REFERENCE = re.compile(r"^::: (a2a_grpc_server[\w.]*)$", re.M)
 PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
 
-def documented() -> list[str]:
-    return REFERENCE.findall((ROOT / "docs" / "reference.md").read_text())
+def exported() -> set[str]:
+    """Every public name, as ``module.name``."""
+    return {f"{m}.{n}" for m in PUBLIC_MODULES for n in importlib.import_module(m).__all__}
+
+
+def all_modules() -> list[str]:
+    """Every module of the package, imported or not."""
+    prefix = a2a_grpc_server.__name__ + "."
+    found = [a2a_grpc_server.__name__]
+    for info in pkgutil.walk_packages(a2a_grpc_server.__path__, prefix, onerror=lambda _: None):
+        found.append(info.name)
+    return found
+
+
+def test_every_module_is_public_or_private_by_name() -> None:
+    modules = all_modules()
+    assert len(modules) > 80, "the walk found the implementation too"
+    for name in modules:
+        private = any(part.startswith("_") for part in name.split("."))
+        assert private or name in PUBLIC_MODULES + ENTRY_POINTS, (
+            f"{name} is neither a public module nor private by name: move it under _internal"
+        )
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_a_public_module_exports_what_it_defines_and_nothing_more(name: str) -> None:
+    module = importlib.import_module(name)
+    names = module.__all__
+    assert len(names) == len(set(names)), f"{name}.__all__ repeats a name"
+    for member in names:
+        assert hasattr(module, member), f"{name}.__all__ names {member}, which it lacks"
+    defined = set()
+    for node in ast.parse(pathlib.Path(module.__file__ or "").read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {t.id for t in targets if isinstance(t, ast.Name)}
+    public = {d for d in defined if not d.startswith("_")}
+    assert public <= set(names), (
+        f"{name} defines public names outside __all__: {public - set(names)}"
+    )
+
+
+def test_the_api_reference_documents_exactly_the_public_names() -> None:
+    page = (ROOT / "docs" / "reference" / "api.md").read_text()
+    documented = REFERENCE.findall(page)
+    assert len(documented) == len(set(documented)), "docs/reference/api.md repeats a name"
+    assert set(documented) == exported(), (
+        f"documented, not exported: {sorted(set(documented) - exported())}; "
+        f"exported, not documented: {sorted(exported() - set(documented))}"
+    )
+
+
+def test_the_api_reference_is_the_generated_one() -> None:
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "api_reference"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
 
 
 def imports(source: str) -> list[tuple[str, tuple[str, ...]]]:
@@ -45,21 +111,10 @@ def imports(source: str) -> list[tuple[str, tuple[str, ...]]]:
 def sources() -> list[tuple[str, str]]:
     """Every example, and every Python block of the README and the docs pages."""
     found = [(str(p.relative_to(ROOT)), p.read_text()) for p in (ROOT / "examples").rglob("*.py")]
-    for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         for i, block in enumerate(PYTHON_BLOCK.findall(page.read_text())):
             found.append((f"{page.relative_to(ROOT)} (block {i + 1})", block))
     return [(name, text) for name, text in found if "gen/" not in name]
-
-
-@pytest.mark.parametrize("path", documented())
-def test_every_documented_name_imports_from_its_documented_path(path: str) -> None:
-    module, _, name = path.rpartition(".")
-    try:
-        target = importlib.import_module(path)
-    except ModuleNotFoundError:
-        target = getattr(importlib.import_module(module), name)
-    assert target is not None
-    assert path in PUBLIC_MODULES or module in PUBLIC_MODULES, f"{path} is not a public module"
 
 
 def test_examples_and_docs_import_only_the_public_api() -> None:
@@ -67,8 +122,10 @@ def test_examples_and_docs_import_only_the_public_api() -> None:
     for where, text in sources():
         for module, names in imports(text):
             seen += 1
-            assert module in PUBLIC_MODULES, f"{where} imports {module}, not a public module"
+            assert module in PUBLIC_MODULES + ENTRY_POINTS, f"{where} imports {module}, not public"
             loaded = importlib.import_module(module)
             for name in names:
-                assert hasattr(loaded, name), f"{where}: {module} has no {name}"
+                assert name in getattr(loaded, "__all__", ()), (
+                    f"{where}: {module} exports no {name}"
+                )
     assert seen >= 8, "the examples and the docs do import the package"

@@ -13,25 +13,29 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
 
-from a2a_grpc_server.errors import UnknownFormatError
-from a2a_grpc_server.jetstream.conn import (
+from a2a_grpc_server._internal.errors import UnknownFormatError
+from a2a_grpc_server._internal.jetstream.conn import (
     INDEX_STREAM,
     PUSH_BUCKET,
     PUSH_CALLERS_BUCKET,
     NatsConfig,
     connect,
 )
-from a2a_grpc_server.jetstream.deliveries import (
+from a2a_grpc_server._internal.jetstream.deliveries import (
     PUSH_FRESH,
     PUSH_MARKER,
     DeliveryIndex,
     delivered_by,
 )
-from a2a_grpc_server.jetstream.formats import FEATURES, Formats
-from a2a_grpc_server.jetstream.index import TaskIndex
-from a2a_grpc_server.jetstream.pushstore import DeliveryCoverage, JetStreamPushConfigs, Orphans
-from a2a_grpc_server.jetstream.requests import JetStreamRequests
-from a2a_grpc_server.jetstream.retry import Retry
+from a2a_grpc_server._internal.jetstream.formats import FEATURES, Formats
+from a2a_grpc_server._internal.jetstream.index import TaskIndex
+from a2a_grpc_server._internal.jetstream.pushstore import (
+    DeliveryCoverage,
+    JetStreamPushConfigs,
+    Orphans,
+)
+from a2a_grpc_server._internal.jetstream.requests import JetStreamRequests
+from a2a_grpc_server._internal.jetstream.retry import Retry
 from tests.support import natsserver
 
 

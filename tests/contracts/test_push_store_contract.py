@@ -10,11 +10,20 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig
 
-from a2a_grpc_server.errors import InvalidFieldError, QuotaExceededError
-from a2a_grpc_server.jetstream.conn import PUSH_BUCKET, PUSH_CALLERS_BUCKET, NatsConfig, connect
-from a2a_grpc_server.jetstream.pushstore import JetStreamPushConfigs, caller_key
-from a2a_grpc_server.jetstream.retry import Retry
-from a2a_grpc_server.push.configs import MemoryPushConfigs, PushConfigLimitError, PushConfigStore
+from a2a_grpc_server._internal.errors import InvalidFieldError, QuotaExceededError
+from a2a_grpc_server._internal.jetstream.conn import (
+    PUSH_BUCKET,
+    PUSH_CALLERS_BUCKET,
+    NatsConfig,
+    connect,
+)
+from a2a_grpc_server._internal.jetstream.pushstore import JetStreamPushConfigs, caller_key
+from a2a_grpc_server._internal.jetstream.retry import Retry
+from a2a_grpc_server._internal.push.configs import (
+    MemoryPushConfigs,
+    PushConfigLimitError,
+    PushConfigStore,
+)
 from tests.support import natsserver
 
 

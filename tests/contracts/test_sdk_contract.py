@@ -13,8 +13,8 @@ import re
 
 from a2a.server.agent_execution import RequestContext
 
-from a2a_grpc_server.model.caller import Caller, request_context
-from a2a_grpc_server.rpc.auth import Principal
+from a2a_grpc_server._internal.model.caller import Caller, request_context
+from a2a_grpc_server._internal.rpc.auth import Principal
 
 
 def test_request_context_reads_its_call_context_only_from_the_private_attribute() -> None:

@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from a2a_grpc_server.jetstream.conn import KEYS_BUCKET, NatsConfig, connect
-from a2a_grpc_server.jetstream.keys import JetStreamSentKeys
-from a2a_grpc_server.jetstream.requests import JetStreamRequests
-from a2a_grpc_server.jetstream.retry import Retry
-from a2a_grpc_server.journal.keys import (
+from a2a_grpc_server._internal.jetstream.conn import KEYS_BUCKET, NatsConfig, connect
+from a2a_grpc_server._internal.jetstream.keys import JetStreamSentKeys
+from a2a_grpc_server._internal.jetstream.requests import JetStreamRequests
+from a2a_grpc_server._internal.jetstream.retry import Retry
+from a2a_grpc_server._internal.journal.keys import (
     ANSWER_KEPT,
     PENDING_FOR,
     KeyRecord,

@@ -70,7 +70,7 @@ from a2a.types.a2a_pb2 import (
 )
 
 from a2a_grpc_server import A2AService, ServerConfig
-from a2a_grpc_server.model import taskops
+from a2a_grpc_server._internal.model import taskops
 from a2a_grpc_server.testing import INSTANCE_TASKS, leftover_tasks
 from tests.support.clusterharness import instances
 from tests.support.harness import (

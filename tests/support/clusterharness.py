@@ -21,10 +21,10 @@ from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import StreamResponse, TaskState
 
 from a2a_grpc_server import A2AService, ServerConfig
-from a2a_grpc_server.jetstream.conn import NatsConfig
-from a2a_grpc_server.jetstream.formats import CURRENT
-from a2a_grpc_server.jetstream.node import NatsCluster
-from a2a_grpc_server.rpc.auth import Authenticator
+from a2a_grpc_server._internal.jetstream.conn import NatsConfig
+from a2a_grpc_server._internal.jetstream.formats import CURRENT
+from a2a_grpc_server._internal.jetstream.node import NatsCluster
+from a2a_grpc_server._internal.rpc.auth import Authenticator
 from a2a_grpc_server.testing import INSTANCE_TASKS, assert_nothing_left
 from tests.support import CLUSTER_KEY
 from tests.support.harness import expose

@@ -70,8 +70,8 @@ from a2a.utils.errors import (
 )
 
 from a2a_grpc_server import A2AService, ServerConfig
-from a2a_grpc_server.cluster import Local
-from a2a_grpc_server.cluster.routed import (
+from a2a_grpc_server._internal.cluster import Local
+from a2a_grpc_server._internal.cluster.routed import (
     ANSWER_MARGIN,
     decode_caller,
     decode_error,
@@ -79,8 +79,8 @@ from a2a_grpc_server.cluster.routed import (
     encode_caller,
     encode_error,
 )
-from a2a_grpc_server.engine.engine import TaskEngine, ended
-from a2a_grpc_server.errors import (
+from a2a_grpc_server._internal.engine.engine import TaskEngine, ended
+from a2a_grpc_server._internal.errors import (
     FrameNotKeptError,
     OwnerTimeoutError,
     OwnerUnavailableError,
@@ -88,7 +88,7 @@ from a2a_grpc_server.errors import (
     ServerError,
     quote,
 )
-from a2a_grpc_server.journal import (
+from a2a_grpc_server._internal.journal import (
     Change,
     RecordedTask,
     Released,
@@ -96,13 +96,13 @@ from a2a_grpc_server.journal import (
     TaskPage,
     TaskQuery,
 )
-from a2a_grpc_server.journal.keys import MemorySentKeys
-from a2a_grpc_server.journal.memory import MemoryJournal
-from a2a_grpc_server.log.tasklog import LogReader, TaskLog
-from a2a_grpc_server.model import taskops
-from a2a_grpc_server.model.caller import Caller
-from a2a_grpc_server.model.names import TASK_PREFIX
-from a2a_grpc_server.push.configs import MemoryPushConfigs
+from a2a_grpc_server._internal.journal.keys import MemorySentKeys
+from a2a_grpc_server._internal.journal.memory import MemoryJournal
+from a2a_grpc_server._internal.log.tasklog import LogReader, TaskLog
+from a2a_grpc_server._internal.model import taskops
+from a2a_grpc_server._internal.model.caller import Caller
+from a2a_grpc_server._internal.model.names import TASK_PREFIX
+from a2a_grpc_server._internal.push.configs import MemoryPushConfigs
 from tests.support.clusterharness import assert_idle
 from tests.support.harness import Harness, expose
 

@@ -27,7 +27,7 @@ clients recorded, what every instance answers and what the record holds:
   after the faults); on a 3-node cluster, within ``LIST_CATCH_UP`` s of GetTask
   agreeing: reads are
   direct gets, which any replica answers from what it has, one behind (resumed
-  after a pause) too, until it catches up, stream by stream (docs/cluster.md,
+  after a pause) too, until it catches up, stream by stream (docs/explanation/cluster.md,
   "Reads on a NATS cluster"). How many readings it took is printed when more than one.
 
 A failing schedule names its seed; ``python -m tests.support.faultsuite SEED [NODES]
@@ -65,10 +65,10 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 
-from a2a_grpc_server.jetstream.conn import EVENTS_STREAM
-from a2a_grpc_server.jetstream.journal import Entry, subject
-from a2a_grpc_server.model import taskops
-from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY, URI
+from a2a_grpc_server._internal.jetstream.conn import EVENTS_STREAM
+from a2a_grpc_server._internal.jetstream.journal import Entry, subject
+from a2a_grpc_server._internal.model import taskops
+from a2a_grpc_server._internal.rpc.resume import RESUME_AFTER_KEY, URI
 from tests.support import natsserver
 from tests.support.harness import RESUME, V1, rich_status, user_message
 from tests.support.serveproc import NotReadyError, Process, start

@@ -28,10 +28,10 @@ from a2a.types.a2a_pb2 import (
     TaskStatusUpdateEvent,
 )
 
-from a2a_grpc_server.jetstream import formats, pushstore, tasklog
-from a2a_grpc_server.jetstream.records import encode
-from a2a_grpc_server.jetstream.records import messages as _messages
-from a2a_grpc_server.journal import Change
+from a2a_grpc_server._internal.jetstream import formats, pushstore, tasklog
+from a2a_grpc_server._internal.jetstream.records import encode
+from a2a_grpc_server._internal.jetstream.records import messages as _messages
+from a2a_grpc_server._internal.journal import Change
 from tests.support import ROOT
 
 DIR = ROOT / "tests" / "fixtures" / "formats"

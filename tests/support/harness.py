@@ -28,12 +28,12 @@ from google.rpc import error_details_pb2, status_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from a2a_grpc_server import A2AService, ServerConfig
-from a2a_grpc_server.app.service import grpc_options
-from a2a_grpc_server.journal import TaskJournal
-from a2a_grpc_server.model import taskops
-from a2a_grpc_server.rpc import idempotency
-from a2a_grpc_server.rpc.auth import Authenticator, AuthInterceptor, TokenFile
-from a2a_grpc_server.rpc.resume import RESUME_AFTER_KEY, URI
+from a2a_grpc_server._internal.app.service import grpc_options
+from a2a_grpc_server._internal.journal import TaskJournal
+from a2a_grpc_server._internal.model import taskops
+from a2a_grpc_server._internal.rpc import idempotency
+from a2a_grpc_server._internal.rpc.auth import Authenticator, AuthInterceptor, TokenFile
+from a2a_grpc_server._internal.rpc.resume import RESUME_AFTER_KEY, URI
 from a2a_grpc_server.testing import assert_nothing_left
 
 if TYPE_CHECKING:

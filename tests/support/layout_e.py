@@ -422,7 +422,7 @@ class Reader:
         """A sequence from which ``want`` messages (or all) on ``subject`` lie before ``top``.
 
         Gallops down from ``top`` in steps of x4, counting with ``Nats-Num-Pending``
-        (what server/a2a_grpc_server/jetstream/index.py does). Returns the sequence
+        (what server/a2a_grpc_server/_internal/jetstream/index.py does). Returns the sequence
         and how many lie from it to before ``top``.
         """
         at_top = await self.count_from(subject, top)

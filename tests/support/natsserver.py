@@ -1,6 +1,6 @@
-"""The nats-server processes of the tests: ``a2a_grpc_server.testing.nats`` (public, for
+"""The nats-server processes of the tests: ``a2a_grpc_server.testing._nats`` (public, for
 embedders' tests too)."""
 
-from a2a_grpc_server.testing.nats import Cluster, Node, binary, free_port, running
+from a2a_grpc_server.testing._nats import Cluster, Node, binary, free_port, running
 
 __all__ = ["Cluster", "Node", "binary", "free_port", "running"]

@@ -7,6 +7,8 @@ from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskUpdater
 from a2a.types.a2a_pb2 import AgentCapabilities, AgentCard, AgentSkill, Part
 
+__all__ = ["EchoAgent", "agent_card"]
+
 
 def agent_card() -> AgentCard:
     """The card ``serve`` publishes (it fills in the gRPC endpoint)."""

@@ -39,14 +39,14 @@ from a2a.server.agent_execution import AgentExecutor
 from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import AgentCard
 
-from ..app.service import A2AServer
-from ..config import ServerConfig
-from ..jetstream.natsconfig import NatsConfig
-from ..model.names import TASK_PREFIX
-from ..rpc.auth import Authenticator
-from .nats import running as nats_server
+from .._internal.app.service import A2AServer
+from .._internal.config import ServerConfig
+from .._internal.jetstream.natsconfig import NatsConfig
+from .._internal.model.names import TASK_PREFIX
+from .._internal.rpc.auth import Authenticator
+from ._nats import running as nats_server
 
-CLUSTER_KEY = secrets.token_bytes(32)
+_CLUSTER_KEY = secrets.token_bytes(32)
 """The cluster key ``running_server`` gives every instance it starts in this process."""
 
 __all__ = [
@@ -58,7 +58,7 @@ __all__ = [
     "running_server",
 ]
 
-PACKAGE_DIR = f"/{__name__.split('.')[0]}/"
+_PACKAGE_DIR = f"/{__name__.split('.')[0]}/"
 INSTANCE_TASKS = (
     ":lease",
     ":heartbeat",
@@ -72,7 +72,7 @@ INSTANCE_TASKS = (
 """Name suffixes of a cluster instance's own background tasks, alive as long as it runs
 (``assert_nothing_left(allowed=INSTANCE_TASKS)`` while a cluster instance still runs)."""
 
-V1_METADATA = (("a2a-version", "1.0"),)
+_V1_METADATA = (("a2a-version", "1.0"),)
 
 
 @dataclass
@@ -89,7 +89,7 @@ class RunningServer:
     server: A2AServer
     channel: grpc.aio.Channel
     stub: a2a_pb2_grpc.A2AServiceStub
-    metadata: tuple[tuple[str, str], ...] = V1_METADATA
+    metadata: tuple[tuple[str, str], ...] = _V1_METADATA
 
     @property
     def address(self) -> str:
@@ -126,7 +126,7 @@ async def running_server(
     Raises:
         OSError: A port could not be bound, or NATS could not be reached.
     """
-    nats = NatsConfig(servers=[nats_url], key=CLUSTER_KEY) if nats_url else None
+    nats = NatsConfig(servers=[nats_url], key=_CLUSTER_KEY) if nats_url else None
     server = A2AServer(
         executor,
         card,
@@ -186,7 +186,7 @@ def _runs_our_code(coro: object) -> bool:
             or getattr(coro, "ag_code", None)
             or getattr(coro, "gi_code", None)
         )
-        if isinstance(code, types.CodeType) and PACKAGE_DIR in code.co_filename:
+        if isinstance(code, types.CodeType) and _PACKAGE_DIR in code.co_filename:
             return True
         coro = (
             getattr(coro, "cr_await", None)

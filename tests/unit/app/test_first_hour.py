@@ -13,10 +13,16 @@ from typing import Any
 import pytest
 
 from a2a_grpc_server import A2AService, ServerConfig
+from a2a_grpc_server._internal.app import cli, settings
+from a2a_grpc_server._internal.app.cli import (
+    AgentLoadError,
+    build_parser,
+    load_agent,
+    prepare,
+    resolve,
+)
+from a2a_grpc_server._internal.app.settings import SettingError, spell_settings, spelled
 from a2a_grpc_server.agents.echo import EchoAgent
-from a2a_grpc_server.app import cli, settings
-from a2a_grpc_server.app.cli import AgentLoadError, build_parser, load_agent, prepare, resolve
-from a2a_grpc_server.app.settings import SettingError, spell_settings, spelled
 from tests.support import cluster_key_file
 from tests.support.fakecluster import FakeCluster, FakeHub
 

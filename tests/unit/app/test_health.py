@@ -14,7 +14,7 @@ from grpc_channelz.v1 import channelz_pb2, channelz_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from a2a_grpc_server import A2AServer
-from a2a_grpc_server.rpc.auth import TokenFile
+from a2a_grpc_server._internal.rpc.auth import TokenFile
 from tests.support.agents import GatedAgent
 from tests.support.harness import V1, send_request
 

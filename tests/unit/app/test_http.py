@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from a2a_grpc_server.app.http import Fixed, HttpServer, Live, Route
+from a2a_grpc_server._internal.app.http import Fixed, HttpServer, Live, Route
 
 ROUTES: dict[str, Route] = {
     "/card": Fixed(b'{"name": "x"}', "application/json"),

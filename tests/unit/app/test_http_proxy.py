@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from a2a_grpc_server import A2AServer, ServerConfig
+from a2a_grpc_server._internal.app.card import WELL_KNOWN_PATH
+from a2a_grpc_server._internal.app.http import MAX_PER_PEER, HttpServer
+from a2a_grpc_server._internal.app.peers import forwarded_client, networks
 from a2a_grpc_server.agents.echo import EchoAgent
-from a2a_grpc_server.app.card import WELL_KNOWN_PATH
-from a2a_grpc_server.app.http import MAX_PER_PEER, HttpServer
-from a2a_grpc_server.app.peers import forwarded_client, networks
 from tests.support.certs import issue
 from tests.unit.app.test_http import ROUTES, get, request
 

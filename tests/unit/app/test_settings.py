@@ -1,6 +1,6 @@
 """Every setting from a flag, the environment or a TOML file, in that order of precedence;
 ``check-config`` prints the effective configuration or names the bad value; the table of
-docs/configuration.md is the declaration's."""
+docs/reference/configuration.md is the declaration's."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.app import settings
-from a2a_grpc_server.app.cli import build_parser, resolve
-from a2a_grpc_server.app.settings import SETTINGS, SettingError
+from a2a_grpc_server._internal.app import settings
+from a2a_grpc_server._internal.app.cli import build_parser, resolve
+from a2a_grpc_server._internal.app.settings import SETTINGS, SettingError
 from tests.support import ROOT
 
 # (setting, flag value, env value, file value, parsed flag, parsed env, parsed file)
@@ -150,11 +150,11 @@ def test_check_config_prints_a_file_that_reads_back_the_same(tmp_path: Path) -> 
 
 
 def test_the_configuration_page_table_is_the_declaration() -> None:
-    readme = (ROOT / "docs" / "configuration.md").read_text()
+    readme = (ROOT / "docs" / "reference" / "configuration.md").read_text()
     begin, end = "<!-- settings:begin -->\n", "<!-- settings:end -->"
     table = readme[readme.index(begin) + len(begin) : readme.index(end)]
     assert table.strip() == settings.markdown().strip(), (
-        "docs/configuration.md's settings table is stale: run scripts/settings_table"
+        "docs/reference/configuration.md's settings table is stale: run scripts/settings_table"
     )
 
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from a2a_grpc_server.execution.mailbox import Mailbox
+from a2a_grpc_server._internal.execution.mailbox import Mailbox
 
 
 async def test_items_come_out_in_order_and_a_drained_mailbox_holds_no_buffer() -> None:

@@ -15,11 +15,11 @@ from a2a.server.tasks import TaskUpdater
 from a2a.types.a2a_pb2 import Part, StreamResponse, TaskState
 
 from a2a_grpc_server import ServerConfig
-from a2a_grpc_server.engine.engine import Started, TaskEngine
-from a2a_grpc_server.engine.registry import LiveTasks
-from a2a_grpc_server.journal.memory import MemoryJournal
-from a2a_grpc_server.model import taskops
-from a2a_grpc_server.model.caller import Caller
+from a2a_grpc_server._internal.engine.engine import Started, TaskEngine
+from a2a_grpc_server._internal.engine.registry import LiveTasks
+from a2a_grpc_server._internal.journal.memory import MemoryJournal
+from a2a_grpc_server._internal.model import taskops
+from a2a_grpc_server._internal.model.caller import Caller
 from a2a_grpc_server.testing import leftover_tasks
 from tests.support.harness import send_request
 

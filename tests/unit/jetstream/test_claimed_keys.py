@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from a2a_grpc_server.jetstream.keys import Claimed
+from a2a_grpc_server._internal.jetstream.keys import Claimed
 
 
 def test_past_the_bound_the_greediest_callers_oldest_keys_go() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from a2a_grpc_server.jetstream.conn import _why_not
-from a2a_grpc_server.jetstream.natsconfig import NatsConfig, without_userinfo
+from a2a_grpc_server._internal.jetstream.conn import _why_not
+from a2a_grpc_server._internal.jetstream.natsconfig import NatsConfig, without_userinfo
 
 
 @pytest.mark.parametrize(

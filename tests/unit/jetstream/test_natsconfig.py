@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from a2a_grpc_server.jetstream.natsconfig import NatsConfig
+from a2a_grpc_server._internal.jetstream.natsconfig import NatsConfig
 
 
 def test_an_empty_instance_id_is_refused() -> None:

@@ -15,11 +15,11 @@ import ast
 import asyncio
 import logging
 
-from a2a_grpc_server.jetstream.conn import CONNECT_ATTEMPTS, NatsConfig, connect
+from a2a_grpc_server._internal.jetstream.conn import CONNECT_ATTEMPTS, NatsConfig, connect
 from tests.support import ROOT
 from tests.support.natsserver import running
 
-PACKAGE = ROOT / "server" / "a2a_grpc_server" / "jetstream"
+PACKAGE = ROOT / "server" / "a2a_grpc_server" / "_internal" / "jetstream"
 
 
 def private_reaches(source: str) -> list[tuple[int, str]]:

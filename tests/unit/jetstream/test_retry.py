@@ -8,8 +8,8 @@ from __future__ import annotations
 import nats.js.errors
 import pytest
 
-from a2a_grpc_server.jetstream.retry import IN_FLIGHT, Retry
-from a2a_grpc_server.journal import StoreRefusedError, StoreUnavailableError
+from a2a_grpc_server._internal.jetstream.retry import IN_FLIGHT, Retry
+from a2a_grpc_server._internal.journal import StoreRefusedError, StoreUnavailableError
 
 
 async def test_a_write_still_in_flight_is_tried_again_until_its_outcome_is_known() -> None:

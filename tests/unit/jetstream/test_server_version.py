@@ -12,9 +12,9 @@ import pytest
 from nats.aio.client import ServerVersion
 from nats.aio.msg import Msg
 
-from a2a_grpc_server.jetstream.conn import NatsConfig, connect, server_too_old
-from a2a_grpc_server.jetstream.requests import batches, ended
-from a2a_grpc_server.journal import StoreRefusedError
+from a2a_grpc_server._internal.jetstream.conn import NatsConfig, connect, server_too_old
+from a2a_grpc_server._internal.jetstream.requests import batches, ended
+from a2a_grpc_server._internal.journal import StoreRefusedError
 
 
 @pytest.mark.parametrize("said", ["2.11.0", "2.12.0-RC.1", "2.15.1", "3.0.0"])

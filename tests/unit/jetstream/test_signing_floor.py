@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from a2a_grpc_server.errors import UnsignedMessageError
-from a2a_grpc_server.jetstream.signing import SIGNATURE, Signer
+from a2a_grpc_server._internal.errors import UnsignedMessageError
+from a2a_grpc_server._internal.jetstream.signing import SIGNATURE, Signer
 from tests.support import CLUSTER_KEY
 
 

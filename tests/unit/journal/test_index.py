@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from a2a_grpc_server.journal.index import BLOCK, RevList
+from a2a_grpc_server._internal.journal.index import BLOCK, RevList
 
 
 def _step(rng: random.Random, revs: RevList, model: list[int], top: int, *, remove: bool) -> int:

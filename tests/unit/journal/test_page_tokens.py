@@ -10,7 +10,7 @@ import os
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from a2a_grpc_server.journal import InvalidPageTokenError, PageTokens
+from a2a_grpc_server._internal.journal import InvalidPageTokenError, PageTokens
 
 OLD, NEW = os.urandom(32), os.urandom(32)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from a2a_grpc_server.journal.keys import PerCaller
+from a2a_grpc_server._internal.journal.keys import PerCaller
 
 
 def test_the_oldest_key_of_the_caller_keeping_the_most_goes_first() -> None:

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from a2a.types.a2a_pb2 import TaskState
 
-from a2a_grpc_server.errors import FrameNotKeptError, RelayLostError
-from a2a_grpc_server.log.tasklog import (
+from a2a_grpc_server._internal.errors import FrameNotKeptError, RelayLostError
+from a2a_grpc_server._internal.log.tasklog import (
     ENTRY_OVERHEAD,
     TRIM_EVERY,
     LogClosedError,
@@ -17,8 +17,8 @@ from a2a_grpc_server.log.tasklog import (
     LogReader,
     TaskLog,
 )
-from a2a_grpc_server.model import taskops
-from a2a_grpc_server.obs.metrics import Metrics
+from a2a_grpc_server._internal.model import taskops
+from a2a_grpc_server._internal.obs.metrics import Metrics
 
 S = TaskState
 FINAL = S.TASK_STATE_COMPLETED

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from a2a_grpc_server.model import generation
+from a2a_grpc_server._internal.model import generation
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ from __future__ import annotations
 from a2a.types.a2a_pb2 import StreamResponse, TaskState, TaskStatusUpdateEvent
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from a2a_grpc_server.model import generation, wire
-from a2a_grpc_server.rpc import resume
+from a2a_grpc_server._internal.model import generation, wire
+from a2a_grpc_server._internal.rpc import resume
 from tests.support.harness import seq_of
 
 

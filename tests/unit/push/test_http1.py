@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from a2a_grpc_server.push.http1 import (
+from a2a_grpc_server._internal.push.http1 import (
     MAX_BODY,
     MAX_HEAD,
     MAX_HEADER_LINES,

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
 
 from a2a_grpc_server import A2AServer
-from a2a_grpc_server.rpc.jwtauth import REFRESH_EVERY, JwtAuthenticator
+from a2a_grpc_server._internal.rpc.jwtauth import REFRESH_EVERY, JwtAuthenticator
 from tests.support.agents import WhoAgent
 from tests.support.harness import V1, rich_status, send_request
 

@@ -16,9 +16,13 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 
-from a2a_grpc_server.model.names import MAX_ID_CHARS
-from a2a_grpc_server.rpc import tracing
-from a2a_grpc_server.rpc.tracing import client_attributes, request_attributes, server_spans
+from a2a_grpc_server._internal.model.names import MAX_ID_CHARS
+from a2a_grpc_server._internal.rpc import tracing
+from a2a_grpc_server._internal.rpc.tracing import (
+    client_attributes,
+    request_attributes,
+    server_spans,
+)
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,11 @@ import time
 
 from a2a.types.a2a_pb2 import Message, SendMessageRequest
 
-from a2a_grpc_server.cluster.routed import decode_error, encode_error
-from a2a_grpc_server.errors import OwnerTimeoutError, OwnerTooLateError
-from a2a_grpc_server.journal.keys import PENDING_FOR, KeyRecord, MemorySentKeys
-from a2a_grpc_server.model.caller import Caller
-from a2a_grpc_server.rpc.idempotency import URI, Claim, Retries
+from a2a_grpc_server._internal.cluster.routed import decode_error, encode_error
+from a2a_grpc_server._internal.errors import OwnerTimeoutError, OwnerTooLateError
+from a2a_grpc_server._internal.journal.keys import PENDING_FOR, KeyRecord, MemorySentKeys
+from a2a_grpc_server._internal.model.caller import Caller
+from a2a_grpc_server._internal.rpc.idempotency import URI, Claim, Retries
 
 
 async def claimed() -> Claim:
