@@ -12,6 +12,7 @@ Everything under ``_internal`` is the implementation and may change in any relea
 from __future__ import annotations
 
 from ._internal.app.service import A2AServer, A2AService, grpc_options
+from ._internal.app.tls import TlsFiles
 from ._internal.config import ServerConfig
 
-__all__ = ["A2AServer", "A2AService", "ServerConfig", "grpc_options"]
+__all__ = ["A2AServer", "A2AService", "ServerConfig", "TlsFiles", "grpc_options"]
