@@ -1,8 +1,9 @@
-"""The docs' examples work as copied: the agent tests of docs/agents.md run in a project of
-their own, the stub generation commands of docs/calling.md run in an empty directory, no
-snippet sends a fixed message id, every embedding snippet builds its server with the
-service's interceptors and starts the service, and the README's links to the docs land
-(mkdocs checks the docs' own links; the README is outside the site)."""
+"""The docs' examples work as copied: the agent tests of docs/how-to/agents.md run in a
+project of their own, the stub generation commands of docs/how-to/call.md run in an empty
+directory, no snippet sends a fixed message id, every embedding snippet builds its server
+with the service's interceptors and starts the service, and the README's links to the docs
+land (mkdocs checks the docs' own links; the README is outside the site). Every page of
+docs/, in subfolders too, is read. (docs/tutorial.md runs as written: test_tutorial.py.)"""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def blocks(page: Path, language: str | None = None) -> list[str]:
 
 def test_the_agent_and_its_tests_in_the_agents_page_run_as_written(tmp_path: Path) -> None:
     written = []
-    for block in blocks(ROOT / "docs" / "agents.md"):
+    for block in blocks(ROOT / "docs" / "how-to" / "agents.md"):
         if named := NAMED.match(block):
             (tmp_path / named.group(1)).write_text(block)
             written.append(named.group(1))
@@ -49,7 +50,8 @@ def test_the_agent_and_its_tests_in_the_agents_page_run_as_written(tmp_path: Pat
 
 
 def test_the_stub_generation_commands_run_as_copied(tmp_path: Path) -> None:
-    [commands] = [b for b in blocks(ROOT / "docs" / "calling.md", "bash") if "protoc" in b]
+    page = ROOT / "docs" / "how-to" / "call.md"
+    [commands] = [b for b in blocks(page, "bash") if "protoc" in b]
     (tmp_path / "proto").symlink_to(ROOT / "proto")
     (tmp_path / ".venv").symlink_to(Path(sys.prefix))  # (the checkout's .venv)
     subprocess.run(
@@ -77,9 +79,9 @@ FIXED_ID = re.compile(r"""message_id\s*=\s*["']|"messageId"\s*:\s*"[^$]""")
 
 def snippets() -> list[tuple[str, str]]:
     """Every code block of the README and the docs, and every example program."""
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     found = [
-        (page.name, block)
+        (str(page.relative_to(ROOT)), block)
         for page in pages
         if page.name != "changelog.md"  # (history, not instructions)
         for block in blocks(page)
@@ -102,7 +104,7 @@ def test_every_embedding_snippet_adds_the_interceptors_and_starts_the_service() 
         seen += 1
         assert "interceptors=a2a.interceptors()" in text, f"{where}: no per-RPC metrics or spans"
         assert "await a2a.start()" in text, f"{where}: the service is never started"
-    assert seen >= 3, "the README, docs/embedding.md and examples/embed.py embed the service"
+    assert seen >= 3, "the README, docs/how-to/embed.md and examples/embed.py embed it"
 
 
 LINK = re.compile(r"\]\(((?:docs/)?[\w./-]+?)(?:#([\w-]+))?\)")

@@ -156,8 +156,8 @@ class ServerConfig:
             it: it is the whole instance. 0: no quota.
         max_live_tasks: Most live tasks on this instance, all principals
             together (LIVE_TASKS_LIMIT); once half are taken, a principal gets
-            no more than a fair share (LIVE_TASKS_FAIR_SHARE: see the quotas
-            in the production guide). 0: no limit.
+            no more than a fair share (LIVE_TASKS_FAIR_SHARE: see "Share an
+            instance between callers" in docs/how-to/kubernetes.md). 0: no limit.
         max_streams: Most open streams on this instance, all principals
             together, waiting long-polls included (STREAMS_LIMIT), shared
             fairly the same way (STREAMS_FAIR_SHARE). 0: no limit.
