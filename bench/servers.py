@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import cProfile
 import gc
+import importlib
 import logging
 import signal
 import sys
@@ -38,10 +39,19 @@ from a2a.server.tasks import (
 from a2a.types import a2a_pb2_grpc
 
 from a2a_grpc_server import A2AService, ServerConfig, grpc_options
-from a2a_grpc_server._internal.app.card import default_card
 
 from .agents import Workload
 from .raw import RawServicer
+
+
+def internal(name: str) -> Any:
+    """The implementation's module ``name`` (``app.card``), in this checkout or one of before
+    the move under ``_internal`` (``ours@DIR`` may serve either)."""
+    try:
+        return importlib.import_module(f"a2a_grpc_server._internal.{name}")
+    except ModuleNotFoundError:
+        return importlib.import_module(f"a2a_grpc_server.{name}")
+
 
 KINDS = (
     "ours",
@@ -65,8 +75,7 @@ async def settled(cluster: Any) -> None:
     """Until ``cluster`` writes as a running cluster does: the current format, with every
     feature its instances share, once it has heard them all (a lease after it came up,
     ``lease``: 10 s by default). Measured sooner, its first writes would be format 1's."""
-    from a2a_grpc_server._internal.jetstream import formats
-
+    formats = internal("jetstream.formats")
     async with asyncio.timeout(cluster.conn.config.lease * 3):
         await cluster.formats.wait_for(formats.CURRENT)
 
@@ -84,9 +93,8 @@ async def build(
     if kind.startswith("ours"):
         cluster = None
         if kind.startswith("ours-nats"):
-            from a2a_grpc_server._internal.jetstream.conn import NatsConfig
-            from a2a_grpc_server._internal.jetstream.node import NatsCluster
-
+            NatsConfig = internal("jetstream.natsconfig").NatsConfig
+            NatsCluster = internal("jetstream.node").NatsCluster
             assert nats, "ours-nats needs --nats"
             from tests.support import CLUSTER_KEY
 
@@ -102,7 +110,9 @@ async def build(
             config = ServerConfig(generation=False, idempotency_window=0)
         if kind.endswith("-unpaced"):  # (a setting changed on purpose: what pacing costs)
             config = ServerConfig(loop_slice=0)
-        service = A2AService(Workload(), default_card(), cluster=cluster, config=config)
+        service = A2AService(
+            Workload(), internal("app.card").default_card(), cluster=cluster, config=config
+        )
         await service.start()
         if cluster is not None:
             await settled(cluster)  # (measured as a running cluster writes)
@@ -115,7 +125,7 @@ async def build(
         return server, service
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     if kind == "sdk":
-        card = default_card()
+        card = internal("app.card").default_card()
         push: dict[str, Any] = {}
         if push_to_loopback:
             card.capabilities.push_notifications = True

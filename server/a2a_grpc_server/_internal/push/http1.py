@@ -5,7 +5,7 @@ and ``Retry-After``. aiohttp's client spent 134 to 141 us of this process's
 CPU per POST here (its request and response objects, a task per request
 body, its connector's bookkeeping); this client does the same POST for about
 60 % of that, most of the rest being the socket write itself (``python -m
-bench.posts``; bench/README.md, "Issue 25, third pass").
+bench.posts``; docs/decisions/0003-own-http1-webhook-client.md).
 
 What it sends: ``POST <path> HTTP/1.1``, the caller's headers, ``Content-Length``,
 then the body, in one write.

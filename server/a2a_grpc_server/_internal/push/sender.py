@@ -75,8 +75,8 @@ class WebhookSender:
     """Sends frames to webhooks over one pool of kept HTTP/1.1 connections (``http1``).
 
     The pool's own client costs this process about 60 % of the CPU per POST
-    aiohttp's client did (``python -m bench.posts``; bench/README.md, "Issue 25,
-    third pass").
+    aiohttp's client did (``python -m bench.posts``;
+    docs/decisions/0003-own-http1-webhook-client.md).
 
     Args:
         screen: Which addresses may be reached.
