@@ -13,8 +13,9 @@ machine's cores with the server under test: so it does as little as it can
 per POST, on one event loop (an ``asyncio.Protocol`` reading HTTP/1.1 with
 keep-alive, ``Content-Length`` or chunked bodies): 47 us of CPU per POST
 against 98-106 us for ``http.server``'s thread per connection, which took 28 %
-of a core at ~2,800 POSTs a second (docs/decisions/0018-benchmark-method.md). It is a benchmark's receiver, not a general HTTP server: anything it
-cannot read closes the connection.
+of a core at ~2,800 POSTs a second (docs/decisions/0018-benchmark-method.md).
+It is a benchmark's receiver, not a general HTTP server: anything it cannot
+read closes the connection.
 """
 
 from __future__ import annotations

@@ -538,7 +538,7 @@ def cli() -> None:
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "scale.json")
     args = parser.parse_args()
     # (the restart measured here ends its predecessor's tasks on purpose: one warning each)
-    logging.getLogger("a2a_grpc_server._internal.jetstream.lease").setLevel(logging.ERROR)
+    logging.getLogger("a2a_grpc_server.jetstream.lease").setLevel(logging.ERROR)
     args.sizes = args.sizes or ("200,1000" if args.quick else "1000,10000,100000")
     report = asyncio.run(main(args))
     results = report["results"]

@@ -49,7 +49,9 @@ def internal(name: str) -> Any:
     the move under ``_internal`` (``ours@DIR`` may serve either)."""
     try:
         return importlib.import_module(f"a2a_grpc_server._internal.{name}")
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as error:
+        if error.name != "a2a_grpc_server._internal":  # (nats-py missing, say: not the move)
+            raise
         return importlib.import_module(f"a2a_grpc_server.{name}")
 
 
@@ -93,7 +95,7 @@ async def build(
     if kind.startswith("ours"):
         cluster = None
         if kind.startswith("ours-nats"):
-            NatsConfig = internal("jetstream.natsconfig").NatsConfig
+            NatsConfig = internal("jetstream.conn").NatsConfig
             NatsCluster = internal("jetstream.node").NatsCluster
             assert nats, "ours-nats needs --nats"
             from tests.support import CLUSTER_KEY
