@@ -14,5 +14,13 @@ from __future__ import annotations
 from ._internal.app.service import A2AServer, A2AService, grpc_options
 from ._internal.app.tls import TlsFiles
 from ._internal.config import ServerConfig
+from ._internal.obs.logs import JsonFormatter
 
-__all__ = ["A2AServer", "A2AService", "ServerConfig", "TlsFiles", "grpc_options"]
+__all__ = [
+    "A2AServer",
+    "A2AService",
+    "JsonFormatter",
+    "ServerConfig",
+    "TlsFiles",
+    "grpc_options",
+]

@@ -1,4 +1,4 @@
-"""``python -m a2a_grpc_server.cli``: the command line (see ``app.cli``)."""
+"""``python -m a2a_grpc_server.cli``: the command line (see ``_internal.app.cli``)."""
 
 from __future__ import annotations
 

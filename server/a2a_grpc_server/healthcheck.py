@@ -1,4 +1,7 @@
-"""``python -m a2a_grpc_server.healthcheck``: the health probe (see ``app.healthcheck``)."""
+"""``python -m a2a_grpc_server.healthcheck``: the health probe.
+
+See ``_internal.app.healthcheck``.
+"""
 
 from __future__ import annotations
 

@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.machinery
+import importlib.util
+import inspect
 import pathlib
 import pkgutil
 import re
 import subprocess
 import sys
+import typing
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -88,6 +95,86 @@ def test_the_api_reference_documents_exactly_the_public_names() -> None:
     )
 
 
+OPAQUE = {
+    ("A2AServer.__init__", "journal"): "tests pass their own stores; users leave it None",
+    ("A2AService.__init__", "journal"): "tests pass their own stores; users leave it None",
+    ("A2AService.__init__", "cluster"): "takes a NatsCluster (the port it implements)",
+}
+"""Parameters whose type is the implementation's, on purpose (their docstrings say so)."""
+
+
+def api_reference() -> ModuleType:
+    """scripts/api_reference, imported (it has no ``.py`` suffix)."""
+    path = str(ROOT / "scripts" / "api_reference")
+    loader = importlib.machinery.SourceFileLoader("api_reference", path)
+    spec = importlib.util.spec_from_loader("api_reference", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def every_class() -> dict[str, type]:
+    """Every class of the package by name, to resolve names imported for type checking."""
+    found: dict[str, type] = {}
+    for name in all_modules():
+        for attr, value in vars(importlib.import_module(name)).items():
+            if isinstance(value, type) and value.__module__.startswith("a2a_grpc_server"):
+                found.setdefault(attr, value)
+    return found
+
+
+def classes_in(hint: object) -> Iterator[type]:
+    """The classes a type hint names, nested ones included."""
+    if isinstance(hint, type):
+        yield hint
+    for arg in typing.get_args(hint):
+        yield from classes_in(arg)
+
+
+def documented_callables() -> Iterator[tuple[str, Any]]:
+    """(name, function) of every public function, and of the public members of every
+    public class that the API page documents (``__init__`` unless the members are listed)."""
+    members = api_reference().MEMBERS
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if not inspect.isclass(obj):
+                if callable(obj):
+                    yield name, obj
+                continue
+            listed = members.get(f"{module_name}.{name}")
+            for attr, value in inspect.getmembers(obj):
+                wanted = (
+                    attr in listed if listed else attr == "__init__" or not attr.startswith("_")
+                )
+                if wanted and isinstance(value, property) and value.fget is not None:
+                    yield f"{name}.{attr}", value.fget
+                elif wanted and callable(value):
+                    yield f"{name}.{attr}", value
+
+
+def test_the_public_api_takes_and_gives_only_public_types() -> None:
+    public = {
+        id(getattr(importlib.import_module(m), n))
+        for m in PUBLIC_MODULES
+        for n in importlib.import_module(m).__all__
+    }
+    namespace = every_class()
+    private = []
+    seen = 0
+    for where, function in documented_callables():
+        for parameter, hint in typing.get_type_hints(function, localns=namespace).items():
+            seen += 1
+            for cls in classes_in(hint):
+                internal = cls.__module__.startswith("a2a_grpc_server") and id(cls) not in public
+                if internal and (where, parameter) not in OPAQUE:
+                    private.append(f"{where}({parameter}): {cls.__module__}.{cls.__qualname__}")
+    assert seen > 50, "the walk read the signatures"
+    assert private == [], "public signatures name private types:\n" + "\n".join(private)
+
+
 def test_the_api_reference_is_the_generated_one() -> None:
     run = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "api_reference"), "--check"],
@@ -105,6 +192,8 @@ def imports(source: str) -> list[tuple[str, tuple[str, ...]]]:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("a2a_grpc_server"):
             found.append((node.module or "", tuple(alias.name for alias in node.names)))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, ()) for a in node.names if a.name.startswith("a2a_grpc_server")]
     return found
 
 

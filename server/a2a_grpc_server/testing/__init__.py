@@ -44,6 +44,7 @@ from .._internal.config import ServerConfig
 from .._internal.jetstream.natsconfig import NatsConfig
 from .._internal.model.names import TASK_PREFIX
 from .._internal.rpc.auth import Authenticator
+from ._nats import NatsNode, NatsServers
 from ._nats import running as nats_server
 
 _CLUSTER_KEY = secrets.token_bytes(32)
@@ -51,6 +52,8 @@ _CLUSTER_KEY = secrets.token_bytes(32)
 
 __all__ = [
     "INSTANCE_TASKS",
+    "NatsNode",
+    "NatsServers",
     "RunningServer",
     "assert_nothing_left",
     "leftover_tasks",

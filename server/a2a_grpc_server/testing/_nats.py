@@ -49,7 +49,7 @@ def free_port() -> int:
 
 
 @dataclass
-class Node:
+class NatsNode:
     """One nats-server process with JetStream."""
 
     name: str
@@ -146,10 +146,10 @@ class Node:
 
 
 @dataclass
-class Cluster:
+class NatsServers:
     """One or three nodes; ``urls`` lists every client URL."""
 
-    nodes: list[Node]
+    nodes: list[NatsNode]
 
     @property
     def urls(self) -> list[str]:
@@ -163,14 +163,14 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running(size: int = 1, max_payload: int = 0, conf: str = "") -> Iterator[Cluster]:
+def running(size: int = 1, max_payload: int = 0, conf: str = "") -> Iterator[NatsServers]:
     """Start ``size`` nodes (1, or a cluster of 3) in a temp dir; kill them on exit.
 
-    ``conf``: more configuration for each node (see ``Node.conf``).
+    ``conf``: more configuration for each node (see ``NatsNode.conf``).
     """
     with tempfile.TemporaryDirectory(prefix="a2a-nats-") as tmp:
         nodes = [
-            Node(
+            NatsNode(
                 f"n{i}",
                 free_port(),
                 Path(tmp) / f"n{i}",
@@ -182,7 +182,7 @@ def running(size: int = 1, max_payload: int = 0, conf: str = "") -> Iterator[Clu
         ]
         for node in nodes:
             node.routes = [n.cluster_port for n in nodes if n is not node]
-        cluster = Cluster(nodes)
+        cluster = NatsServers(nodes)
         try:
             for node in nodes:
                 node.start()

@@ -32,6 +32,7 @@ from prometheus_client import (
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
 
 from ..cluster import Cluster, Local
 from ..cluster.front import ClusterFront
@@ -139,10 +140,12 @@ class A2AService:
             added to its ``capabilities.extensions``.
         config: Limits.
         journal: Where tasks are recorded; the cluster's, or in memory with
-            ``config``'s retention, if None.
+            ``config``'s retention, if None. Its type is the implementation's:
+            leave it None (the tests pass stores of their own).
         extended_card: Card GetExtendedAgentCard gives authenticated callers, if
             any (the public card then says so in its capabilities).
-        cluster: The cluster this instance joins at ``start()`` (None: alone).
+        cluster: The ``NatsCluster`` this instance joins at ``start()`` (None:
+            alone). Any object of the implementation's ``ClusterMember`` port.
     """
 
     def __init__(
@@ -260,14 +263,14 @@ class A2AService:
         if self.cluster is not None:
             await self.cluster.wait_idle()
 
-    def collector(self, auth: Authenticator | None = None) -> A2ACollector:
+    def collector(self, auth: Authenticator | None = None) -> Collector:
         """This service's metrics, for a ``prometheus_client`` registry (see ``collector``).
 
         ``auth``: the server's authenticator, for its credential gauges.
         """
         return A2ACollector(self.metrics, self.rpc_metrics, self.engine.tasks.pool, auth)
 
-    def metrics_interceptor(self) -> MetricsInterceptor:
+    def metrics_interceptor(self) -> grpc.aio.ServerInterceptor:
         """The interceptor that counts every call (first among the server's interceptors)."""
         return MetricsInterceptor(self.rpc_metrics)
 
@@ -381,7 +384,8 @@ class A2AServer:
         port: gRPC port (0 for any free port).
         http_port: Agent-card HTTP port (0 for any free port, None for none).
         config: Limits.
-        journal: Where tasks are recorded (in memory if None).
+        journal: Where tasks are recorded (in memory if None). Its type is the
+            implementation's: leave it None (the tests pass stores of their own).
         nats: Join a cluster on NATS JetStream with this configuration.
         tls: Serve TLS (mTLS with a client CA) on both ports, certificates
             re-read when their files change (see ``tls``); None: plaintext.

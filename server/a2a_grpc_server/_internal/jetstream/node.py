@@ -47,7 +47,11 @@ record's header, a routed request's headers (the caller's metadata: gRPC limits 
 
 
 class NatsCluster:
-    """Implements ``cluster.Cluster`` on a NATS connection.
+    """Cluster mode on NATS JetStream: what ``A2AServer`` and ``A2AService`` run on.
+
+    Make one with ``await NatsCluster.connect(config)``, pass it as ``cluster=``,
+    and close it after the service has shut down. Its other public methods are
+    how the server drives it (the ``ClusterMember`` port): they are not API.
 
     Args:
         conn: An open connection (see ``connect``).
