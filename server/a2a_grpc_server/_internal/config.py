@@ -157,7 +157,7 @@ class ServerConfig:
         max_live_tasks: Most live tasks on this instance, all principals
             together (LIVE_TASKS_LIMIT); once half are taken, a principal gets
             no more than a fair share (LIVE_TASKS_FAIR_SHARE: see "Share an
-            instance between callers" in docs/how-to/kubernetes.md). 0: no limit.
+            instance between callers" in docs/how-to/limits.md). 0: no limit.
         max_streams: Most open streams on this instance, all principals
             together, waiting long-polls included (STREAMS_LIMIT), shared
             fairly the same way (STREAMS_FAIR_SHARE). 0: no limit.

@@ -42,9 +42,11 @@ class NatsConfig:
             tasks FAILED. Keep it above the time JetStream takes to fail over
             (a new stream leader after a node loss: about 5 s measured here),
             or a stalled owner is taken for a lost one.
-        task_ttl: Seconds a task's snapshot is kept after its last write.
+        task_ttl: Seconds a task's snapshot is kept after its last write; in the
+            task log (the default), each change is kept this long after its write.
         events_ttl: Seconds a change is kept in the event stream (how long an
-            ended task can be resumed from it).
+            ended task can be resumed from it). Tasks in the snapshot bucket
+            (format 2) only, as the three below.
         events_per_task: Most messages kept per task (oldest dropped first; a
             message holds one write: one change, or a burst committed at
             once), so at least as many changes; the default matches
