@@ -221,6 +221,8 @@ async def test_the_health_probe_speaks_tls_and_reads_the_settings_serve_reads(
             other = issue(tmp_path / "other", dns=("localhost",))
             mismatched = ("--tls-cert", str(other.cert), "--tls-key", str(other.key))
             assert await probe("--port", port, *mismatched) == 1, "not the server's certificate"
+            unreadable = ("--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(issued.key))
+            assert await probe("--port", port, *unreadable) == 2, "a setting it cannot read"
     finally:
         server.proc.send_signal(signal.SIGTERM)
         await server.proc.wait()

@@ -95,7 +95,7 @@ def _issued_to(cert: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit status: 0 serving, 1 not (2: the settings could not be read)."""
+    """Exit status: 0 serving, 1 not (2: the settings, or a file they name, could not be read)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--address", help="HOST:PORT to probe (default: from the settings)")
     parser.add_argument("--host")
@@ -117,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     address = args.address or f"{f'[{host}]' if ':' in host else host}:{found['port']}"
     if found["tls_cert"]:
         key = Path(found["tls_key"]) if found["tls_key"] else None
-        ways = tls(Path(found["tls_cert"]), key, bool(found["tls_client_ca"]), args.ca)
+        try:
+            ways = tls(Path(found["tls_cert"]), key, bool(found["tls_client_ca"]), args.ca)
+        except OSError as exc:  # (a setting names a file it cannot read: as a bad setting)
+            print(f"a2a-grpc-server healthcheck: {exc}", file=sys.stderr)
+            return 2
         each = args.timeout / len(ways)
         serving = any(check(address, args.service, each, c, o) for c, o in ways)
     else:
