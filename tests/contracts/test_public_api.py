@@ -17,13 +17,12 @@ import subprocess
 import sys
 import typing
 from collections.abc import Iterator
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 import a2a_grpc_server
-from tests.support import ROOT
+from tests.support import ROOT, script
 
 PUBLIC_MODULES = (
     "a2a_grpc_server",
@@ -103,17 +102,6 @@ OPAQUE = {
 """Parameters whose type is the implementation's, on purpose (their docstrings say so)."""
 
 
-def api_reference() -> ModuleType:
-    """scripts/api_reference, imported (it has no ``.py`` suffix)."""
-    path = str(ROOT / "scripts" / "api_reference")
-    loader = importlib.machinery.SourceFileLoader("api_reference", path)
-    spec = importlib.util.spec_from_loader("api_reference", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
 def every_class() -> dict[str, type]:
     """Every class of the package by name, to resolve names imported for type checking."""
     found: dict[str, type] = {}
@@ -135,7 +123,7 @@ def classes_in(hint: object) -> Iterator[type]:
 def documented_callables() -> Iterator[tuple[str, Any]]:
     """(name, function) of every public function, and of the public members of every
     public class that the API page documents (``__init__`` unless the members are listed)."""
-    members = api_reference().MEMBERS
+    members = script("api_reference").MEMBERS
     for module_name in PUBLIC_MODULES:
         module = importlib.import_module(module_name)
         for name in module.__all__:

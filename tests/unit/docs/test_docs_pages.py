@@ -5,26 +5,12 @@ benchmarks name is a page that exists."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
-from tests.support import ROOT
-
-
-def docstats() -> ModuleType:
-    """scripts/docstats, imported (it has no ``.py`` suffix)."""
-    path = str(ROOT / "scripts" / "docstats")
-    loader = importlib.machinery.SourceFileLoader("docstats", path)
-    spec = importlib.util.spec_from_loader("docstats", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+from tests.support import ROOT, script
 
 
 def test_the_counter_counts_prose_only(tmp_path: Path) -> None:
@@ -39,7 +25,7 @@ def test_the_counter_counts_prose_only(tmp_path: Path) -> None:
         "- another item. With two sentences.\n\n"
         "See [the link text](https://example.com/not/counted).\n"
     )
-    m = docstats().measure(page)
+    m = script("docstats").measure(page)
     assert m["words"] == 9 + 5 + 5 + 4
     assert m["sentences"] == 2 + 1 + 2 + 1
     assert m["headings"] == 2
